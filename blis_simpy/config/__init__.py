@@ -1,0 +1,1 @@
+"""Scenario configuration: pydantic models, YAML loading with file:line errors."""

@@ -1,0 +1,134 @@
+"""The scenario: one validated description of a deployment, its engines and its workload.
+
+A scenario YAML file is the first-class input; BLIS's command-line flags override its keys
+(``blis_simpy.cli.flags`` holds the flag → key table). Every model forbids unknown keys and
+rejects wrong types, negative numbers where BLIS requires ≥ 0, and NaN/Inf.
+
+Units: ``*_us`` are integer microseconds; ``rate`` is requests per second; token counts are
+tokens; KV sizes are blocks of ``block_size`` tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from blis_simpy.units import MAX_INT64
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosInt = Annotated[int, Field(gt=0)]
+
+
+class Strict(BaseModel):
+    """Base: unknown keys are errors, no silent type coercion."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+
+class LatencyConfig(Strict):
+    """Which latency backend times the steps, and its coefficients (spec/04)."""
+
+    model: str = Field("blackbox", description="blackbox | roofline | crossmodel | trained-roofline")
+    alpha_coeffs: list[NonNegFloat] | None = Field(
+        None, description="alpha0 (µs), alpha1 (µs/input token), alpha2 (µs/output token)")
+    beta_coeffs: list[NonNegFloat] | None = Field(
+        None, description="beta0 (µs/step), beta1 (µs/prefill token), beta2 (µs/decode token), ...")
+
+
+class EngineConfig(Strict):
+    """vLLM engine limits and KV cache of every instance (spec/02, spec/03)."""
+
+    total_kv_blocks: PosInt | None = Field(
+        None, description="GPU KV blocks per instance; None = resolve from catalog / default")
+    block_size: PosInt = Field(16, description="tokens per KV block (--block-size-in-tokens)")
+    max_num_running_reqs: PosInt = Field(256, description="running-batch cap")
+    max_num_scheduled_tokens: PosInt = Field(2048, description="per-step token budget")
+    long_prefill_token_threshold: NonNegInt = Field(0, description="prefill chunk cap; 0 = off")
+    max_model_len: NonNegInt = Field(0, description="context cap in tokens; 0 = unlimited")
+    scheduler: str = Field("fcfs", description="fcfs | priority-fcfs | sjf | reverse-priority")
+    priority_policy: str = Field("constant", description="constant | slo-based | inverted-slo")
+
+
+class AdmissionConfig(Strict):
+    policy: str = "always-admit"
+    params: dict = Field(default_factory=dict)
+
+
+class RoutingConfig(Strict):
+    policy: str = "round-robin"
+    params: dict = Field(default_factory=dict)
+
+
+class ClusterConfig(Strict):
+    """The control plane in front of the instances (spec/05)."""
+
+    num_instances: PosInt = 1
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    admission_latency_us: NonNegInt = 0
+    routing_latency_us: NonNegInt = 0
+
+
+class LengthDist(Strict):
+    """A clamped Gaussian token-length distribution (BLIS's distribution mode)."""
+
+    mean: FiniteFloat
+    stdev: FiniteFloat
+    min: int
+    max: int
+
+
+class DistributionWorkload(Strict):
+    """Synthesised from BLIS's distribution flags (spec/07 §2)."""
+
+    kind: Literal["distribution"] = "distribution"
+    rate: PosFloat = Field(1.0, description="aggregate arrival rate, requests/s")
+    num_requests: NonNegInt = 100
+    prompt_tokens: LengthDist = Field(
+        default_factory=lambda: LengthDist(mean=512, stdev=256, min=2, max=7000))
+    output_tokens: LengthDist = Field(
+        default_factory=lambda: LengthDist(mean=512, stdev=256, min=2, max=7000))
+    prefix_tokens: NonNegInt = 0
+
+
+class TraceWorkload(Strict):
+    """Replay of a TraceV2 trace: YAML header + CSV (spec/07 §11)."""
+
+    kind: Literal["trace"] = "trace"
+    header: str
+    data: str
+
+
+Workload = Annotated[DistributionWorkload | TraceWorkload, Field(discriminator="kind")]
+
+
+class Scenario(Strict):
+    """Everything one simulation run needs."""
+
+    name: str = ""
+    description: str = ""
+    seed: int = 42
+    horizon_us: PosInt | None = Field(None, description="stop after this simulated time")
+    model: str = Field("", description="model ID, lower-cased for every lookup")
+    hardware: str = ""
+    tp: NonNegInt = 0
+    vllm_version: str = ""
+    latency: LatencyConfig = Field(default_factory=LatencyConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    workload: Workload = Field(default_factory=DistributionWorkload)
+    plugins: list[str] = Field(default_factory=list, description="modules to import (custom policies)")
+
+    @model_validator(mode="after")
+    def _lower_model(self) -> Scenario:
+        if self.model and self.model != self.model.lower():
+            object.__setattr__(self, "model", self.model.lower())
+        return self
+
+    @property
+    def horizon(self) -> int:
+        return self.horizon_us if self.horizon_us is not None else MAX_INT64

@@ -1,0 +1,65 @@
+"""The small error hierarchy. The CLI catches :class:`BlisError` in one place.
+
+* :class:`ConfigError` — bad user input (file, line, field); the CLI prints one line, exit 2.
+* :class:`SimulationError` — something broke while simulating (time, instance, request).
+* :class:`InvariantError` — an end-of-run invariant (conservation, causality) does not hold.
+"""
+
+from __future__ import annotations
+
+
+class BlisError(Exception):
+    """Base class of every error the CLI reports as a single line."""
+
+    exit_code = 2
+
+    def one_line(self) -> str:
+        return str(self).replace("\n", " ")
+
+
+class ConfigError(BlisError):
+    """Invalid input: a scenario key, a flag, a trace row, a missing file.
+
+    Rendered as ``FILE:LINE: field: problem`` (parts that are unknown are left out).
+    """
+
+    def __init__(self, problem: str, *, file: str | None = None, line: int | None = None,
+                 field: str | None = None):
+        self.problem = problem
+        self.file = file
+        self.line = line
+        self.field = field
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = ""
+        if self.file:
+            where = f"{self.file}:{self.line}: " if self.line else f"{self.file}: "
+        fld = f"{self.field}: " if self.field else ""
+        return f"{where}{fld}{self.problem}"
+
+
+class SimulationError(BlisError):
+    """A failure during simulation, located by simulated time, instance and request."""
+
+    exit_code = 1
+
+    def __init__(self, problem: str, *, time_us: int | None = None, instance: str | None = None,
+                 request: str | None = None):
+        self.problem = problem
+        self.time_us = time_us
+        self.instance = instance
+        self.request = request
+        parts = []
+        if time_us is not None:
+            parts.append(f"t={time_us}us")
+        if instance:
+            parts.append(instance)
+        if request:
+            parts.append(request)
+        loc = f"[{' '.join(parts)}] " if parts else ""
+        super().__init__(f"simulation error: {loc}{problem}")
+
+
+class InvariantError(SimulationError):
+    """An invariant of spec/01 §6 is broken at the end of a run."""

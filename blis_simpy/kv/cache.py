@@ -1,0 +1,230 @@
+"""GPU-tier paged KV cache with vLLM-v1-style prefix caching (spec/03 §2–§5).
+
+Blocks hold ``block_size`` token slots. A request's blocks are kept on the request itself
+(``req.kv_blocks``, in order) together with ``req.kv_len`` (slots filled) and ``req.kv_base``
+(sequence position of slot 0, normally 0). Every block but the last is full, so block ``j``
+of a request holds the sequence positions ``[kv_base + j*bs, kv_base + (j+1)*bs)``; token
+contents are therefore never copied: a block's hash is computed from the request's tokens.
+
+Free blocks (reference count 0) sit on an LRU list, head = next victim. Released blocks keep
+their hash, so they remain prefix-cache hits until reused. Allocation is all-or-nothing: a
+failed call leaves the cache exactly as before (INV-4). Unlike BLIS, whose decode-phase
+rollback forgets the request's earlier blocks (a leak that ends in a livelock), rollback here
+restores the request's own block list too.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from blis_simpy.request import hash_block
+from blis_simpy.units import ceil_div
+
+
+class KVCache:
+    """Single-tier (GPU) KV block store. Units: blocks and token slots."""
+
+    def __init__(self, total_blocks: int, block_size: int = 16):
+        if total_blocks <= 0:
+            raise ValueError(f"total KV blocks must be > 0, got {total_blocks}")
+        if block_size <= 0:
+            raise ValueError(f"block size must be > 0, got {block_size}")
+        self.total_blocks = int(total_blocks)
+        self.block_size = int(block_size)
+        self.ref = [0] * self.total_blocks
+        self.block_hash: list[str] = [""] * self.total_blocks
+        self.hash_to_block: dict[str, int] = {}
+        # LRU free list: insertion order = LRU order; head (first) is the next victim.
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(self.total_blocks))
+        self.used = 0
+        self.cache_hits = 0
+        self.cache_misses = 0
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def free_blocks(self) -> int:
+        return self.total_blocks - self.used
+
+    def utilization(self) -> float:
+        return self.used / self.total_blocks
+
+    def cache_hit_rate(self) -> float:
+        n = self.cache_hits + self.cache_misses
+        return self.cache_hits / n if n else 0.0
+
+    def kv_thrashing_rate(self) -> float:
+        return 0.0
+
+    def consume_pending_transfer_latency(self) -> int:
+        return 0
+
+    def mirror_to_cpu(self, batch) -> None:
+        return None
+
+    def get_cached_blocks(self, req) -> list[int]:
+        """Longest cached prefix of the prompt's *full* blocks, as block IDs (pure lookup)."""
+        h2b = self.hash_to_block
+        out = []
+        for h in req.prompt_block_hashes(self.block_size):
+            b = h2b.get(h)
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+    # ------------------------------------------------------------------ internals
+    def _block_hash_for(self, req, j: int) -> str:
+        """Chained hash of block ``j`` of ``req`` (which must be full)."""
+        bs = self.block_size
+        if req.kv_base == 0 and (j + 1) * bs <= req.input_len:
+            return req.prompt_block_hashes(bs)[j]
+        prev = self.block_hash[req.kv_blocks[j - 1]] if j > 0 else ""
+        a = req.kv_base + j * bs
+        return hash_block(prev, req.tokens[a:a + bs].tolist())
+
+    # ------------------------------------------------------------------ allocation
+    def allocate(self, req, start: int, end: int, cached: list[int] | tuple = ()) -> bool:
+        """Reserve slots for sequence positions ``[start, end)`` of ``req`` (all or nothing).
+
+        While the request is in prefill (``req.pi < req.input_len``) these are prompt tokens;
+        otherwise exactly one output token. The first allocation of a request commits the
+        ``cached`` prefix blocks. Returns False, with the cache unchanged, on failure.
+        """
+        bs = self.block_size
+        in_prefill = req.pi < req.input_len
+        count = end - start
+        blocks = req.kv_blocks
+        if in_prefill:
+            eff = count
+            if blocks:
+                room = len(blocks) * bs - req.kv_len
+                if 0 < room < bs:
+                    eff -= min(room, eff)
+            need = ceil_div(eff, bs) if eff > 0 else 0
+            if need > self.total_blocks - self.used:
+                return False
+        if count <= 0:
+            return True
+
+        # Undo log for an exact rollback.
+        old_blocks = list(blocks)
+        old_len = req.kv_len
+        old_base = req.kv_base
+        committed: list[tuple[int, bool]] = []      # (block, was_in_use)
+        popped: list[tuple[int, str, int | None]] = []  # (block, its old hash, old owner)
+        registered: list[tuple[int, str, int | None]] = []  # (block, hash, previous owner)
+
+        if not blocks and cached:
+            for b in cached:
+                was_in_use = self.ref[b] > 0
+                self.ref[b] += 1
+                if not was_in_use:
+                    self.used += 1
+                    del self.free[b]
+                self.cache_hits += 1
+                blocks.append(b)
+                committed.append((b, was_in_use))
+            req.kv_len = len(cached) * bs
+            req.kv_base = 0
+        if not blocks:
+            req.kv_base = start
+            req.kv_len = 0
+
+        remaining = count
+        ok = True
+        while remaining > 0:
+            room = len(blocks) * bs - req.kv_len
+            if room > 0:
+                k = room if room < remaining else remaining
+                req.kv_len += k
+                remaining -= k
+                if k == room:  # the last block became full: hash it, prefill or decode
+                    j = len(blocks) - 1
+                    self._register(req, j, registered)
+                continue
+            for _ in range(ceil_div(remaining, bs)):
+                if not self.free:
+                    ok = False
+                    break
+                b, _ = self.free.popitem(last=False)
+                hb = self.block_hash[b]
+                owner = None
+                if hb:
+                    # BLIS deletes the hash entry unconditionally (spec/03 §2).
+                    owner = self.hash_to_block.pop(hb, None)
+                    self.block_hash[b] = ""
+                popped.append((b, hb, owner))
+                k = bs if remaining >= bs else remaining
+                self.ref[b] = 1
+                self.used += 1
+                self.cache_misses += 1
+                blocks.append(b)
+                req.kv_len += k
+                remaining -= k
+                if k == bs and in_prefill:
+                    self._register(req, len(blocks) - 1, registered)
+            if not ok:
+                break
+        if ok:
+            return True
+
+        # ---- rollback: restore exactly the pre-call state -------------------------------
+        for b, h, prev_owner in reversed(registered):
+            self.block_hash[b] = ""
+            if prev_owner is None:
+                self.hash_to_block.pop(h, None)
+            else:
+                self.hash_to_block[h] = prev_owner
+        for b, hb, owner in reversed(popped):
+            self.ref[b] = 0
+            self.used -= 1
+            self.cache_misses -= 1
+            if hb:
+                self.block_hash[b] = hb
+                if owner is not None:
+                    self.hash_to_block[hb] = owner
+            self.free[b] = None
+            self.free.move_to_end(b, last=False)
+        for b, was_in_use in reversed(committed):
+            self.ref[b] -= 1
+            self.cache_hits -= 1
+            if not was_in_use and self.ref[b] == 0:
+                self.used -= 1
+                self.free[b] = None
+        blocks[:] = old_blocks
+        req.kv_len = old_len
+        req.kv_base = old_base
+        return False
+
+    def _register(self, req, j: int, registered: list) -> None:
+        b = req.kv_blocks[j]
+        h = self._block_hash_for(req, j)
+        registered.append((b, h, self.hash_to_block.get(h)))
+        self.block_hash[b] = h
+        self.hash_to_block[h] = b
+
+    def release(self, req) -> None:
+        """Drop the request's references, last block first; freed blocks keep their hash."""
+        blocks = req.kv_blocks
+        ref = self.ref
+        free = self.free
+        for b in reversed(blocks):
+            ref[b] -= 1
+            if ref[b] == 0:
+                self.used -= 1
+                free[b] = None
+        req.kv_blocks = []
+        req.kv_len = 0
+        req.kv_base = 0
+
+    # ------------------------------------------------------------------ checks
+    def check_invariants(self) -> None:
+        """INV-4: allocated + free = total, and the free list holds exactly the free blocks."""
+        in_use = sum(1 for r in self.ref if r > 0)
+        if in_use != self.used or len(self.free) != self.total_blocks - self.used:
+            raise AssertionError(
+                f"KV conservation broken: used={self.used} in_use={in_use} "
+                f"free_list={len(self.free)} total={self.total_blocks}")
+        for b in self.free:
+            if self.ref[b] != 0:
+                raise AssertionError(f"block {b} on the free list with ref {self.ref[b]}")

@@ -1,0 +1,90 @@
+"""The latency-model interface (spec/04 §1) and the batch summary it reads."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from blis_simpy.plugins import Pluggable
+from blis_simpy.units import to_int64
+
+
+@dataclass(slots=True)
+class BatchView:
+    """What a latency model may know about one step's running batch.
+
+    A request is *prefill-phase* if ``pi < input_len`` (its step tokens are
+    ``num_new_tokens``); *decode-phase* if ``pi >= input_len`` and it has at least one
+    output token (step tokens 0 or 1). Values are as at step start, before execution.
+
+    * ``prefill``: the prefill-phase requests (read ``pi``, ``num_new_tokens``, ``input_len``)
+    * ``decode_count``: number of decode-phase requests
+    * ``decode_tokens``: sum of their ``num_new_tokens``
+    * ``decode_pi_sum``: sum of their ``pi`` (context length already in the KV cache)
+    * ``size``: number of requests in the batch
+    """
+
+    prefill: list = field(default_factory=list)
+    decode_count: int = 0
+    decode_tokens: int = 0
+    decode_pi_sum: int = 0
+    size: int = 0
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(r.num_new_tokens for r in self.prefill)
+
+    @classmethod
+    def of(cls, batch) -> BatchView:
+        """Classify an iterable of requests (the literal, per-request way)."""
+        v = cls()
+        for r in batch:
+            v.size += 1
+            if r.pi < r.input_len:
+                v.prefill.append(r)
+            elif r.output_len >= 1:
+                v.decode_count += 1
+                v.decode_tokens += r.num_new_tokens
+                v.decode_pi_sum += r.pi
+        return v
+
+
+class LatencyModel(Pluggable, family="latency model"):
+    """Times engine steps. All results are integer µs.
+
+    Subclasses implement :meth:`step_time`; the overhead terms default to zero.
+    """
+
+    #: True when the model needs the HF model architecture (analytical backends).
+    needs_model_config: ClassVar[bool] = False
+
+    def step_time(self, batch: BatchView) -> int:
+        """Duration of one engine step, ≥ 1 µs."""
+        raise NotImplementedError
+
+    def queueing_time(self, req) -> int:
+        """Arrival → Queued delay (API / pre-scheduling overhead), µs."""
+        return 0
+
+    def output_token_processing_time(self) -> int:
+        """Per-token post-processing (OTPT): added to TTFT once and to every ITL entry, µs."""
+        return 0
+
+    def post_decode_fixed_overhead(self) -> int:
+        """Added once to the E2E of a request with at least one output token, µs."""
+        return 0
+
+
+def check_coeffs(name: str, values, minimum: int) -> list[float]:
+    """Validate a coefficient vector: at least ``minimum`` entries, each finite and ≥ 0."""
+    vals = [float(v) for v in values]
+    if len(vals) < minimum:
+        raise ValueError(f"{name} needs at least {minimum} coefficients, got {len(vals)}")
+    for i, v in enumerate(vals):
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"{name}[{i}] must be finite and >= 0, got {v}")
+    return vals
+
+
+__all__ = ["BatchView", "LatencyModel", "check_coeffs", "to_int64"]

@@ -1,0 +1,33 @@
+"""The trained alpha/beta "blackbox" regression (spec/04 §2)."""
+
+from __future__ import annotations
+
+from blis_simpy.latency.base import BatchView, LatencyModel, check_coeffs
+from blis_simpy.units import to_int64
+
+
+class BlackboxModel(LatencyModel, name="blackbox"):
+    """``step = β0 + β1·prefill tokens + β2·decode tokens``; ``queueing = α0 + α1·input``;
+    ``OTPT = α2``. Prefill tokens are the cache-miss tokens actually scheduled this step.
+    """
+
+    def __init__(self, alpha, beta):
+        self.alpha = check_coeffs("alpha", alpha, 3)
+        self.beta = check_coeffs("beta", beta, 3)
+        self._otpt = to_int64(self.alpha[2])
+
+    def step_time(self, batch: BatchView) -> int:
+        b0, b1, b2 = self.beta[0], self.beta[1], self.beta[2]
+        t = to_int64(b0 + b1 * batch.prefill_tokens + b2 * batch.decode_tokens)
+        return t if t > 1 else 1
+
+    def step_time_sums(self, prefill_tokens: int, decode_tokens: int) -> int:
+        """Fast path for callers that already hold the token sums."""
+        t = to_int64(self.beta[0] + self.beta[1] * prefill_tokens + self.beta[2] * decode_tokens)
+        return t if t > 1 else 1
+
+    def queueing_time(self, req) -> int:
+        return to_int64(self.alpha[0] + self.alpha[1] * req.input_len)
+
+    def output_token_processing_time(self) -> int:
+        return self._otpt

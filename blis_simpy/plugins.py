@@ -1,0 +1,102 @@
+"""Registries of pluggable deciders, filled by subclassing, and third-party plugin loading.
+
+Every policy family (latency models, schedulers, priority policies, routers, admission
+policies, ...) has one root class deriving from :class:`Pluggable`. A concrete policy
+registers itself by name when its class is defined::
+
+    class MyRouter(Router, name="mine"):
+        class Params(BaseModel):      # optional: its own validated parameters
+            alpha: float = 1.0
+
+Third-party policies live in ordinary modules; they are imported by a scenario's
+``plugins:`` list (module paths) or through the ``blis_simpy.plugins`` entry-point group.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib import metadata
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from blis_simpy.errors import ConfigError
+
+
+class NoParams(BaseModel):
+    """Parameters of a policy that takes none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Pluggable:
+    """Root of a registry family. Subclass with ``family="..."`` to start a new family."""
+
+    family: ClassVar[str] = ""
+    name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+    Params: ClassVar[type[BaseModel]] = NoParams
+    _registry: ClassVar[dict[str, type]]
+
+    def __init_subclass__(cls, *, family: str | None = None, name: str | None = None,
+                          aliases: tuple[str, ...] = (), **kw: Any):
+        super().__init_subclass__(**kw)
+        if family is not None:
+            cls.family = family
+            cls._registry = {}
+            return
+        if name is not None:
+            reg = cls._registry
+            for key in (name, *aliases):
+                if key in reg and reg[key] is not cls:
+                    raise ValueError(f"{cls.family} {key!r} is already registered by {reg[key].__name__}")
+            cls.name = name
+            cls.aliases = aliases
+            for key in (name, *aliases):
+                reg[key] = cls
+
+    # ------------------------------------------------------------------ lookup
+    @classmethod
+    def names(cls) -> list[str]:
+        """Registered primary names, sorted."""
+        return sorted({c.name for c in cls._registry.values()})
+
+    @classmethod
+    def lookup(cls, name: str, *, field: str | None = None) -> type:
+        try:
+            return cls._registry[name]
+        except KeyError:
+            raise ConfigError(f"unknown {cls.family} {name!r}; valid: {', '.join(cls.names())}",
+                              field=field) from None
+
+    @classmethod
+    def parse_params(cls, params: dict | None, *, field: str | None = None) -> BaseModel:
+        try:
+            return cls.Params(**(params or {}))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            where = f"{field}.{loc}" if field and loc else (field or loc or None)
+            raise ConfigError(err["msg"], field=where) from None
+
+
+ENTRY_POINT_GROUP = "blis_simpy.plugins"
+_loaded: set[str] = set()
+
+
+def load_plugins(modules: list[str] | tuple[str, ...] = (), *, entry_points: bool = True,
+                 source: str | None = None) -> None:
+    """Import plugin modules (each registers its policies by subclassing)."""
+    if entry_points and "<entry-points>" not in _loaded:
+        _loaded.add("<entry-points>")
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            ep.load()
+    for mod in modules:
+        if mod in _loaded:
+            continue
+        try:
+            importlib.import_module(mod)
+        except ImportError as exc:
+            raise ConfigError(f"cannot import plugin module {mod!r}: {exc}", file=source,
+                              field="plugins") from None
+        _loaded.add(mod)

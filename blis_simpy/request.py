@@ -1,0 +1,142 @@
+"""The request record shared by workload, cluster and engine (spec/02 §1).
+
+A :class:`Request` carries what the client sent (token IDs, budget, deadline, metadata), the
+oracle output tokens (pre-sampled: only step execution and completion may read them, INV-9),
+and the engine state of its single life on one instance. All times are integer µs.
+
+Token IDs are kept as one ``numpy.int32`` array: the prompt followed by the pre-sampled
+output. The KV cache hashes blocks of that sequence (spec/03 §3); the chained hashes of the
+prompt's full blocks are computed once per block size and cached on the request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+QUEUED = 0
+RUNNING = 1
+COMPLETED = 2
+TIMED_OUT = 3
+STATE_NAMES = ("queued", "running", "completed", "timed_out")
+
+_sha256 = hashlib.sha256
+
+
+def hash_block(prev_hash: str, tokens) -> str:
+    """BLIS's chained block hash: ``sha256(prev || "t1|" || "t2|" ...)`` as a hex digest.
+
+    ``tokens`` is any iterable of ints (a list slice or ``ndarray.tolist()``).
+    """
+    return _sha256((prev_hash + "|".join(map(str, tokens)) + "|").encode()).hexdigest()
+
+
+class Request:
+    """One inference request. See spec/02 §1 for the meaning of each field."""
+
+    __slots__ = (
+        # --- what the client sent -------------------------------------------------------
+        "id", "arrival_us", "tokens", "input_len", "output_len", "max_output_len",
+        "deadline_us", "tenant_id", "slo_class", "session_id", "round_index", "client_id",
+        "prefix_group", "prefix_length", "streaming", "model", "reason_ratio",
+        "text_tokens", "image_tokens", "audio_tokens", "video_tokens",
+        "is_decode_sub", "seq_no",
+        # --- cluster ----------------------------------------------------------------------
+        "assigned_instance", "priority",
+        # --- engine state -----------------------------------------------------------------
+        "state", "pi", "num_new_tokens", "computed_tokens", "ttft_set", "first_token_us",
+        "itl", "scheduled_step", "finished_step", "length_capped", "batch_pos",
+        # --- KV cache (owned by the kv package) -------------------------------------------
+        "kv_blocks", "kv_len", "kv_base", "_hash_bs", "_prompt_hashes",
+        # --- lazy decode bookkeeping (owned by the engine) --------------------------------
+        "g0", "seg_start", "itl_segments", "comp_tick", "res_class",
+    )
+
+    def __init__(self, id: str, arrival_us: int, input_tokens, output_tokens, *,
+                 max_output_len: int | None = None, deadline_us: int = 0,
+                 tenant_id: str = "", slo_class: str = "", session_id: str = "",
+                 round_index: int = 0, client_id: str = "", prefix_group: str = "",
+                 prefix_length: int = 0, streaming: bool = False, model: str = "",
+                 reason_ratio: float = 0.0, text_tokens: int = 0, image_tokens: int = 0,
+                 audio_tokens: int = 0, video_tokens: int = 0, is_decode_sub: bool = False,
+                 seq_no: int = 0):
+        inp = np.asarray(input_tokens, dtype=np.int32)
+        out = np.asarray(output_tokens, dtype=np.int32)
+        self.id = id
+        self.arrival_us = int(arrival_us)
+        self.tokens = np.concatenate((inp, out)) if len(out) else inp
+        self.input_len = int(len(inp))
+        self.output_len = int(len(out))
+        self.max_output_len = self.output_len if max_output_len is None else int(max_output_len)
+        self.deadline_us = int(deadline_us)
+        self.tenant_id = tenant_id
+        self.slo_class = slo_class
+        self.session_id = session_id
+        self.round_index = round_index
+        self.client_id = client_id
+        self.prefix_group = prefix_group
+        self.prefix_length = prefix_length
+        self.streaming = streaming
+        self.model = model
+        self.reason_ratio = reason_ratio
+        self.text_tokens = text_tokens
+        self.image_tokens = image_tokens
+        self.audio_tokens = audio_tokens
+        self.video_tokens = video_tokens
+        self.is_decode_sub = is_decode_sub
+        self.seq_no = seq_no
+        self.assigned_instance = ""
+        self.priority = 0.0
+        self.state = QUEUED
+        self.pi = 0
+        self.num_new_tokens = 0
+        self.computed_tokens = 0
+        self.ttft_set = False
+        self.first_token_us = 0
+        self.itl = []
+        self.scheduled_step = 0
+        self.finished_step = 0
+        self.length_capped = False
+        self.batch_pos = 0
+        self.kv_blocks = []
+        self.kv_len = 0
+        self.kv_base = 0
+        self._hash_bs = 0
+        self._prompt_hashes = None
+        self.g0 = 0
+        self.seg_start = 0
+        self.itl_segments = None
+        self.comp_tick = -1
+        self.res_class = -1
+
+    # ------------------------------------------------------------------ token views
+    @property
+    def input_tokens(self) -> np.ndarray:
+        return self.tokens[: self.input_len]
+
+    @property
+    def output_tokens(self) -> np.ndarray:
+        return self.tokens[self.input_len:]
+
+    def prompt_block_hashes(self, block_size: int) -> list[str]:
+        """Chained hashes of the prompt's full blocks (spec/03 §3), cached per block size."""
+        if self._hash_bs == block_size and self._prompt_hashes is not None:
+            return self._prompt_hashes
+        n_full = self.input_len // block_size
+        toks = self.tokens[: n_full * block_size].tolist()
+        hashes = []
+        prev = ""
+        for j in range(n_full):
+            prev = hash_block(prev, toks[j * block_size:(j + 1) * block_size])
+            hashes.append(prev)
+        self._hash_bs = block_size
+        self._prompt_hashes = hashes
+        return hashes
+
+    def state_name(self) -> str:
+        return STATE_NAMES[self.state]
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return (f"Request({self.id!r}, arrival={self.arrival_us}, in={self.input_len}, "
+                f"out={self.output_len}, state={self.state_name()}, pi={self.pi})")
