@@ -1,0 +1,153 @@
+"""Build a cluster from a :class:`~blis_simpy.config.scenario.Scenario` and run it.
+
+This is the library entry point the CLI uses::
+
+    sim = Simulation(scenario, requests, horizon_us=...)
+    result = sim.run()
+
+At the end of every run the invariants of spec/01 §6 are checked (conservation per
+instance and over the pipeline, causality per request, KV conservation); a violation raises
+:class:`~blis_simpy.errors.InvariantError`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from blis_simpy.admission.base import AdmissionPolicy
+from blis_simpy.cluster.cluster import Cluster, ControlPlaneCounters
+from blis_simpy.cluster.invariants import (
+    check_causality,
+    check_instance_conservation,
+    check_pipeline_conservation,
+)
+from blis_simpy.config.scenario import Scenario
+from blis_simpy.des import SimEnv
+from blis_simpy.engine.instance import EngineLimits, Instance
+from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
+from blis_simpy.errors import ConfigError, InvariantError
+from blis_simpy.kv.cache import KVCache
+from blis_simpy.latency.base import LatencyModel
+from blis_simpy.metrics.records import InstanceMetrics
+from blis_simpy.routing.base import Router
+
+log = logging.getLogger("blis_simpy")
+
+DEFAULT_TOTAL_KV_BLOCKS = 1_000_000
+
+
+@dataclass
+class SimulationResult:
+    """Everything a report needs. Times in µs."""
+
+    scenario: Scenario
+    instances: list[InstanceMetrics]
+    counters: ControlPlaneCounters
+    horizon_us: int
+    events_processed: int
+
+
+def build_latency_model(scenario: Scenario) -> LatencyModel:
+    """Instantiate the scenario's latency backend."""
+    cfg = scenario.latency
+    cls = LatencyModel.lookup(cfg.model, field="latency.model")
+    if cfg.model == "blackbox":
+        if cfg.alpha_coeffs is None or cfg.beta_coeffs is None:
+            raise ConfigError("blackbox needs both alpha_coeffs and beta_coeffs",
+                              field="latency.alpha_coeffs")
+        if not any(cfg.alpha_coeffs) and not any(cfg.beta_coeffs):
+            raise ConfigError("No trained coefficients found: alpha and beta are all zero",
+                              field="latency.beta_coeffs")
+        try:
+            return cls(cfg.alpha_coeffs, cfg.beta_coeffs)
+        except ValueError as exc:
+            raise ConfigError(str(exc), field="latency") from None
+    raise ConfigError(f"latency model {cfg.model!r} is not available yet", field="latency.model")
+
+
+class Simulation:
+    """One cluster of instances on a shared SimPy clock, fed with ``requests``."""
+
+    def __init__(self, scenario: Scenario, requests: list, *, horizon_us: int | None = None):
+        self.scenario = scenario
+        self.requests = requests
+        self.horizon_us = horizon_us if horizon_us is not None else scenario.horizon
+        self.env = SimEnv(self.horizon_us)
+        eng = scenario.engine
+        limits = EngineLimits(
+            max_num_running_reqs=eng.max_num_running_reqs,
+            max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
+            long_prefill_token_threshold=eng.long_prefill_token_threshold,
+            max_model_len=eng.max_model_len)
+        total_blocks = eng.total_kv_blocks or DEFAULT_TOTAL_KV_BLOCKS
+        sched_cls = Scheduler.lookup(eng.scheduler, field="engine.scheduler")
+        prio_cls = PriorityPolicy.lookup(eng.priority_policy, field="engine.priority_policy")
+        self.instances: list[Instance] = []
+        for k in range(scenario.cluster.num_instances):
+            latency = build_latency_model(scenario)
+            kv = KVCache(total_blocks, eng.block_size)
+            try:
+                inst = Instance(self.env, k, limits, latency, kv, sched_cls(), prio_cls())
+            except ValueError as exc:
+                raise ConfigError(str(exc), field="engine.max_model_len") from None
+            inst.model = scenario.model
+            self.instances.append(inst)
+        cl = scenario.cluster
+        adm_cls = AdmissionPolicy.lookup(cl.admission.policy, field="cluster.admission.policy")
+        rt_cls = Router.lookup(cl.routing.policy, field="cluster.routing.policy")
+        admission = adm_cls(adm_cls.parse_params(cl.admission.params, field="cluster.admission.params"))
+        router = rt_cls(rt_cls.parse_params(cl.routing.params, field="cluster.routing.params"))
+        self.cluster = Cluster(self.env, self.instances, admission, router,
+                               admission_latency_us=cl.admission_latency_us,
+                               routing_latency_us=cl.routing_latency_us)
+
+    def run(self, progress: Callable[[int, int], None] | None = None) -> SimulationResult:
+        """Run to the horizon (or until no event is left), then finalize and check."""
+        env = self.env
+        self.cluster.start(self.requests)
+        limit = self.horizon_us
+        peek = env.peek
+        step = env.step
+        n = 0
+        if progress is None:
+            while peek() <= limit:
+                step()
+                n += 1
+        else:
+            while peek() <= limit:
+                step()
+                n += 1
+                if not n & 0x3FFF:
+                    progress(self._done_requests(), self.cluster.counters.offered)
+            progress(self._done_requests(), self.cluster.counters.offered)
+        metrics = [inst.finalize() for inst in self.instances]
+        self._check_invariants()
+        return SimulationResult(self.scenario, metrics, self.cluster.counters, limit, n)
+
+    def _done_requests(self) -> int:
+        c = self.cluster.counters
+        done = c.rejected_by_admission + c.rejected_at_routing
+        for inst in self.instances:
+            m = inst.metrics
+            done += m.completed_requests + m.dropped_unservable + m.timed_out_requests
+        return done
+
+    def _check_invariants(self) -> None:
+        c = self.cluster.counters
+        for inst in self.instances:
+            check_instance_conservation(inst)
+            check_causality(inst)
+            try:
+                inst.kv.check_invariants()
+            except AssertionError as exc:
+                raise InvariantError(str(exc), instance=inst.id) from None
+        late = sum(1 for r in self.requests if r.arrival_us > self.horizon_us)
+        not_arrived = c.offered - c.arrived
+        if not_arrived != late:
+            raise InvariantError(f"{not_arrived} requests never arrived, but {late} arrive after the horizon")
+        in_control_plane = c.arrived - c.routed - c.rejected_by_admission - c.rejected_at_routing
+        if in_control_plane < 0:
+            raise InvariantError(f"control-plane counters inconsistent: {c}")
+        check_pipeline_conservation(c, self.instances, not_arrived + in_control_plane)

@@ -1,0 +1,469 @@
+"""One simulated vLLM server: a SimPy process that runs engine steps (spec/02).
+
+The instance is a process running a fixed loop: wait on its doorbell until there is work,
+then run steps back to back — one SimPy event per engine step — until the batch and the
+wait queue are empty. Each step calls three overridable hooks:
+
+* :meth:`form_batch` — vLLM batch formation (continuing requests, then admissions);
+* :meth:`step_time` — the step duration from the latency model;
+* :meth:`on_step_end` — called with the requests that completed in the step.
+
+Requests reach the instance through :meth:`inject` (routing) and wait out the latency
+model's queueing delay before the enqueue guards put them in the wait queue (the inbox: a
+deque plus the doorbell). BLIS never cancels a scheduled step event; when a timeout empties
+the running batch, the pending step becomes stale and still fires (spec/02 §6). That
+behaviour is kept by letting the orphaned step chain carry on in its own process.
+
+Time is an integer number of µs (``env.now``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+from simpy.events import Event
+
+from blis_simpy.des import QUEUED, STEP, TIMEOUT, SimEnv, instance_key
+from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
+from blis_simpy.latency.base import BatchView, LatencyModel
+from blis_simpy.metrics.records import InstanceMetrics
+from blis_simpy.request import COMPLETED, QUEUED as ST_QUEUED, RUNNING, TIMED_OUT
+from blis_simpy.units import ceil_div
+
+log = logging.getLogger("blis_simpy.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """Per-instance batch limits (spec/02 §4.1). Token counts in tokens; 0 disables."""
+
+    max_num_running_reqs: int = 256
+    max_num_scheduled_tokens: int = 2048
+    long_prefill_token_threshold: int = 0
+    max_model_len: int = 0
+
+
+class InstanceListener:
+    """What the cluster learns from an instance. Default: nothing."""
+
+    def on_request_done(self, inst: Instance, req, tick_us: int) -> None:
+        """A request left the instance: completed, timed out, or dropped (still queued)."""
+
+    def on_event_end(self, inst: Instance) -> None:
+        """Called after each instance event (step, enqueue, timeout) is processed."""
+
+
+class Instance:
+    """An engine instance: wait queue, running batch, KV cache, latency model, metrics."""
+
+    def __init__(self, env: SimEnv, index: int, limits: EngineLimits, latency: LatencyModel,
+                 kv, scheduler: Scheduler, priority: PriorityPolicy,
+                 listener: InstanceListener | None = None):
+        if limits.max_model_len > 0 and ceil_div(limits.max_model_len, kv.block_size) > kv.total_blocks:
+            raise ValueError(
+                f"max_model_len {limits.max_model_len} needs "
+                f"{ceil_div(limits.max_model_len, kv.block_size)} KV blocks, "
+                f"more than the {kv.total_blocks} available")
+        self.env = env
+        self.index = index
+        self.id = f"instance_{index}"
+        self.model = ""
+        self.limits = limits
+        self.latency = latency
+        self.kv = kv
+        self.scheduler = scheduler
+        self.priority_policy = priority
+        self.listener = listener or InstanceListener()
+        self.metrics = InstanceMetrics(self.id)
+        self.horizon_us = env.horizon_us
+        self.key_queued = instance_key(index, QUEUED)
+        self.key_step = instance_key(index, STEP)
+        self.key_timeout = instance_key(index, TIMEOUT)
+        self.otpt_us = latency.output_token_processing_time()
+        self.post_decode_us = latency.post_decode_fixed_overhead()
+
+        self.waitq: deque = deque()
+        self.running: list = []
+        self.step_pending = False
+        self.step_count = 0
+        self.clock_us = 0          # time of the last instance event (BLIS's instance clock)
+        self.in_queueing_delay = 0  # injected, Queued event not yet processed
+        self.injected = 0
+        self._doorbell: Event | None = None
+        self._pos = 0              # batch-position counter (admission order)
+        self.process = env.process(self._run())
+
+    # ================================================================= process structure
+    def _run(self):
+        """The instance process: sleep on the doorbell, then run a chain of steps."""
+        while True:
+            self._doorbell = Event(self.env)
+            yield self._doorbell
+            yield from self._steps()
+
+    def _orphan_chain(self, first):
+        """A second step chain, started while the main process still waits on a stale step."""
+        yield first
+        yield from self._steps()
+
+    def _steps(self):
+        env = self.env
+        while True:
+            nxt = self.step(env.now)
+            self.listener.on_event_end(self)
+            if nxt is None:
+                return
+            yield env.wake_at(nxt, self.key_step)
+
+    def _push_step(self, t_us: int) -> None:
+        """Schedule a Step at ``t_us`` that no running step pushed (starts a chain)."""
+        self.step_pending = True
+        bell = self._doorbell
+        if bell is not None:
+            self._doorbell = None
+            bell._ok = True
+            bell._value = None
+            self.env.schedule(bell, self.key_step, t_us - self.env.now)
+        else:
+            self.env.process(self._orphan_chain(self.env.wake_at(t_us, self.key_step)))
+
+    def _touch(self, t_us: int) -> None:
+        if t_us > self.clock_us and t_us <= self.horizon_us:
+            self.clock_us = t_us
+
+    # ================================================================= arrivals
+    def inject(self, req, now_us: int) -> None:
+        """Routing placed ``req`` here at ``now_us``: Arrival now, Queued after the delay."""
+        req.assigned_instance = self.id
+        self.metrics.registry[req.id] = req
+        self.injected += 1
+        self.in_queueing_delay += 1
+        self._touch(now_us)
+        q = self.latency.queueing_time(req)
+        self.env.call_at(now_us + q, self.key_queued, self._on_queued, req)
+
+    def _on_queued(self, req) -> None:
+        now = self.env.now
+        self._touch(now)
+        self.in_queueing_delay -= 1
+        self.enqueue(req, now)
+        if not self.step_pending and self.waitq:
+            self._push_step(now)
+        self.listener.on_event_end(self)
+
+    def enqueue(self, req, now_us: int) -> None:
+        """The enqueue guards of spec/02 §2, then the wait queue."""
+        if req.state == TIMED_OUT:
+            return
+        m = self.limits.max_model_len
+        n_in = req.input_len
+        if req.max_output_len == 0 and m > 0 and n_in < m:
+            req.max_output_len = m - n_in
+        if req.max_output_len < 0:
+            return self._drop(req, now_us, f"negative MaxOutputLen {req.max_output_len}")
+        if m > 0:
+            if n_in >= m:
+                return self._drop(req, now_us, f"input length {n_in} >= MaxModelLen {m} (no room for output)")
+            if req.max_output_len > 0 and n_in + req.max_output_len > m:
+                return self._drop(req, now_us, (
+                    f"total sequence length {n_in + req.max_output_len} (input={n_in} + "
+                    f"budget={req.max_output_len}) exceeds MaxModelLen {m}"))
+        if ceil_div(n_in, self.kv.block_size) > self.kv.total_blocks:
+            return self._drop(req, now_us, f"input needs more KV blocks than the {self.kv.total_blocks} available")
+        self.metrics.total_input_tokens += n_in
+        if 0 < req.deadline_us <= now_us:
+            req.state = TIMED_OUT
+            self.metrics.timed_out_requests += 1
+            self.listener.on_request_done(self, req, now_us)
+            return
+        req.enqueue_us = now_us
+        self.waitq.append(req)
+        if 0 < req.deadline_us <= self.horizon_us:
+            self.env.call_at(req.deadline_us, self.key_timeout, self._on_timeout, req)
+
+    def _drop(self, req, now_us: int, why: str) -> None:
+        log.warning("dropping request %s: %s", req.id, why)
+        self.metrics.dropped_unservable += 1
+        self.metrics.registry.pop(req.id, None)
+        self.listener.on_request_done(self, req, now_us)
+
+    # ================================================================= timeouts
+    def _on_timeout(self, req) -> None:
+        now = self.env.now
+        self._touch(now)
+        if req.state in (COMPLETED, TIMED_OUT):
+            self.listener.on_event_end(self)
+            return
+        was_running = req.state == RUNNING
+        req.state = TIMED_OUT
+        self.metrics.timed_out_requests += 1
+        self.kv.release(req)
+        if was_running:
+            self.running.remove(req)
+            if not self.running:
+                self.step_pending = False   # the scheduled step becomes stale, not cancelled
+        else:
+            try:
+                self.waitq.remove(req)
+            except ValueError:
+                pass
+        if not self.running and not self.step_pending and self.waitq:
+            self._push_step(now)
+        self.listener.on_request_done(self, req, now)
+        self.listener.on_event_end(self)
+
+    # ================================================================= the step
+    def step(self, now: int) -> int | None:
+        """One engine iteration at ``now``; returns the time of the next step, or None."""
+        self._touch(now)
+        if not self.running and not self.waitq:
+            return None     # a stale step: nothing to do
+        self.step_count += 1
+        self.reorder_queue(now)
+        scheduled = self.form_batch(now)
+        met = self.metrics
+        for req in scheduled:
+            met.scheduling_delay[req.id] = now - req.arrival_us
+        met.waitq_len_sum += len(self.waitq)
+        met.running_len_sum += len(self.running)
+        met.step_samples += 1
+
+        running = self.running
+        adv = self.step_time(BatchView.of(running)) + self.kv.consume_pending_transfer_latency()
+        if adv < 1:
+            adv = 1
+        self.execute(now, adv)
+        used = self.kv.used
+        if used > met.peak_kv_blocks:
+            met.peak_kv_blocks = used
+        met.kv_blocks_integral += used * adv
+        self.kv.mirror_to_cpu(running)
+        completed = self.complete(now, adv)
+        self.on_step_end(now, adv, completed)
+        if self.running or self.waitq:
+            self.step_pending = True
+            return now + adv
+        self.step_pending = False
+        return None
+
+    def reorder_queue(self, now: int) -> None:
+        """Recompute priorities of queued requests, then let the scheduler reorder."""
+        if not self.waitq:
+            return
+        pol = self.priority_policy
+        if not pol.constant:
+            for r in self.waitq:
+                r.priority = pol.priority(r, now)
+        if not self.scheduler.keeps_order:
+            self.scheduler.reorder(self.waitq, now)
+
+    def step_time(self, batch: BatchView) -> int:
+        """Hook: the latency model's step duration (µs)."""
+        return self.latency.step_time(batch)
+
+    def on_step_end(self, now: int, adv: int, completed: list) -> None:
+        """Hook: called after completions are recorded."""
+
+    # ---------------------------------------------------------------- batch formation
+    def form_batch(self, now: int) -> list:
+        """vLLM FCFS batch formation with chunked prefill and recompute preemption.
+
+        Returns the requests newly admitted from the wait queue in this step.
+        """
+        lim = self.limits
+        kv = self.kv
+        budget = lim.max_num_scheduled_tokens
+        thr = lim.long_prefill_token_threshold
+        mml = lim.max_model_len
+        running = self.running
+        for r in running:
+            r.num_new_tokens = 0
+        self._budget = budget
+        self._preempted = False
+
+        i = 0
+        while i < len(running):
+            req = running[i]
+            if self._budget <= 0:
+                log.debug("token budget exhausted at %s", req.id)
+                break
+            n_in = req.input_len
+            pi = req.pi
+            if pi < n_in:
+                n = n_in - pi
+                if 0 < thr < n:
+                    n = thr
+                if n > self._budget:
+                    n = self._budget
+                if mml > 0:
+                    n = min(n, max(mml - 1 - pi, 0))
+                if not self._preempt_for_tokens(req, n):
+                    break
+                self._budget -= n
+                req.num_new_tokens = n
+                req.computed_tokens += n
+            elif req.output_len >= 1:
+                if mml > 0 and pi + 1 > mml - 1:
+                    i += 1
+                    continue
+                if not self._preempt_for_tokens(req, 1):
+                    break
+                self._budget -= 1
+                req.num_new_tokens = 1
+                req.computed_tokens += 1
+            i += 1
+
+        scheduled = []
+        waitq = self.waitq
+        bs = kv.block_size
+        while (len(running) < lim.max_num_running_reqs and waitq and self._budget > 0
+               and not self._preempted):
+            nxt = waitq[0]
+            if nxt.is_decode_sub:
+                if not kv.allocate(nxt, nxt.pi, nxt.pi + 1):
+                    break
+                waitq.popleft()
+                self._admit(nxt, 1)
+                nxt.computed_tokens = nxt.pi + 1
+                scheduled.append(nxt)
+                continue
+            cached = kv.get_cached_blocks(nxt)
+            start = len(cached) * bs
+            n = nxt.input_len - start
+            if 0 < thr < n:
+                n = thr
+            if n > self._budget:
+                n = self._budget
+            if mml > 0:
+                n = min(n, max(mml - 1 - start, 0))
+            if not kv.allocate(nxt, start, start + n, cached):
+                break
+            waitq.popleft()
+            self._admit(nxt, n)
+            nxt.computed_tokens = start + n
+            scheduled.append(nxt)
+        return scheduled
+
+    def _admit(self, req, n: int) -> None:
+        self.running.append(req)
+        req.scheduled_step = self.step_count
+        req.state = RUNNING
+        req.num_new_tokens = n
+        self._budget -= n
+        self._pos += 1
+        req.batch_pos = self._pos
+
+    def _preempt_for_tokens(self, req, n: int) -> bool:
+        kv = self.kv
+        running = self.running
+        while True:
+            if kv.allocate(req, req.pi, req.pi + n):
+                return True
+            if not running:
+                log.warning("KV cache full and nothing to preempt for %s", req.id)
+                return False
+            self._preempted = True
+            victim = running.pop()
+            log.debug("[tick %d] preemption: evicting %s to make room", self.env.now, victim.id)
+            self.metrics.preemption_count += 1
+            if victim.num_new_tokens > 0:
+                self._budget += victim.num_new_tokens
+                victim.num_new_tokens = 0
+            victim.state = ST_QUEUED
+            victim.pi = 0
+            kv.release(victim)
+            victim.computed_tokens = 0
+            self.waitq.appendleft(victim)
+            if victim is req:
+                return False
+
+    # ---------------------------------------------------------------- execute
+    def execute(self, now: int, adv: int) -> None:
+        """Advance every running request by its scheduled tokens (spec/02 §4 step 2)."""
+        met = self.metrics
+        otpt = self.otpt_us
+        itl_val = adv + otpt
+        first_tok = now + adv + otpt
+        for req in self.running:
+            n_in = req.input_len
+            if req.pi < n_in:
+                req.pi = req.computed_tokens
+            elif req.num_new_tokens > 0:
+                req.pi += 1
+                met.total_output_tokens += 1
+                req.itl.append(itl_val)
+            if req.pi == n_in:
+                req.ttft_set = True
+                ttft = first_tok - req.arrival_us
+                req.first_token_us = ttft
+                met.ttft_sum += ttft
+                met.ttft[req.id] = ttft
+
+    # ---------------------------------------------------------------- completion
+    def complete(self, now: int, adv: int) -> list:
+        """The completion pass (spec/02 §5); keeps the rest running, in batch order."""
+        kv = self.kv
+        mml = self.limits.max_model_len
+        remaining = []
+        done = []
+        for req in self.running:
+            n_in = req.input_len
+            L = req.output_len
+            if req.pi >= n_in + (L if L > 1 else 1) - 1:
+                if L > 0 and req.pi < n_in + L:
+                    if not kv.allocate(req, req.pi, req.pi + 1):
+                        log.error("KV allocation failed for the final token of %s", req.id)
+                        self.metrics.kv_allocation_failures += 1
+                kv.release(req)
+                self._record_completion(req, now, adv, capped=False)
+                done.append(req)
+            elif mml > 0 and req.pi >= mml - 1:
+                log.warning("request %s reached MaxModelLen %d: force-completed", req.id, mml)
+                self.metrics.length_capped_requests += 1
+                req.length_capped = True
+                kv.release(req)
+                self._record_completion(req, now, adv, capped=True)
+                done.append(req)
+            else:
+                remaining.append(req)
+        self.running = remaining
+        return done
+
+    def _record_completion(self, req, now: int, adv: int, *, capped: bool) -> None:
+        met = self.metrics
+        req.state = COMPLETED
+        req.finished_step = self.step_count
+        self._touch(now + adv)          # the RequestLeft marker event
+        L = req.output_len
+        itl = req.itl
+        itl_sum = sum(itl)
+        post = self.post_decode_us if L > 0 else 0
+        e2e = req.first_token_us + itl_sum + post
+        met.e2e[req.id] = e2e
+        met.completion_time[req.id] = req.arrival_us + e2e
+        if L == 0:
+            avg = 0.0
+        elif capped:
+            avg = itl_sum / max(len(itl) - 1, 1)
+        else:
+            avg = itl_sum / max(L - 1, 1)
+        met.itl[req.id] = avg
+        met.completed_requests += 1
+        hist = met.all_itls
+        for v in itl:
+            hist[v] += 1
+        met.step_counters_sum += req.finished_step - req.scheduled_step
+        self.listener.on_request_done(self, req, now + adv)
+
+    # ================================================================= end of run
+    def finalize(self) -> InstanceMetrics:
+        """Fill the end-of-run fields (spec/01 §4 "finally")."""
+        met = self.metrics
+        met.sim_ended_time = min(self.clock_us, self.horizon_us)
+        met.still_queued = len(self.waitq)
+        met.still_running = len(self.running)
+        met.cache_hit_rate = self.kv.cache_hit_rate()
+        met.kv_thrashing_rate = self.kv.kv_thrashing_rate()
+        return met
