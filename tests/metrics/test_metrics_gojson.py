@@ -1,0 +1,119 @@
+"""Go encoding/json text: float formatting, string escaping, MarshalIndent layout, and the
+JSON blocks BLIS printed in the conformance cases, byte for byte."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+
+import pytest
+
+from blis_simpy.metrics.gojson import dumps, format_float, quote
+from tests.conftest import CONFORMANCE
+from tests.metrics.helpers import case_dir, load_expected
+
+FLOATS = [
+    (31.667365, "31.667365"),
+    (9.473475295465853, "9.473475295465853"),
+    (3103.7453000000005, "3103.7453000000005"),
+    (0.0, "0"),
+    (-0.0, "-0"),
+    (1.0, "1"),
+    (-2.0, "-2"),
+    (123456789.0, "123456789"),
+    (0.1, "0.1"),
+    (0.292906907740768, "0.292906907740768"),
+    (1e-7, "1e-7"),
+    (-1.5e-7, "-1.5e-7"),
+    (1e-6, "0.000001"),
+    (9.99e-7, "9.99e-7"),
+    (1.234e-10, "1.234e-10"),
+    (5e-324, "5e-324"),
+    (1e20, "100000000000000000000"),
+    (1e16, "10000000000000000"),
+    (1.5e17, "150000000000000000"),
+    (1e21, "1e+21"),
+    (1.7976931348623157e308, "1.7976931348623157e+308"),
+    (0.000123, "0.000123"),
+]
+
+
+@pytest.mark.parametrize("value,text", FLOATS)
+def test_format_float(value, text):
+    assert format_float(value) == text
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_floats_are_rejected(bad):
+    with pytest.raises(ValueError):
+        format_float(bad)
+    with pytest.raises(ValueError):
+        dumps({"x": bad})
+
+
+def test_numbers_keep_their_type():
+    assert dumps([1, 1.0, True, None, 2**62], indent=None) == "[1,1,true,null,4611686018427387904]"
+
+
+def test_string_escaping_like_go():
+    assert quote("plain text") == '"plain text"'
+    assert quote('a"b\\c') == r'"a\"b\\c"'
+    assert quote("<&>") == r'"\u003c\u0026\u003e"'
+    assert quote("<&>", escape_html=False) == '"<&>"'
+    assert quote("\n\r\t\b\f") == r'"\n\r\t\b\f"'
+    assert quote("\x00\x01\x1f") == r'"\u0000\u0001\u001f"'
+    assert quote("\u2028\u2029") == r'"\u2028\u2029"'
+    assert quote("\x7fé漢µ") == '"\x7fé漢µ"'
+    assert quote("\ud800") == r'"\ufffd"'
+
+
+def test_marshal_indent_layout():
+    obj = OrderedDict([("b", 1), ("a", [1.5, {"x": []}, {}]), ("c", {"<k>": "v"})])
+    assert dumps(obj) == (
+        '{\n'
+        '  "b": 1,\n'
+        '  "a": [\n'
+        '    1.5,\n'
+        '    {\n'
+        '      "x": []\n'
+        '    },\n'
+        '    {}\n'
+        '  ],\n'
+        '  "c": {\n'
+        '    "\\u003ck\\u003e": "v"\n'
+        '  }\n'
+        '}')
+    assert dumps(obj, indent=None) == '{"b":1,"a":[1.5,{"x":[]},{}],"c":{"\\u003ck\\u003e":"v"}}'
+    assert dumps([]) == "[]" and dumps({}) == "{}"
+    assert dumps({1: 2}, indent=None) == '{"1":2}'
+    with pytest.raises(TypeError):
+        dumps({"x": object()})
+
+
+def test_compact_output_parses_back():
+    obj = {"k": [0.1, 1e-7, 1e21, -0.0, "s\u2028"]}
+    assert json.loads(dumps(obj, indent=None)) == obj
+
+
+def test_a01_block_byte_identical():
+    block = load_expected("A01_golden1")["stdout_metrics"][0]
+    assert type(block["completed_requests"]) is int
+    stdout = (case_dir("A01_golden1") / "stdout.txt").read_text()
+    text = "=== Simulation Metrics ===\n" + dumps(block) + "\n"
+    assert stdout.startswith(text)
+
+
+def _case_names():
+    if not CONFORMANCE.exists():
+        return []
+    return sorted(p.name for p in CONFORMANCE.iterdir() if (p / "expected.json").exists())
+
+
+@pytest.mark.parametrize("name", _case_names() or ["<no conformance folder>"])
+def test_every_printed_block_byte_identical(name):
+    expected = load_expected(name)
+    stdout = (case_dir(name) / "stdout.txt").read_text()
+    blocks = ["=== Simulation Metrics ===\n" + dumps(b) + "\n" for b in expected["stdout_metrics"]]
+    # blocks come first, consecutively, in this order
+    assert stdout.startswith("".join(blocks))
