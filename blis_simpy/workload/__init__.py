@@ -1,0 +1,36 @@
+"""Workload sources (spec/07): distribution mode and presets, workload-spec v2 generation,
+TraceV2 reading/writing and trace replay. Every source ends as requests sorted by arrival.
+"""
+
+from blis_simpy.workload.distribution import (
+    PRESETS,
+    LengthParams,
+    distribution_spec,
+    preset_spec,
+)
+from blis_simpy.workload.generator import generate_requests
+from blis_simpy.workload.replay import default_replay_horizon, trace_requests
+from blis_simpy.workload.spec import (
+    ClientSpec,
+    DistSpec,
+    WorkloadSpecV2,
+    load_workload_spec,
+    validate_spec,
+)
+from blis_simpy.workload.tracev2 import (
+    TRACE_COLUMNS,
+    TraceHeader,
+    TraceRecord,
+    TraceV2,
+    read_trace,
+    read_trace_header,
+    read_trace_records,
+    write_trace,
+)
+
+__all__ = [
+    "PRESETS", "TRACE_COLUMNS", "ClientSpec", "DistSpec", "LengthParams", "TraceHeader",
+    "TraceRecord", "TraceV2", "WorkloadSpecV2", "default_replay_horizon", "distribution_spec",
+    "generate_requests", "load_workload_spec", "preset_spec", "read_trace", "read_trace_header",
+    "read_trace_records", "trace_requests", "validate_spec", "write_trace",
+]

@@ -1,0 +1,89 @@
+"""Trace replay: TraceV2 rows → simulator requests (spec/07 §11, spec/09 §1).
+
+A trace holds token *counts*, not token IDs, so replay synthesises IDs. The RNG is a NumPy
+Generator seeded directly from ``--seed`` (not a partitioned stream, spec/01 §5) via
+:func:`blis_simpy.rng.numpy_rng`. Draw order:
+
+1. for each prefix group, in order of first appearance among the records with a non-empty
+   ``prefix_group`` and a positive ``prefix_length``, draw that many prefix token IDs
+   (the first such record fixes the group's length);
+2. per record, in record order: ``input_tokens`` suffix IDs then ``output_tokens`` output
+   IDs. For speed the IDs of :data:`DRAW_BLOCK` consecutive records come from one
+   vectorised draw, consumed in exactly that order (the values depend on the seed only).
+
+Every request whose group has a prefix gets it prepended. IDs are uniform in [0, 128000).
+Requests are named ``request_<request_id>`` and returned stably sorted by arrival (µs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from blis_simpy.request import Request
+from blis_simpy.rng import numpy_rng
+from blis_simpy.units import MAX_INT64
+from blis_simpy.workload.tracev2 import TraceRecord
+
+VOCAB_SIZE = 128_000
+ALL_AT_ZERO_HORIZON_US = 600_000_000
+DRAW_BLOCK = 256  # records per vectorised token draw (changing it changes the token IDs)
+
+
+def replay_prefixes(records: Sequence[TraceRecord], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Step 1: the prefix token IDs of every group with a positive ``prefix_length``."""
+    prefixes: dict[str, np.ndarray] = {}
+    for r in records:
+        if r.prefix_group and r.prefix_length > 0 and r.prefix_group not in prefixes:
+            prefixes[r.prefix_group] = rng.integers(0, VOCAB_SIZE, size=r.prefix_length,
+                                                    dtype=np.int32)
+    return prefixes
+
+
+def trace_requests(records: Sequence[TraceRecord], seed: int) -> list[Request]:
+    """Synthesize one :class:`Request` per trace row (see the module docstring).
+
+    ``seed`` is the replay seed (``--seed``, int64). Arrival and deadline are the row's
+    ``arrival_time_us`` / ``deadline_us`` (µs; deadline 0 = none); ``max_output_len`` is
+    the row's ``output_tokens``; metadata (client, tenant, SLO class, session, round,
+    prefix group/length, streaming, model, reason ratio, modality token counts) is copied.
+    """
+    rng = numpy_rng(seed)
+    prefixes = replay_prefixes(records, rng)
+    integers = rng.integers
+    concat = np.concatenate
+    reqs: list[Request] = []
+    for lo in range(0, len(records), DRAW_BLOCK):
+        block = records[lo:lo + DRAW_BLOCK]
+        ids = integers(0, VOCAB_SIZE, size=sum(r.input_tokens + r.output_tokens for r in block),
+                       dtype=np.int32)
+        pos = 0
+        for r in block:
+            mid = pos + r.input_tokens
+            end = mid + r.output_tokens
+            prefix = prefixes.get(r.prefix_group) if r.prefix_group else None
+            inp = ids[pos:mid] if prefix is None else concat((prefix, ids[pos:mid]))
+            pos = end
+            reqs.append(Request(
+                f"request_{r.request_id}", r.arrival_time_us, inp, ids[mid:end],
+                max_output_len=r.output_tokens, deadline_us=r.deadline_us,
+                tenant_id=r.tenant_id, slo_class=r.slo_class, session_id=r.session_id,
+                round_index=r.round_index, client_id=r.client_id, prefix_group=r.prefix_group,
+                prefix_length=r.prefix_length, streaming=r.streaming, model=r.model,
+                reason_ratio=r.reason_ratio, text_tokens=r.text_tokens,
+                image_tokens=r.image_tokens, audio_tokens=r.audio_tokens,
+                video_tokens=r.video_tokens))
+    reqs.sort(key=lambda q: q.arrival_us)  # stable: ties keep record order
+    return reqs
+
+
+def default_replay_horizon(records: Sequence[TraceRecord]) -> int:
+    """Replay's default horizon in µs: 2 × the latest arrival; 600 000 000 if every request
+    arrives at 0; unbounded (MAX_INT64) for an empty trace."""
+    if not records:
+        return MAX_INT64
+    last = max(r.arrival_time_us for r in records)
+    if last <= 0:
+        return ALL_AT_ZERO_HORIZON_US
+    return min(2 * last, MAX_INT64)

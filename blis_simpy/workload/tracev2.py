@@ -1,0 +1,393 @@
+"""TraceV2: BLIS's workload trace format, a YAML header plus a CSV (spec/07 §11).
+
+Reading is strict: unknown header keys, malformed numbers, negative counts, out-of-range
+ratios and deadlines before arrival are :class:`~blis_simpy.errors.ConfigError` naming the
+file, the 1-based line and the column / key. Writing reproduces BLIS's export layout byte for
+byte (Go ``encoding/csv`` quoting, ``\\n`` line ends, ``true``/``false`` booleans, shortest
+float text) and goes through temporary files renamed into place.
+
+Units: every ``*_us`` column is an integer number of microseconds; token columns are token
+counts; ``reason_ratio`` is a fraction in [0, 1].
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Annotated, Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from blis_simpy.errors import ConfigError
+from blis_simpy.workload import _yaml
+
+TRACE_COLUMNS: tuple[str, ...] = (
+    "request_id", "client_id", "tenant_id", "slo_class", "session_id", "round_index",
+    "prefix_group", "prefix_length", "streaming", "input_tokens", "output_tokens",
+    "text_tokens", "image_tokens", "audio_tokens", "video_tokens", "reason_ratio", "model",
+    "deadline_us", "server_input_tokens", "arrival_time_us", "send_time_us",
+    "first_chunk_time_us", "last_chunk_time_us", "num_chunks", "status", "error_message",
+    "finish_reason",
+)
+NUM_COLUMNS = len(TRACE_COLUMNS)
+
+# ---------------------------------------------------------------------------------- header
+
+NonNegInt = Annotated[int, Field(ge=0)]
+NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class TraceServer(_Strict):
+    """The serving configuration a real trace was recorded against (metadata only)."""
+
+    type: str = ""
+    model: str = ""
+    tensor_parallel: NonNegInt = 0
+    max_num_seqs: NonNegInt = 0
+    block_size: NonNegInt = 0
+    gpu_memory_utilization: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.0
+    max_model_len: NonNegInt = 0
+
+
+class TraceNetwork(_Strict):
+    """Measured client↔server network of a real trace; ``measured_rtt_ms`` in ms."""
+
+    measured_rtt_ms: NonNegFloat = 0.0
+
+
+class TraceHeader(_Strict):
+    """The YAML header of a TraceV2 trace. Only version 2 with µs timestamps is accepted."""
+
+    trace_version: Literal[2]
+    time_unit: Literal["microseconds"] = "microseconds"
+    created_at: str = ""
+    mode: Literal["real", "generated"] = "generated"
+    warm_up_requests: NonNegInt = 0
+    workload_seed: int | None = None
+    workload_spec: str = ""
+    server: TraceServer | None = None
+    network: TraceNetwork | None = None
+
+
+# ---------------------------------------------------------------------------------- records
+
+@dataclass(slots=True)
+class TraceRecord:
+    """One CSV row. Field names and order are the 27 TraceV2 columns."""
+
+    request_id: int = 0
+    client_id: str = ""
+    tenant_id: str = ""
+    slo_class: str = ""
+    session_id: str = ""
+    round_index: int = 0
+    prefix_group: str = ""
+    prefix_length: int = 0          # tokens of the shared group prefix
+    streaming: bool = False
+    input_tokens: int = 0           # suffix tokens (excluding the prefix)
+    output_tokens: int = 0
+    text_tokens: int = 0
+    image_tokens: int = 0
+    audio_tokens: int = 0
+    video_tokens: int = 0
+    reason_ratio: float = 0.0
+    model: str = ""
+    deadline_us: int = 0            # absolute µs; 0 = no deadline
+    server_input_tokens: int = 0
+    arrival_time_us: int = 0
+    send_time_us: int = 0
+    first_chunk_time_us: int = 0
+    last_chunk_time_us: int = 0
+    num_chunks: int = 0
+    status: str = "ok"
+    error_message: str = ""
+    finish_reason: str = ""
+
+
+assert tuple(f.name for f in fields(TraceRecord)) == TRACE_COLUMNS
+
+
+@dataclass
+class TraceV2:
+    """A loaded trace: the header and the rows in file order."""
+
+    header: TraceHeader
+    records: list[TraceRecord] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------- reading
+
+def read_trace_header(path: str | os.PathLike) -> TraceHeader:
+    """Parse and validate a TraceV2 YAML header."""
+    path = str(path)
+    data, node = _yaml.load_yaml(path)
+    if data is None:
+        raise ConfigError("empty trace header, expected trace_version: 2", file=path, line=1)
+    if not isinstance(data, dict):
+        raise ConfigError("trace header must be a YAML mapping", file=path, line=1)
+    try:
+        return TraceHeader.model_validate(data)
+    except ValidationError as e:
+        raise _yaml.from_validation_error(e, path, node) from None
+
+
+_INT_RE = re.compile(r"[+-]?[0-9]+\Z")
+_FLOAT_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
+_BOOLS = {"true": True, "True": True, "TRUE": True, "t": True, "T": True, "1": True,
+          "false": False, "False": False, "FALSE": False, "f": False, "F": False, "0": False}
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+# columns that must be >= 0 (counts, indices, timestamps)
+_NONNEG = frozenset(("request_id", "round_index", "prefix_length", "input_tokens",
+                     "output_tokens", "text_tokens", "image_tokens", "audio_tokens",
+                     "video_tokens", "server_input_tokens", "num_chunks", "arrival_time_us",
+                     "send_time_us", "first_chunk_time_us", "last_chunk_time_us",
+                     "deadline_us"))
+
+
+class _RowParser:
+    """Typed access to the columns of one CSV row, raising located ConfigErrors."""
+
+    __slots__ = ("path", "row", "line")
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def err(self, col: str, problem: str) -> ConfigError:
+        return ConfigError(problem, file=self.path, line=self.line, field=col)
+
+    def int(self, i: int) -> int:
+        s = self.row[i]
+        if not (s.isascii() and s.isdigit()) and not _INT_RE.match(s):
+            raise self.err(TRACE_COLUMNS[i], f"expected an integer, got {s!r}")
+        v = int(s)
+        if v < 0 and TRACE_COLUMNS[i] in _NONNEG:
+            raise self.err(TRACE_COLUMNS[i], f"must be >= 0, got {v}")
+        if v > _INT64_MAX or v < _INT64_MIN:
+            raise self.err(TRACE_COLUMNS[i], f"out of the int64 range: {s}")
+        return v
+
+    def float(self, i: int) -> float:
+        s = self.row[i]
+        if not _FLOAT_RE.match(s):
+            raise self.err(TRACE_COLUMNS[i], f"expected a number, got {s!r}")
+        return float(s)
+
+    def bool(self, i: int) -> bool:
+        v = _BOOLS.get(self.row[i])
+        if v is None:
+            raise self.err(TRACE_COLUMNS[i], f"expected true or false, got {self.row[i]!r}")
+        return v
+
+
+def _parse_row(p: _RowParser) -> TraceRecord:
+    r = p.row
+    i = p.int
+    rec = TraceRecord(
+        i(0), r[1], r[2], r[3], r[4], i(5), r[6], i(7), p.bool(8), i(9), i(10), i(11), i(12),
+        i(13), i(14), p.float(15), r[16], i(17), i(18), i(19), i(20), i(21), i(22), i(23),
+        r[24], r[25], r[26])
+    if not 0.0 <= rec.reason_ratio <= 1.0:
+        raise p.err("reason_ratio", f"must be in [0, 1], got {r[15]}")
+    if rec.deadline_us != 0 and rec.deadline_us < rec.arrival_time_us:
+        raise p.err("deadline_us", f"deadline {rec.deadline_us} is before arrival_time_us "
+                                   f"{rec.arrival_time_us}")
+    return rec
+
+
+def _check_header_row(row: list[str], path: str) -> None:
+    if len(row) < NUM_COLUMNS:
+        raise ConfigError(f"header row has {len(row)} columns, expected {NUM_COLUMNS}",
+                          file=path, line=1)
+    for j, name in enumerate(TRACE_COLUMNS):
+        got = row[j].strip()
+        if got != name:
+            raise ConfigError(f"header column {j + 1} is {got!r}, expected {name!r}",
+                              file=path, line=1, field=name)
+
+
+def read_trace_records(path: str | os.PathLike) -> list[TraceRecord]:
+    """Parse and validate a TraceV2 CSV (header row + one row per request, file order)."""
+    path = str(path)
+    p = _RowParser(path)
+    records: list[TraceRecord] = []
+    seen_ids: dict[int, int] = {}
+    line = 0
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            reader = csv.reader(f, strict=True)
+            header_seen = False
+            for row in reader:
+                start, line = line + 1, reader.line_num
+                if not row:
+                    continue  # blank line (Go's csv reader skips them too)
+                if not header_seen:
+                    _check_header_row(row, path)
+                    header_seen = True
+                    continue
+                p.line = start
+                if len(row) < NUM_COLUMNS:
+                    raise ConfigError(f"row has {len(row)} columns, expected {NUM_COLUMNS}",
+                                      file=path, line=start)
+                p.row = row
+                rec = _parse_row(p)
+                first = seen_ids.setdefault(rec.request_id, start)
+                if first != start:
+                    raise p.err("request_id", f"duplicate request_id {rec.request_id} "
+                                              f"(first on line {first})")
+                records.append(rec)
+            if not header_seen:
+                raise ConfigError("missing CSV header row", file=path, line=1)
+    except FileNotFoundError:
+        raise ConfigError("no such file", file=path) from None
+    except IsADirectoryError:
+        raise ConfigError("is a directory, expected a file", file=path) from None
+    except csv.Error as e:
+        raise ConfigError(f"malformed CSV: {e}", file=path, line=line + 1) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not valid UTF-8 ({e.reason})", file=path, line=line + 1) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read file: {e.strerror or e}", file=path) from None
+    return records
+
+
+def read_trace(header_path: str | os.PathLike, data_path: str | os.PathLike) -> TraceV2:
+    """Load a complete trace (header, then data)."""
+    return TraceV2(read_trace_header(header_path), read_trace_records(data_path))
+
+
+# ---------------------------------------------------------------------------------- writing
+
+def _go_float_g(x: float) -> str:
+    """Go's ``strconv.FormatFloat(x, 'g', -1, 64)`` (what Go's yaml writes for floats)."""
+    if math.isnan(x):
+        return ".nan"
+    if math.isinf(x):
+        return ".inf" if x > 0 else "-.inf"
+    if x == 0:
+        return "-0" if math.copysign(1, x) < 0 else "0"
+    sci = np.format_float_scientific(x, unique=True, trim="-")  # e.g. "1.5e+06", "9e-01"
+    mant, exp = sci.split("e")
+    e = int(exp)
+    if e < -4 or e >= 6:  # Go: %e when exp < -4 or exp >= 6 for the shortest form
+        return f"{mant}e{'-' if e < 0 else '+'}{abs(e):02d}"
+    return np.format_float_positional(x, unique=True, trim="-")
+
+
+def _yaml_str(s: str) -> str:
+    """A YAML scalar for ``s``: plain when it reads back as the same string, else quoted."""
+    if s and s == s.strip() and not re.search(r"[:#\[\]{},&*!|>'\"%@`]|^[-?]", s):
+        try:
+            if yaml.load(s, Loader=_yaml._Loader) == s:
+                return s
+        except yaml.YAMLError:
+            pass
+    return yaml.dump(s, Dumper=yaml.SafeDumper, default_style='"', allow_unicode=True,
+                     width=math.inf).rstrip("\n")
+
+
+def _yaml_scalar(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return _go_float_g(v)
+    return _yaml_str(str(v))
+
+
+def header_to_yaml(header: TraceHeader) -> str:
+    """The header as BLIS writes it (Go yaml: field order, empty optionals left out, 4-space
+    indentation for nested sections)."""
+    out = []
+    omit_empty = {"created_at", "workload_seed", "workload_spec", "server", "network"}
+    for name in TraceHeader.model_fields:
+        v = getattr(header, name)
+        if name in omit_empty and (v is None or v == ""):
+            continue
+        if isinstance(v, BaseModel):
+            out.append(f"{name}:")
+            for sub in type(v).model_fields:
+                out.append(f"    {sub}: {_yaml_scalar(getattr(v, sub))}")
+        else:
+            out.append(f"{name}: {_yaml_scalar(v)}")
+    return "\n".join(out) + "\n"
+
+
+def _csv_field(s: str) -> str:
+    """Go ``encoding/csv`` quoting: quote if the field holds , " CR LF, starts with a space
+    or is exactly ``\\.``."""
+    if s == "":
+        return s
+    if ("," in s or '"' in s or "\r" in s or "\n" in s or s[0].isspace() or s == "\\."):
+        return '"' + s.replace('"', '""') + '"'
+    return s
+
+
+def _format_ratio(x: float) -> str:
+    return np.format_float_positional(float(x), unique=True, trim="-")
+
+
+def record_to_csv_line(r: TraceRecord) -> str:
+    """One CSV row (with trailing newline) in BLIS's export format."""
+    q = _csv_field
+    return ",".join((
+        str(r.request_id), q(r.client_id), q(r.tenant_id), q(r.slo_class), q(r.session_id),
+        str(r.round_index), q(r.prefix_group), str(r.prefix_length),
+        "true" if r.streaming else "false", str(r.input_tokens), str(r.output_tokens),
+        str(r.text_tokens), str(r.image_tokens), str(r.audio_tokens), str(r.video_tokens),
+        _format_ratio(r.reason_ratio), q(r.model), str(r.deadline_us),
+        str(r.server_input_tokens), str(r.arrival_time_us), str(r.send_time_us),
+        str(r.first_chunk_time_us), str(r.last_chunk_time_us), str(r.num_chunks),
+        q(r.status), q(r.error_message), q(r.finish_reason))) + "\n"
+
+
+def _atomic_write(final: Path, text: str) -> Path:
+    """Write ``text`` to a temporary sibling of ``final`` (respecting the umask)."""
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def write_trace(prefix_path: str | os.PathLike, header: TraceHeader | None,
+                records: Iterable[TraceRecord]) -> tuple[Path, Path]:
+    """Write ``<prefix>.yaml`` and ``<prefix>.csv``; returns both paths.
+
+    ``header`` None means BLIS's export header (version 2, µs, generated, no warm-up). Both
+    files are written to temporary names first and renamed only when both are complete, so a
+    failure never leaves a half-written file. Errors are ConfigErrors naming the file.
+    """
+    prefix = Path(prefix_path)
+    yaml_path = prefix.with_name(prefix.name + ".yaml")
+    csv_path = prefix.with_name(prefix.name + ".csv")
+    if header is None:
+        header = TraceHeader(trace_version=2)
+    body = ",".join(TRACE_COLUMNS) + "\n" + "".join(map(record_to_csv_line, records))
+    temps: list[Path] = []
+    try:
+        temps.append(_atomic_write(yaml_path, header_to_yaml(header)))
+        temps.append(_atomic_write(csv_path, body))
+        os.replace(temps[0], yaml_path)
+        os.replace(temps[1], csv_path)
+    except OSError as e:
+        for t in temps:
+            t.unlink(missing_ok=True)
+        bad = e.filename or str(yaml_path)
+        raise ConfigError(f"cannot write trace: {e.strerror or e}", file=str(bad)) from None
+    return yaml_path, csv_path
