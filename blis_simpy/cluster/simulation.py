@@ -25,6 +25,7 @@ from blis_simpy.cluster.invariants import (
 )
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.des import SimEnv
+from blis_simpy.engine.fast import FastInstance
 from blis_simpy.engine.instance import EngineLimits, Instance
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.errors import ConfigError, InvariantError
@@ -84,12 +85,13 @@ class Simulation:
         total_blocks = eng.total_kv_blocks or DEFAULT_TOTAL_KV_BLOCKS
         sched_cls = Scheduler.lookup(eng.scheduler, field="engine.scheduler")
         prio_cls = PriorityPolicy.lookup(eng.priority_policy, field="engine.priority_policy")
+        inst_cls = FastInstance if eng.implementation == "fast" else Instance
         self.instances: list[Instance] = []
         for k in range(scenario.cluster.num_instances):
             latency = build_latency_model(scenario)
             kv = KVCache(total_blocks, eng.block_size)
             try:
-                inst = Instance(self.env, k, limits, latency, kv, sched_cls(), prio_cls())
+                inst = inst_cls(self.env, k, limits, latency, kv, sched_cls(), prio_cls())
             except ValueError as exc:
                 raise ConfigError(str(exc), field="engine.max_model_len") from None
             inst.model = scenario.model

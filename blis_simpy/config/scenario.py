@@ -51,6 +51,8 @@ class EngineConfig(Strict):
     max_model_len: NonNegInt = Field(0, description="context cap in tokens; 0 = unlimited")
     scheduler: str = Field("fcfs", description="fcfs | priority-fcfs | sjf | reverse-priority")
     priority_policy: str = Field("constant", description="constant | slo-based | inverted-slo")
+    implementation: Literal["fast", "reference"] = Field(
+        "fast", description="fast (lazy decode set) or reference (literal per-request loops)")
 
 
 class AdmissionConfig(Strict):

@@ -201,7 +201,7 @@ class Instance:
         self.metrics.timed_out_requests += 1
         self.kv.release(req)
         if was_running:
-            self.running.remove(req)
+            self._remove_running(req)
             if not self.running:
                 self.step_pending = False   # the scheduled step becomes stale, not cancelled
         else:
@@ -213,6 +213,9 @@ class Instance:
             self._push_step(now)
         self.listener.on_request_done(self, req, now)
         self.listener.on_event_end(self)
+
+    def _remove_running(self, req) -> None:
+        self.running.remove(req)
 
     # ================================================================= the step
     def step(self, now: int) -> int | None:
@@ -231,7 +234,7 @@ class Instance:
         met.step_samples += 1
 
         running = self.running
-        adv = self.step_time(BatchView.of(running)) + self.kv.consume_pending_transfer_latency()
+        adv = self.step_time(self.batch_view()) + self.kv.consume_pending_transfer_latency()
         if adv < 1:
             adv = 1
         self.execute(now, adv)
@@ -258,6 +261,10 @@ class Instance:
                 r.priority = pol.priority(r, now)
         if not self.scheduler.keeps_order:
             self.scheduler.reorder(self.waitq, now)
+
+    def batch_view(self) -> BatchView:
+        """Summary of the running batch for the latency model (after batch formation)."""
+        return BatchView.of(self.running)
 
     def step_time(self, batch: BatchView) -> int:
         """Hook: the latency model's step duration (µs)."""

@@ -105,6 +105,11 @@ class KVCache:
                 return False
         if count <= 0:
             return True
+        if not in_prefill:
+            if not self.append_token(req, start, req.kv_len):
+                return False
+            req.kv_len += 1
+            return True
 
         # Undo log for an exact rollback.
         old_blocks = list(blocks)
@@ -196,10 +201,42 @@ class KVCache:
         req.kv_base = old_base
         return False
 
-    def _register(self, req, j: int, registered: list) -> None:
+    def append_token(self, req, pos: int, kv_len: int) -> bool:
+        """Reserve the slot of one output token at sequence position ``pos``.
+
+        ``kv_len`` is the number of slots the request holds now; ``req.kv_len`` is *not*
+        updated (the engine's lazy decode bookkeeping owns it). Filling the last block
+        hashes it; otherwise one fresh block is taken from the LRU head (never hashed here).
+        Returns False, with nothing changed, when no block is free.
+        """
+        bs = self.block_size
+        blocks = req.kv_blocks
+        room = len(blocks) * bs - kv_len
+        if room > 0:
+            if room == 1:
+                self._register(req, len(blocks) - 1, None)
+            return True
+        free = self.free
+        if not free:
+            return False
+        b, _ = free.popitem(last=False)
+        h = self.block_hash[b]
+        if h:
+            self.hash_to_block.pop(h, None)
+            self.block_hash[b] = ""
+        self.ref[b] = 1
+        self.used += 1
+        self.cache_misses += 1
+        if not blocks:
+            req.kv_base = pos
+        blocks.append(b)
+        return True
+
+    def _register(self, req, j: int, registered: list | None) -> None:
         b = req.kv_blocks[j]
         h = self._block_hash_for(req, j)
-        registered.append((b, h, self.hash_to_block.get(h)))
+        if registered is not None:
+            registered.append((b, h, self.hash_to_block.get(h)))
         self.block_hash[b] = h
         self.hash_to_block[h] = b
 

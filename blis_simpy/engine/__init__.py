@@ -1,0 +1,1 @@
+"""The engine: one simulated vLLM instance (spec/02)."""
