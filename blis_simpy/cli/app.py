@@ -1,2 +1,207 @@
-def main():
-    raise SystemExit("CLI not built yet")
+"""The ``blis-simpy`` command line (typer): ``run``, ``replay`` and ``validate``.
+
+``run`` and ``replay`` take BLIS's flags (built from the table in :mod:`blis_simpy.cli.flags`)
+plus ``--scenario FILE.yaml`` (flags override its keys) and ``--format table|json|blis``.
+Errors are handled in exactly one place, :class:`_Guarded`: a :class:`BlisError` prints
+``error: <one line>`` on stderr and exits 2 (bad input) or 1 (simulation failure); never a
+traceback, and a results file is only written after a successful run.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import logging
+import os
+import sys
+from pathlib import Path
+
+import pydantic
+import typer
+import yaml
+from typer.core import TyperGroup
+
+from blis_simpy.cli import flags as F
+from blis_simpy.cli import runner
+from blis_simpy.config.scenario import TraceWorkload
+from blis_simpy.errors import BlisError, ConfigError
+
+log = logging.getLogger("blis_simpy")
+
+#: BLIS's ``--log`` levels (logrus) onto Python logging; anything else means "error".
+LOG_LEVELS = {"trace": 5, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+              "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL,
+              "panic": logging.CRITICAL}
+_handler: logging.Handler | None = None
+
+
+def setup_logging(level: str | None) -> None:
+    """Route the ``blis_simpy`` loggers to the current stderr at the BLIS ``level``."""
+    global _handler
+    if _handler is not None:
+        log.removeHandler(_handler)
+    _handler = logging.StreamHandler(sys.stderr)
+    _handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    log.addHandler(_handler)
+    log.setLevel(LOG_LEVELS.get((level or "warn").lower(), logging.ERROR))
+    log.propagate = False
+
+
+class _Guarded(TyperGroup):
+    """The one place that turns errors into ``error: <one line>`` and an exit status."""
+
+    def invoke(self, ctx: typer.Context):
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, typer.TyperException):
+            raise
+        except BlisError as exc:
+            _fail(exc.one_line(), exc.exit_code)
+        except FileNotFoundError as exc:
+            _fail(ConfigError("no such file", file=exc.filename).one_line(), 2)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            _fail(ConfigError(f"invalid YAML: {exc}".replace("\n", " "), file=getattr(mark, "name", None),
+                              line=mark.line + 1 if mark else None).one_line(), 2)
+        except pydantic.ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            fld = ".".join(str(p) for p in first["loc"]) or None
+            _fail(ConfigError(first["msg"], field=fld).one_line(), 2)
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+        except BrokenPipeError:  # stdout closed early (e.g. piped into head): not an error
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            raise typer.Exit(141) from None
+        except Exception as exc:  # a bug: still one line, the traceback only at --log debug
+            log.debug("internal error", exc_info=True)
+            _fail(f"internal error: {type(exc).__name__}: {exc}".replace("\n", " "), 1)
+
+
+def _fail(message: str, code: int):
+    print(f"error: {message}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+app = typer.Typer(cls=_Guarded, add_completion=False, pretty_exceptions_enable=False,
+                  no_args_is_help=True,
+                  help="BLIS (Blackbox Inference Simulator) on SimPy.")
+
+
+class Format(str, enum.Enum):
+    table = "table"
+    json = "json"
+    blis = "blis"
+
+
+# ---------------------------------------------------------------------------- run / replay
+def _simulate(command: str, scenario: Path | None, fmt: Format, raw: dict) -> None:
+    given = {f.name: raw[f.dest] for f in F.flags_for(command) if raw.get(f.dest) is not None}
+    setup_logging(given.get("--log"))
+    plan = runner.prepare(command, given, str(scenario) if scenario is not None else None)
+    show_progress = fmt is Format.table and sys.stderr.isatty()
+    if show_progress:
+        out = _with_progress(plan)
+    else:
+        out = runner.execute(plan)
+    trace_output = plan.given.get("--trace-output")
+    if trace_output:
+        runner.export_trace(out, trace_output)
+    results_path = plan.given.get("--results-path")
+    if results_path:
+        runner.write_results_file(out, results_path)
+    _print(out, fmt)
+
+
+def _with_progress(plan: runner.Plan) -> runner.Outcome:
+    """Run with a rich progress bar on stderr, shown only once the run has taken 0.5 s."""
+    import time
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=Console(stderr=True), transient=True)
+    task = bar.add_task("sim", total=None)
+    t0 = time.monotonic()
+    shown = False
+
+    def progress(done: int, offered: int) -> None:
+        nonlocal shown
+        if not shown and time.monotonic() - t0 > 0.5:
+            bar.start()
+            shown = True
+        bar.update(task, completed=done, total=offered or None)
+
+    try:
+        return runner.execute(plan, progress)
+    finally:
+        if shown:
+            bar.stop()
+
+
+def _print(out: runner.Outcome, fmt: Format) -> None:
+    from blis_simpy.metrics.report import render_blis, render_json, render_tables
+    if fmt is Format.blis:
+        sys.stdout.write(render_blis(out.report))
+    elif fmt is Format.json:
+        sys.stdout.write(render_json(out.report))
+    else:
+        from rich.console import Console
+        s = out.plan.scenario
+        console = Console(file=sys.stdout)
+        n = s.cluster.num_instances
+        console.print(f"[bold]{out.plan.command}[/bold]: {len(out.requests)} requests, {n} instance"
+                      f"{'s' if n != 1 else ''}, {s.latency.model}, horizon {runner.horizon_text(out.horizon_us)}")
+        render_tables(out.report, console)
+    sys.stdout.flush()
+
+
+def _command(command: str, doc: str):
+    """A typer command whose options are the flag table's rows for ``command``."""
+    params = [
+        inspect.Parameter("scenario", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
+                          default=typer.Option(None, "--scenario", metavar="FILE.yaml",
+                                               help="scenario YAML; given flags override its keys")),
+        inspect.Parameter("format", inspect.Parameter.KEYWORD_ONLY, annotation=Format,
+                          default=typer.Option(Format.table, "--format", case_sensitive=False,
+                                               help="output: rich tables, one JSON document, "
+                                                    "or BLIS's stdout layout",
+                                               rich_help_panel=F.OUTPUT)),
+    ]
+    for f in F.flags_for(command):
+        params.append(inspect.Parameter(
+            f.dest, inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
+            default=typer.Option(None, f.name, help=f.help, metavar=f.metavar, show_default=False,
+                                 rich_help_panel=f.panel)))
+
+    def cmd(**kw) -> None:
+        _simulate(command, kw.pop("scenario"), kw.pop("format"), kw)
+
+    cmd.__signature__ = inspect.Signature(params)
+    cmd.__name__ = command
+    cmd.__doc__ = doc
+    app.command(command)(cmd)
+
+
+_command(F.RUN, "Simulate a scenario: a generated workload (distribution flags or a preset) "
+                "or a scenario file; BLIS's `run` flags override the scenario.")
+_command(F.REPLAY, "Replay a TraceV2 trace (--trace-header/--trace-data, or a scenario whose "
+                   "workload is a trace) through the simulated cluster.")
+
+
+@app.command("validate")
+def validate_cmd(path: Path = typer.Argument(..., metavar="FILE.yaml", help="scenario to check")) -> None:
+    """Check a scenario file (keys, types, values, policies, trace files) without running it."""
+    setup_logging(None)
+    from blis_simpy.config.loader import summary
+    plan = runner.prepare("validate", {}, str(path))
+    rows = ""
+    if isinstance(plan.scenario.workload, TraceWorkload):
+        rows = f" ({len(runner.load_trace(plan).records)} trace rows)"
+    print(f"ok: {path}: {summary(plan.scenario)}{rows}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point (``blis-simpy`` and ``python -m blis_simpy``)."""
+    app(args=argv, prog_name="blis-simpy")

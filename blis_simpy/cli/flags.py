@@ -1,0 +1,334 @@
+"""BLIS's command-line flags (spec/09 §1) as one table, and how they override a scenario.
+
+Each :class:`Flag` row says: the BLIS flag name, how its text is parsed, the scenario key it
+sets (dotted path; ``None`` = read by the CLI itself), the validation rule, and which
+commands accept it. Adding a flag is one row. The table order is BLIS's processing order
+(spec/09 §2), so the first error reported is the one BLIS would report; a few cross-flag
+rules (coefficient pairing, workload source, trace pairing) run in :func:`apply_flags` right
+after the row they follow.
+
+"Given" matters: every option defaults to ``None`` and only flags the user passed override
+the scenario. Flag problems are :class:`ConfigError` with ``field="--flag-name"``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from blis_simpy.config.scenario import DistributionWorkload
+from blis_simpy.errors import ConfigError
+from blis_simpy.units import MAX_INT64
+
+RUN, REPLAY = "run", "replay"
+BOTH = (RUN, REPLAY)
+SIM, WORKLOAD, OUTPUT = "Simulation", "Workload (run)", "Output"
+
+
+# ---------------------------------------------------------------------------- parsers
+def integer(text: str) -> int:
+    """A Go ``int64`` flag value: optional sign and decimal digits."""
+    t = text.strip()
+    if not t.lstrip("+-").isdigit():
+        raise ValueError(f"invalid integer {text!r}")
+    v = int(t)
+    if not -MAX_INT64 - 1 <= v <= MAX_INT64:
+        raise ValueError(f"{text} is out of the int64 range")
+    return v
+
+
+def number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"invalid number {text!r}") from None
+
+
+def numbers(text: str) -> list[float]:
+    """A comma-separated float list (``1.5,0,2e-3``)."""
+    return [number(p) for p in text.split(",")]
+
+
+def text(value: str) -> str:
+    return value
+
+
+def lowered(value: str) -> str:
+    return value.lower()
+
+
+# ---------------------------------------------------------------------------- rules
+# A rule returns None when the value is fine, else the problem (the flag name is added).
+Rule = Callable[[Any], "str | None"]
+
+
+def positive(v) -> str | None:
+    return None if v > 0 and math.isfinite(v) else f"must be > 0, got {v}"
+
+
+def non_negative(v) -> str | None:
+    return None if v >= 0 and math.isfinite(v) else f"must be >= 0, got {v}"
+
+
+def at_least_one(v) -> str | None:
+    return None if v >= 1 else f"must be >= 1, got {v}"
+
+
+def each_non_negative(vs) -> str | None:
+    for v in vs:
+        if not math.isfinite(v) or v < 0:
+            return f"every coefficient must be finite and >= 0, got {v}"
+    return None
+
+
+def registered(family: str) -> Rule:
+    """The value must name a registered policy of ``family`` (looked up when checked)."""
+
+    def rule(v) -> str | None:
+        try:
+            families()[family].lookup(v)
+        except ConfigError as exc:
+            return exc.problem
+        return None
+
+    return rule
+
+
+def families() -> dict[str, type]:
+    from blis_simpy.admission.base import AdmissionPolicy
+    from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
+    from blis_simpy.latency.base import LatencyModel
+    from blis_simpy.routing.base import Router
+    return {"latency": LatencyModel, "admission": AdmissionPolicy, "routing": Router,
+            "scheduler": Scheduler, "priority": PriorityPolicy}
+
+
+# ---------------------------------------------------------------------------- the table
+@dataclass(frozen=True)
+class Flag:
+    name: str                       # "--max-num-running-reqs"
+    parse: Callable[[str], Any]     # text -> value; ValueError = bad value
+    path: str | None                # scenario key it overrides; None = read by the CLI
+    rule: Rule | None = None
+    help: str = ""
+    commands: tuple[str, ...] = BOTH
+    panel: str = SIM
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+    @property
+    def metavar(self) -> str:
+        return {integer: "INT", number: "FLOAT", numbers: "F,F,..."}.get(self.parse, "TEXT")
+
+
+F = Flag
+FLAGS: tuple[Flag, ...] = (
+    # (1) log level, model, backend name
+    F("--log", text, None, None, "log level: trace|debug|info|warn|error|fatal|panic (default warn)", panel=OUTPUT),
+    F("--model", lowered, "model", None, "model ID (lower-cased)"),
+    F("--latency-model", text, "latency.model", registered("latency"), "latency backend (BLIS default roofline; blackbox when both coefficient flags are given)"),
+    # (2) coefficients
+    F("--alpha-coeffs", numbers, "latency.alpha_coeffs", each_non_negative, "alpha0,alpha1,alpha2 (µs): queueing and output-token overheads"),
+    F("--beta-coeffs", numbers, "latency.beta_coeffs", each_non_negative, "beta0,beta1,beta2 (µs): step time per step / prefill token / decode token"),
+    # (3) deployment identity
+    F("--hardware", text, "hardware", None, "GPU key (e.g. H100)"),
+    F("--tp", integer, "tp", non_negative, "tensor parallelism"),
+    F("--vllm-version", text, "vllm_version", None, "vLLM version (coefficient lookup)"),
+    # (6) context cap and workload
+    F("--max-model-len", integer, "engine.max_model_len", non_negative, "context cap in tokens; 0 = unlimited (default 0)"),
+    F("--workload", text, None, None, "distribution (default) or a preset: chatbot, contentgen, summarization, multidoc", (RUN,), WORKLOAD),
+    F("--num-requests", integer, "workload.num_requests", non_negative, "requests to generate (default 100)", (RUN,), WORKLOAD),
+    F("--prefix-tokens", integer, "workload.prefix_tokens", non_negative, "shared prefix length (default 0)", (RUN,), WORKLOAD),
+    F("--rate", number, "workload.rate", positive, "arrival rate, requests/s (default 1.0)", (RUN,), WORKLOAD),
+    F("--prompt-tokens", integer, "workload.prompt_tokens.mean", None, "prompt length mean (default 512)", (RUN,), WORKLOAD),
+    F("--prompt-tokens-stdev", integer, "workload.prompt_tokens.stdev", None, "prompt length stdev (default 256)", (RUN,), WORKLOAD),
+    F("--prompt-tokens-min", integer, "workload.prompt_tokens.min", None, "prompt length min (default 2)", (RUN,), WORKLOAD),
+    F("--prompt-tokens-max", integer, "workload.prompt_tokens.max", None, "prompt length max (default 7000)", (RUN,), WORKLOAD),
+    F("--output-tokens", integer, "workload.output_tokens.mean", None, "output length mean (default 512)", (RUN,), WORKLOAD),
+    F("--output-tokens-stdev", integer, "workload.output_tokens.stdev", None, "output length stdev (default 256)", (RUN,), WORKLOAD),
+    F("--output-tokens-min", integer, "workload.output_tokens.min", None, "output length min (default 2)", (RUN,), WORKLOAD),
+    F("--output-tokens-max", integer, "workload.output_tokens.max", None, "output length max (default 7000)", (RUN,), WORKLOAD),
+    F("--trace-header", text, "workload.header", None, "TraceV2 YAML header", (REPLAY,), WORKLOAD.replace("run", "replay")),
+    F("--trace-data", text, "workload.data", None, "TraceV2 CSV rows", (REPLAY,), WORKLOAD.replace("run", "replay")),
+    # (7) instances, KV, batch limits, horizon
+    F("--num-instances", integer, "cluster.num_instances", at_least_one, "instances (default 1)"),
+    F("--total-kv-blocks", integer, "engine.total_kv_blocks", positive, "GPU KV blocks per instance (default 1000000)"),
+    F("--block-size-in-tokens", integer, "engine.block_size", positive, "tokens per KV block (default 16)"),
+    F("--max-num-running-reqs", integer, "engine.max_num_running_reqs", positive, "running-batch cap (default 256)"),
+    F("--max-num-scheduled-tokens", integer, "engine.max_num_scheduled_tokens", positive, "per-step token budget (default 2048)"),
+    F("--long-prefill-token-threshold", integer, "engine.long_prefill_token_threshold", non_negative, "prefill chunk cap; 0 = off (default 0)"),
+    F("--horizon", integer, "horizon_us", positive, "stop at this simulated time, µs (default unbounded; replay: 2 x last arrival)"),
+    F("--seed", integer, "seed", None, "random seed (default 42)"),
+    # (8) policies and control-plane latencies
+    F("--admission-policy", text, "cluster.admission.policy", registered("admission"), "admission policy (default always-admit)"),
+    F("--routing-policy", text, "cluster.routing.policy", registered("routing"), "routing policy (default round-robin)"),
+    F("--priority-policy", text, "engine.priority_policy", registered("priority"), "priority policy (default constant)"),
+    F("--scheduler", text, "engine.scheduler", registered("scheduler"), "wait-queue scheduler (default fcfs)"),
+    F("--admission-latency", integer, "cluster.admission_latency_us", non_negative, "admission delay, µs (default 0)"),
+    F("--routing-latency", integer, "cluster.routing_latency_us", non_negative, "routing delay, µs (default 0)"),
+    # outputs
+    F("--results-path", text, None, None, "write results JSON here (run: metrics + per-request rows; replay: SimResult array)", panel=OUTPUT),
+    F("--trace-output", text, None, None, "export the workload as PREFIX.yaml + PREFIX.csv (TraceV2)", (RUN,), OUTPUT),
+)
+BY_NAME = {f.name: f for f in FLAGS}
+BY_PATH = {f.path: f for f in FLAGS if f.path}
+DIST_FLAGS = tuple(f.name for f in FLAGS if f.path and f.path.startswith("workload.") and RUN in f.commands)
+
+
+def flags_for(command: str) -> list[Flag]:
+    return [f for f in FLAGS if command in f.commands]
+
+
+def flag_for_path(path: str) -> Flag | None:
+    """The flag whose key is ``path`` or an ancestor of it (``latency.alpha_coeffs[1]``)."""
+    while path:
+        if path in BY_PATH:
+            return BY_PATH[path]
+        cut = max(path.rfind("."), path.rfind("["))
+        path = path[:cut] if cut > 0 else ""
+    return None
+
+
+# ---------------------------------------------------------------------------- applying
+@dataclass
+class Overrides:
+    """What the given flags did: parsed values and the scenario keys they set."""
+
+    values: dict[str, Any] = field(default_factory=dict)   # flag name -> parsed value
+    origin: dict[str, str] = field(default_factory=dict)   # scenario path -> flag name
+
+
+def _set(data: dict, path: str, value) -> None:
+    *parents, last = path.split(".")
+    cur = data
+    for p in parents:
+        nxt = cur.get(p)
+        if not isinstance(nxt, dict):
+            nxt = cur[p] = {}
+        cur = nxt
+    cur[last] = value
+
+
+def parse_flag(f: Flag, text: str):
+    """Parse one given flag and check its rule; problems name the flag."""
+    try:
+        v = f.parse(text)
+    except ValueError as exc:
+        raise ConfigError(str(exc), field=f.name) from None
+    problem = f.rule(v) if f.rule else None
+    if problem:
+        raise ConfigError(problem, field=f.name)
+    return v
+
+
+def apply_flags(data: dict, given: dict[str, str], command: str, *,
+                presets: Callable[[str], dict] | None = None) -> Overrides:
+    """Override ``data`` (a raw scenario dict, edited in place) with the given flags.
+
+    Flags are checked in table order; each cross-flag rule of :data:`AFTER` runs right after
+    its row, so the first error is the one BLIS's processing order reports first.
+    """
+    ov = Overrides()
+    for f in flags_for(command):
+        if f.name in given:
+            ov.values[f.name] = parse_flag(f, given[f.name])
+        rule = AFTER.get(f.name)
+        if rule is not None:
+            rule(ov, data, presets)
+    for name, v in ov.values.items():
+        f = BY_NAME[name]
+        if f.path:
+            _set(data, f.path, v)
+            ov.origin[f.path] = name
+    return ov
+
+
+def _coefficient_rule(ov: Overrides, data: dict, presets) -> None:
+    """spec/04 §7: coefficients come in pairs; both without --latency-model ⇒ blackbox.
+
+    One coefficient flag alone is an error unless the scenario file supplies the other list
+    (then the flag just replaces its list and the backend is left alone).
+    """
+    vals = ov.values
+    a, b = "--alpha-coeffs" in vals, "--beta-coeffs" in vals
+    if a != b:
+        have, miss = ("--alpha-coeffs", "--beta-coeffs") if a else ("--beta-coeffs", "--alpha-coeffs")
+        lat = data.get("latency")
+        if isinstance(lat, dict) and lat.get(BY_NAME[miss].path.split(".")[1]) is not None:
+            return
+        raise ConfigError(f"must be given together with {miss}", field=have)
+    if not a:
+        return
+    if "--latency-model" not in vals:
+        _set(data, "latency.model", "blackbox")
+        ov.origin["latency.model"] = "--alpha-coeffs"
+    elif vals["--latency-model"] == "roofline":
+        raise ConfigError("roofline takes no --alpha-coeffs/--beta-coeffs "
+                          "(use --latency-model blackbox, or drop the coefficients)", field="--latency-model")
+
+
+def _workload_source(ov: Overrides, data: dict, presets) -> None:
+    """``--workload distribution`` or a preset: a fresh distribution workload."""
+    name = ov.values.get("--workload")
+    if name is None:
+        return
+    if name == "distribution":
+        w = data.get("workload")
+        if not (isinstance(w, dict) and w.get("kind", "distribution") == "distribution"):
+            data["workload"] = {"kind": "distribution"}
+        return
+    try:
+        preset = presets(name) if presets else None
+    except ConfigError as exc:
+        raise ConfigError(exc.problem, field="--workload") from None
+    if preset is None:
+        raise ConfigError(f"unknown workload {name!r}; valid: distribution, chatbot, contentgen, "
+                          "summarization, multidoc", field="--workload")
+    old = data.get("workload")
+    keep = {k: old[k] for k in ("rate", "num_requests")
+            if isinstance(old, dict) and old.get("kind", "distribution") == "distribution" and k in old}
+    data["workload"] = {"kind": "distribution", **keep, **preset}
+    for key in preset:
+        ov.origin[f"workload.{key}"] = "--workload"
+
+
+def _distribution_keys(ov: Overrides, data: dict, presets) -> None:
+    """Distribution flags need a distribution workload; partial overrides keep the rest."""
+    vals = ov.values
+    if not any(n in vals for n in DIST_FLAGS):
+        return
+    w = data.setdefault("workload", {"kind": "distribution"})
+    if isinstance(w, dict) and w.get("kind") == "trace":
+        name = next(n for n in DIST_FLAGS if n in vals)
+        raise ConfigError("applies to a distribution workload, but the scenario's workload is a trace "
+                          "(pass --workload distribution to replace it)", field=name)
+    for key in ("prompt_tokens", "output_tokens"):
+        if isinstance(w, dict) and not isinstance(w.get(key), dict):
+            w[key] = DistributionWorkload().model_dump()[key]
+
+
+def _trace_source(ov: Overrides, data: dict, presets) -> None:
+    """``--trace-header``/``--trace-data``: both, unless the scenario's workload is a trace."""
+    vals = ov.values
+    if "--trace-header" not in vals and "--trace-data" not in vals:
+        return
+    w = data.get("workload")
+    is_trace = isinstance(w, dict) and w.get("kind") == "trace"
+    for have, other in (("--trace-header", "--trace-data"), ("--trace-data", "--trace-header")):
+        if have in vals and other not in vals and not is_trace:
+            raise ConfigError(f"must be given together with {other}", field=have)
+    if not is_trace:
+        data["workload"] = {"kind": "trace", "header": vals["--trace-header"], "data": vals["--trace-data"]}
+
+
+#: Cross-flag rules, each run right after the row it is keyed by (spec/09 §2 order).
+AFTER: dict[str, Callable[[Overrides, dict, Any], None]] = {
+    "--beta-coeffs": _coefficient_rule,
+    "--workload": _workload_source,
+    "--output-tokens-max": _distribution_keys,
+    "--trace-data": _trace_source,
+}

@@ -1,0 +1,242 @@
+"""The glue between the command line and the library.
+
+``prepare`` turns (command, given flags, optional scenario file) into a validated
+:class:`Plan`; ``execute`` turns a plan into an :class:`Outcome`::
+
+    scenario file ─┐
+                   ├─► Scenario ─► requests (trace replay | generated) ─► Simulation.run
+    given flags ───┘                                          ─► SimulationResult ─► Report
+
+Errors keep pointing at what the user wrote: a scenario key (``FILE:LINE: dotted.key``) or
+a flag (``--flag-name``), see :meth:`Plan.attribute`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from blis_simpy.cli.flags import BY_NAME, REPLAY, apply_flags, flag_for_path
+from blis_simpy.cluster.simulation import Simulation, SimulationResult, build_latency_model
+from blis_simpy.config.loader import Source, check_scenario, load_raw, undotted, validate
+from blis_simpy.config.scenario import Scenario, TraceWorkload
+from blis_simpy.errors import ConfigError
+from blis_simpy.metrics.report import Report, write_results
+from blis_simpy.metrics.summary import metrics_output, replay_results
+from blis_simpy.plugins import load_plugins
+from blis_simpy.request import COMPLETED, TIMED_OUT
+from blis_simpy.units import MAX_INT64
+
+#: BLIS's default backend when neither --latency-model nor coefficients are given.
+BLIS_DEFAULT_LATENCY_MODEL = "roofline"
+
+
+def preset(name: str) -> dict | None:
+    """A workload preset as scenario keys (``None`` if unknown)."""
+    from blis_simpy.workload import PRESETS
+    p = PRESETS.get(name)
+    if p is None:
+        return None
+    dist = lambda lp: {"mean": lp.mean, "stdev": lp.stdev, "min": lp.min, "max": lp.max}  # noqa: E731
+    return {"prefix_tokens": p.prefix_tokens, "prompt_tokens": dist(p.prompt),
+            "output_tokens": dist(p.output)}
+
+
+@dataclass
+class Plan:
+    """A validated scenario plus where each of its values came from."""
+
+    command: str
+    scenario: Scenario
+    src: Source
+    origin: dict[str, str] = field(default_factory=dict)   # scenario path -> flag name
+    given: dict = field(default_factory=dict)              # flag name -> parsed value
+
+    def attribute(self, err: ConfigError) -> ConfigError:
+        """Re-locate an error on a scenario key: to the flag that set it, or to its line."""
+        if err.file or not err.field or err.field.startswith("--"):
+            return err
+        path = err.field
+        flag = next((self.origin[p] for p in _ancestors(path) if p in self.origin), None)
+        if flag is None and self.src.path is None:
+            f = flag_for_path(path)
+            flag = f.name if f is not None and self.command in f.commands else None
+        if flag is not None:
+            return ConfigError(err.problem, field=flag)
+        if self.src.path:
+            return ConfigError(err.problem, file=self.src.path, line=self.src.line(undotted(path)),
+                               field=path)
+        return err
+
+
+def _ancestors(path: str):
+    while path:
+        yield path
+        cut = max(path.rfind("."), path.rfind("["))
+        path = path[:cut] if cut > 0 else ""
+
+
+def prepare(command: str, given: dict[str, str], scenario_path: str | None = None) -> Plan:
+    """Scenario file (optional) + given flags → a validated :class:`Plan`."""
+    if scenario_path is not None:
+        data, src = load_raw(scenario_path)
+        plugins = data.get("plugins")
+        if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
+            try:
+                load_plugins(plugins, source=src.path)
+            except ConfigError as exc:
+                raise ConfigError(exc.problem, file=src.path, line=src.line(("plugins",)),
+                                  field="plugins") from None
+    else:
+        if "--model" not in given:
+            raise ConfigError("is required (or pass --scenario FILE.yaml)", field="--model")
+        data, src = {"latency": {"model": BLIS_DEFAULT_LATENCY_MODEL}}, Source()
+        load_plugins()
+    ov = apply_flags(data, given, command, presets=preset)
+    plan = Plan(command, Scenario(), src, ov.origin, ov.values)
+    try:
+        plan.scenario = validate(data, Source(None), semantic=False)
+        check_components(plan.scenario)  # backend and policies first, as BLIS does (09 §2)
+        check_scenario(plan.scenario)
+    except ConfigError as exc:
+        raise plan.attribute(exc) from None
+    if command == REPLAY and not isinstance(plan.scenario.workload, TraceWorkload):
+        raise ConfigError("replay needs a trace: pass --trace-header and --trace-data, or a "
+                          "scenario whose workload has kind: trace", field="--trace-header")
+    return plan
+
+
+def check_components(s: Scenario) -> None:
+    """Latency backend and coefficients, policy names and parameters (cheap lookups only)."""
+    from blis_simpy.cli.flags import families
+    fam = families()
+    build_latency_model(s)
+    fam["scheduler"].lookup(s.engine.scheduler, field="engine.scheduler")
+    fam["priority"].lookup(s.engine.priority_policy, field="engine.priority_policy")
+    for key, cfg in (("admission", s.cluster.admission), ("routing", s.cluster.routing)):
+        cls = fam[key].lookup(cfg.policy, field=f"cluster.{key}.policy")
+        cls.parse_params(cfg.params, field=f"cluster.{key}.params")
+
+
+# ---------------------------------------------------------------------------- running
+@dataclass
+class Outcome:
+    plan: Plan
+    result: SimulationResult
+    report: Report
+    requests: list
+    horizon_us: int
+
+
+def trace_paths(plan: Plan) -> tuple[str, str]:
+    """The trace header and data paths of a trace workload; both files must exist."""
+    out = []
+    for key in ("header", "data"):
+        path = getattr(plan.scenario.workload, key)
+        if not os.path.isfile(path):
+            flag = plan.origin.get(f"workload.{key}")
+            if flag is not None:
+                raise ConfigError("no such file", file=path, field=flag)
+            raise plan.attribute(ConfigError(f"no such file: {path}", field=f"workload.{key}"))
+        out.append(path)
+    return out[0], out[1]
+
+
+def load_trace(plan: Plan):
+    """Read the plan's trace (a :class:`~blis_simpy.workload.TraceV2`)."""
+    from blis_simpy.workload import read_trace
+    return read_trace(*trace_paths(plan))
+
+
+def build_requests(plan: Plan) -> tuple[list, int]:
+    """The requests of the plan's workload and the simulation horizon (µs)."""
+    s = plan.scenario
+    w = s.workload
+    if isinstance(w, TraceWorkload):
+        from blis_simpy.workload import default_replay_horizon, trace_requests
+        trace = load_trace(plan)
+        horizon = s.horizon_us if s.horizon_us is not None else default_replay_horizon(trace.records)
+        return trace_requests(trace.records, s.seed), horizon
+    from blis_simpy.workload import LengthParams, distribution_spec, generate_requests
+    lp = lambda d: LengthParams(d.mean, d.stdev, d.min, d.max)  # noqa: E731
+    try:
+        spec = distribution_spec(w.rate, w.num_requests, s.seed, lp(w.prompt_tokens),
+                                 lp(w.output_tokens), w.prefix_tokens)
+        horizon = s.horizon
+        reqs = generate_requests(spec, seed=s.seed, horizon=horizon, max_requests=w.num_requests)
+    except ConfigError as exc:
+        if exc.field and exc.field.startswith("--") and plan.src.path:
+            f = BY_NAME.get(exc.field)
+            if f is not None and f.path and f.path not in plan.origin:
+                exc = ConfigError(exc.problem, field=f.path)
+        raise plan.attribute(exc) from None
+    return reqs, horizon
+
+
+def execute(plan: Plan, progress: Callable[[int, int], None] | None = None) -> Outcome:
+    """Build the requests, run the simulation, and assemble the report."""
+    s = plan.scenario
+    load_plugins(s.plugins, source=plan.src.path)
+    requests, horizon = build_requests(plan)
+    try:
+        sim = Simulation(s, requests, horizon_us=horizon)
+    except ConfigError as exc:
+        raise plan.attribute(exc) from None
+    result = sim.run(progress=progress)
+    c = result.counters
+    report = Report(result.instances, num_instances=s.cluster.num_instances,
+                    rejected_by_admission=c.rejected_by_admission,
+                    rejected_at_routing=c.rejected_at_routing, shed_by_tier=dict(c.shed_by_tier),
+                    priority_policy=s.engine.priority_policy, is_replay=plan.command == REPLAY)
+    return Outcome(plan, result, report, requests, horizon)
+
+
+# ---------------------------------------------------------------------------- files
+def write_results_file(out: Outcome, path: str) -> None:
+    """``--results-path``: run → MetricsOutput + rows (08 §4); replay → SimResult array (08 §8)."""
+    if out.plan.command == REPLAY:
+        obj = replay_results(out.report.cluster)
+    else:
+        obj = metrics_output(out.report.cluster, include_requests=True)
+    try:
+        write_results(path, obj)
+    except OSError as exc:
+        raise ConfigError(f"cannot write results: {exc.strerror or exc}", file=path,
+                          field="--results-path") from None
+
+
+def export_trace(out: Outcome, prefix: str) -> None:
+    """``--trace-output PREFIX``: the run's workload as TraceV2 (spec/07 §11 "Export")."""
+    from blis_simpy.workload import TraceHeader, TraceRecord, write_trace
+    s = out.plan.scenario
+    cluster = out.report.cluster
+    post = build_latency_model(s).post_decode_fixed_overhead()
+    rows = []
+    for i, r in enumerate(sorted(out.requests, key=lambda q: q.arrival_us)):
+        first = last = 0
+        if r.ttft_set:
+            first = r.arrival_us + r.first_token_us
+            e2e = cluster.e2e.get(r.id)
+            itl_sum = (e2e - r.first_token_us - (post if r.output_len > 0 else 0)
+                       if e2e is not None else sum(r.itl))
+            last = first + itl_sum
+        status = {COMPLETED: "ok", TIMED_OUT: "timeout"}.get(r.state, "incomplete")
+        rows.append(TraceRecord(
+            request_id=i, client_id=r.client_id, tenant_id=r.tenant_id, slo_class=r.slo_class,
+            session_id=r.session_id, round_index=r.round_index, prefix_group=r.prefix_group,
+            prefix_length=r.prefix_length, streaming=r.streaming,
+            input_tokens=r.input_len - r.prefix_length, output_tokens=r.output_len,
+            text_tokens=r.text_tokens, image_tokens=r.image_tokens, audio_tokens=r.audio_tokens,
+            video_tokens=r.video_tokens, reason_ratio=r.reason_ratio, model=r.model,
+            deadline_us=r.deadline_us, arrival_time_us=r.arrival_us, send_time_us=r.arrival_us,
+            first_chunk_time_us=first, last_chunk_time_us=last, status=status))
+    header = TraceHeader(trace_version=2, mode="generated", workload_seed=s.seed)
+    try:
+        write_trace(prefix, header, rows)
+    except ConfigError as exc:
+        raise ConfigError(exc.problem, file=exc.file, field="--trace-output") from None
+
+
+def horizon_text(h: int) -> str:
+    return "unbounded" if h >= MAX_INT64 else f"{h} us"

@@ -1,0 +1,285 @@
+"""Load a scenario YAML file into a :class:`~blis_simpy.config.scenario.Scenario`.
+
+Every problem becomes one :class:`~blis_simpy.errors.ConfigError` that names the file, the
+1-based line of the offending key and its dotted path (``engine.max_num_running_reqs``):
+a missing/unreadable file, YAML syntax errors, duplicate keys, unknown keys, wrong types,
+values out of range (negative, NaN, Inf) and the semantic rules of :func:`check_scenario`.
+
+Line numbers come from PyYAML's composed node tree (:func:`yaml.compose`): :class:`Source`
+maps every key path of the document to the line where the key is written. Relative file
+paths inside a scenario (the trace ``header`` / ``data`` of a trace workload) resolve
+against the directory of the scenario file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import pydantic
+import yaml
+
+from blis_simpy.config.scenario import DistributionWorkload, Scenario, TraceWorkload
+from blis_simpy.errors import ConfigError
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 floats: ``1e3`` and ``2.5E-4`` are numbers, not strings."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+Loc = tuple  # a key path: ("engine", "max_num_running_reqs"), ("plugins", 0)
+
+
+@dataclass
+class Source:
+    """Where a scenario came from: its file and the line of every key path in it."""
+
+    path: str | None = None
+    lines: dict[Loc, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_node(cls, path: str, node: yaml.Node | None) -> Source:
+        src = cls(path)
+        stack: list[tuple[Loc, yaml.Node]] = [((), node)] if node is not None else []
+        while stack:
+            loc, n = stack.pop()
+            if isinstance(n, yaml.MappingNode):
+                for k, v in n.value:
+                    if isinstance(k, yaml.ScalarNode):
+                        src.lines[loc + (k.value,)] = k.start_mark.line + 1
+                        stack.append((loc + (k.value,), v))
+            elif isinstance(n, yaml.SequenceNode):
+                for i, item in enumerate(n.value):
+                    src.lines[loc + (i,)] = item.start_mark.line + 1
+                    stack.append((loc + (i,), item))
+        return src
+
+    def has(self, loc: Loc) -> bool:
+        return tuple(loc) in self.lines
+
+    def line(self, loc: Loc) -> int | None:
+        """Line of ``loc``, or of its deepest ancestor written in the file."""
+        loc = tuple(loc)
+        while loc:
+            if loc in self.lines:
+                return self.lines[loc]
+            loc = loc[:-1]
+        return None
+
+    def error(self, problem: str, loc: Loc) -> ConfigError:
+        return ConfigError(problem, file=self.path, line=self.line(loc) if self.path else None,
+                           field=dotted(loc) or None)
+
+
+def dotted(loc: Loc) -> str:
+    """``("plugins", 0)`` → ``plugins[0]``; ``("engine", "block_size")`` → ``engine.block_size``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+    return out
+
+
+def undotted(path: str) -> Loc:
+    """Inverse of :func:`dotted`."""
+    return tuple(int(m[1]) if m[1] else m[2] for m in re.finditer(r"\[(\d+)\]|([^.\[\]]+)", path))
+
+
+# ---------------------------------------------------------------------------- reading
+def read_yaml(path: str) -> tuple[object, Source]:
+    """Parse one YAML document; returns the data and its :class:`Source`."""
+    path = str(path)
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError("no such file", file=path) from None
+    except IsADirectoryError:
+        raise ConfigError("is a directory, expected a YAML file", file=path) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not valid UTF-8 ({e.reason})", file=path) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read file: {e.strerror or e}", file=path) from None
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        src = Source.from_node(path, node)
+        _check_duplicate_keys(node, src)
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        problem = " ".join(p for p in (e.context, e.problem) if p) or "invalid YAML"
+        raise ConfigError(f"invalid YAML: {problem}", file=path,
+                          line=mark.line + 1 if mark else None) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"invalid YAML: {e}", file=path) from None
+    finally:
+        loader.dispose()
+    return data, src
+
+
+def _check_duplicate_keys(node: yaml.Node | None, src: Source) -> None:
+    stack: list[tuple[Loc, yaml.Node | None]] = [((), node)]
+    while stack:
+        loc, n = stack.pop()
+        if isinstance(n, yaml.MappingNode):
+            seen: set[str] = set()
+            for k, v in n.value:
+                if isinstance(k, yaml.ScalarNode):
+                    if k.value in seen:
+                        raise ConfigError("duplicate key", file=src.path, line=k.start_mark.line + 1,
+                                          field=dotted(loc + (k.value,)))
+                    seen.add(k.value)
+                    stack.append((loc + (k.value,), v))
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend((loc + (i,), item) for i, item in enumerate(n.value))
+
+
+# ---------------------------------------------------------------------------- validation
+def _model_loc(data: object, loc: Loc) -> Loc:
+    """Drop pydantic's union tags (``workload.trace.header`` → ``workload.header``)."""
+    out: list = []
+    cur = data
+    for part in loc:
+        if isinstance(part, str) and any(c in part for c in "[]()"):
+            continue  # validator wrappers such as "function-after[...]"
+        if isinstance(cur, dict) and part not in cur and part == cur.get("kind"):
+            continue
+        out.append(part)
+        if isinstance(cur, dict):
+            cur = cur.get(part)
+        elif isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur):
+            cur = cur[part]
+        else:
+            cur = None
+    return tuple(out)
+
+
+def validation_problem(first: dict) -> str:
+    """A short problem text for one pydantic error."""
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required key is missing"
+    msg = first["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    msg = msg[0].lower() + msg[1:] if msg else "invalid value"
+    if "input" in first and not isinstance(first["input"], (dict, list)):
+        msg += f", got {first['input']!r}"
+    return msg
+
+
+def validate(data: dict, src: Source, *, semantic: bool = True) -> Scenario:
+    """Build a Scenario from plain data; the first error becomes a located ConfigError.
+
+    ``semantic=False`` skips :func:`check_scenario` (the caller runs it later).
+    """
+    try:
+        scenario = Scenario.model_validate(data)
+    except pydantic.ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        loc = _model_loc(data, tuple(first["loc"]))
+        if first["type"].startswith("union_tag") or first["type"] == "literal_error":
+            loc = loc if loc[-1:] == ("kind",) else loc + ("kind",)
+        raise src.error(validation_problem(first), loc) from None
+    if not semantic:
+        return scenario
+    try:
+        check_scenario(scenario)
+    except ConfigError as exc:
+        raise locate(exc, src) from None
+    return scenario
+
+
+def locate(err: ConfigError, src: Source) -> ConfigError:
+    """Add the scenario file and line to an error that names only a dotted field."""
+    if err.file or not src.path or not err.field or err.field.startswith("--"):
+        return err
+    return ConfigError(err.problem, file=src.path, line=src.line(undotted(err.field)), field=err.field)
+
+
+def check_scenario(s: Scenario) -> None:
+    """Cross-key rules pydantic cannot express; raises ConfigError(field=dotted path)."""
+    w = s.workload
+    if isinstance(w, DistributionWorkload):
+        for which in ("prompt_tokens", "output_tokens"):
+            d = getattr(w, which)
+            for loc, problem in distribution_problems(d):
+                raise ConfigError(problem, field=f"workload.{which}.{loc}")
+        if w.num_requests <= 0 and s.horizon_us is None:
+            raise ConfigError("a workload without num_requests needs a horizon (horizon_us)",
+                              field="workload.num_requests")
+
+
+def distribution_problems(d) -> list[tuple[str, str]]:
+    """BLIS's distribution-mode rules (spec/07 §2), as ``(key, problem)`` pairs.
+
+    min and max >= 1, min <= max, stdev >= 0, and — a BLIS quirk kept for parity — both the
+    mean **and the stdev** must lie in ``[min, max]``.
+    """
+    out = []
+    for key in ("min", "max"):
+        if getattr(d, key) < 1:
+            out.append((key, f"must be >= 1, got {getattr(d, key)}"))
+    if d.min > d.max:
+        out.append(("min", f"min ({d.min}) must be <= max ({d.max})"))
+    if d.stdev < 0:
+        out.append(("stdev", f"must be >= 0, got {d.stdev:g}"))
+    for key in ("mean", "stdev"):
+        v = getattr(d, key)
+        if not d.min <= v <= d.max:
+            out.append((key, f"{v:g} must lie in [min, max] = [{d.min}, {d.max}]"))
+    return out
+
+
+# ---------------------------------------------------------------------------- entry point
+def resolve_paths(data: dict, base_dir: str) -> None:
+    """Make the trace paths of a trace workload relative to ``base_dir`` (in place)."""
+    w = data.get("workload")
+    if isinstance(w, dict) and w.get("kind") == "trace":
+        for key in ("header", "data"):
+            p = w.get(key)
+            if isinstance(p, str) and p and not os.path.isabs(p):
+                w[key] = os.path.normpath(os.path.join(base_dir, p))
+
+
+def load_raw(path: str) -> tuple[dict, Source]:
+    """Read a scenario file into a plain dict (paths resolved) and its :class:`Source`."""
+    data, src = read_yaml(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"a scenario must be a mapping of keys, got {type(data).__name__}",
+                          file=src.path, line=1)
+    w = data.get("workload")
+    if isinstance(w, dict) and "kind" not in w:
+        w["kind"] = "distribution"
+    resolve_paths(data, os.path.dirname(str(path)))
+    return data, src
+
+
+def load_scenario(path: str) -> Scenario:
+    """Load and validate a scenario YAML file. Raises a located :class:`ConfigError`."""
+    data, src = load_raw(path)
+    return validate(data, src)
+
+
+def summary(s: Scenario) -> str:
+    """One line describing a scenario (``blis-simpy validate`` prints it)."""
+    w = s.workload
+    if isinstance(w, TraceWorkload):
+        work = f"trace workload {w.header} + {w.data}"
+    else:
+        work = f"distribution workload ({w.num_requests} requests at {w.rate:g} req/s)"
+    n = s.cluster.num_instances
+    horizon = f"horizon {s.horizon_us} us" if s.horizon_us is not None else "no horizon"
+    name = f"{s.name}: " if s.name else ""
+    return (f"{name}model {s.model or '(none)'}, {s.latency.model} latency, {n} instance"
+            f"{'s' if n != 1 else ''}, {s.cluster.routing.policy} routing, {work}, {horizon}")

@@ -1,0 +1,213 @@
+"""Bad input: exit status 2, exactly one ``error:`` line on stderr, no traceback, no file."""
+
+from __future__ import annotations
+
+import pytest
+
+from .support import LOCATED, SMALL_SCENARIO, trace_row, write_trace_files
+
+
+def _assert_one_line_error(res, results_path=None) -> str:
+    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
+    assert res.stdout == ""
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: ")
+    if results_path is not None:
+        assert not results_path.exists()
+        assert not list(results_path.parent.glob(f".{results_path.name}*"))  # no temp file left
+    return lines[0]
+
+
+def _located(line: str) -> dict:
+    m = LOCATED.match(line)
+    assert m, line
+    return m.groupdict()
+
+
+BLACKBOX = "latency:\n  model: blackbox\n  alpha_coeffs: [1, 0, 0]\n  beta_coeffs: [1, 1, 1]\n"
+
+# (scenario text, expected line, expected field, words expected in the problem)
+SCENARIO_CASES = {
+    "unknown key": ("engine:\n  block_size: 16\n  bogus_limit: 3\n", 3, "engine.bogus_limit", "unknown key"),
+    "wrong type": ("seed: 1\ncluster:\n  num_instances: two\n", 3, "cluster.num_instances", "integer"),
+    "negative": ("engine:\n  max_num_running_reqs: -4\n", 2, "engine.max_num_running_reqs", "greater than 0"),
+    "nan": ("workload:\n  kind: distribution\n  rate: .nan\n", 3, "workload.rate", "finite"),
+    "inf": ("latency:\n  model: blackbox\n  beta_coeffs: [1.0, .inf, 2.0]\n", 3, "latency.beta_coeffs[1]", "finite"),
+    "unknown policy": (BLACKBOX + "cluster:\n  routing:\n    policy: nope\n", 7, "cluster.routing.policy",
+                       "unknown routing policy 'nope'"),
+    "stdev quirk": (BLACKBOX + "workload:\n  prompt_tokens: {mean: 50, stdev: 0, min: 2, max: 100}\n", 6,
+                    "workload.prompt_tokens.stdev", "[min, max]"),
+    "duplicate key": ("seed: 1\nseed: 2\n", 2, "seed", "duplicate"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCENARIO_CASES))
+def test_bad_scenario_key(cli, tmp_path, case):
+    text, line, field, words = SCENARIO_CASES[case]
+    sc = tmp_path / "bad.yaml"
+    sc.write_text(text)
+    out = tmp_path / "results.json"
+    res = cli("run", "--scenario", sc, "--results-path", out, "--format", "blis")
+    got = _located(_assert_one_line_error(res, out))
+    assert got["file"] == str(sc)
+    assert int(got["line"]) == line
+    assert got["field"] == field
+    assert words in got["problem"]
+
+
+def test_yaml_syntax_error_names_the_line(cli, tmp_path):
+    sc = tmp_path / "broken.yaml"
+    sc.write_text("seed: 1\nengine:\n  block_size: [16\n")
+    line = _assert_one_line_error(cli("validate", sc))
+    assert line.startswith(f"error: {sc}:") and "invalid YAML" in line
+
+
+def test_missing_scenario_file(cli, tmp_path):
+    line = _assert_one_line_error(cli("run", "--scenario", tmp_path / "nope.yaml"))
+    assert line == f"error: {tmp_path / 'nope.yaml'}: no such file"
+
+
+def test_flag_overrides_do_not_hide_errors_elsewhere(cli, small_scenario, tmp_path):
+    # a flag fixes one key; a bad key elsewhere in the file is still reported with its line
+    small_scenario.write_text(SMALL_SCENARIO.replace("max_num_running_reqs: 16", "max_num_running_reqs: 0"))
+    res = cli("run", "--scenario", small_scenario, "--max-num-running-reqs", "8", "--format", "json")
+    assert res.exit_code == 0, res.stderr
+    small_scenario.write_text(SMALL_SCENARIO.replace("total_kv_blocks: 2000", "total_kv_blocks: -1"))
+    got = _located(_assert_one_line_error(
+        cli("run", "--scenario", small_scenario, "--max-num-running-reqs", "8")))
+    assert (got["line"], got["field"]) == ("8", "engine.total_kv_blocks")
+
+
+FLAG_CASES = {
+    "zero": (["--max-num-running-reqs", "0"], "--max-num-running-reqs", "must be > 0, got 0"),
+    "not an int": (["--num-instances=many"], "--num-instances", "invalid integer 'many'"),
+    "nan rate": (["--rate", "nan"], "--rate", "must be > 0"),
+    "inf rate": (["--rate", "inf"], "--rate", "must be > 0"),
+    "negative coefficient": (["--alpha-coeffs", "1,-2,3", "--beta-coeffs", "1,2,3"], "--alpha-coeffs", ">= 0"),
+    "roofline with coefficients": (["--latency-model", "roofline", "--alpha-coeffs", "1,2,3",
+                                    "--beta-coeffs", "1,2,3"], "--latency-model", "roofline"),
+    "unknown routing": (["--routing-policy", "nope"], "--routing-policy", "valid: round-robin"),
+    "stdev quirk": (["--output-tokens-stdev", "0"], "--output-tokens-stdev", "[min, max]"),
+    "min above max": (["--prompt-tokens-min", "900", "--prompt-tokens-max", "800"],
+                      "--prompt-tokens-min", "<= max"),
+    "unknown preset": (["--workload", "nope"], "--workload", "chatbot"),
+    "negative horizon": (["--horizon", "-5"], "--horizon", "must be > 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FLAG_CASES))
+def test_bad_flag(cli, small_scenario, tmp_path, case):
+    args, flag, words = FLAG_CASES[case]
+    out = tmp_path / "results.json"
+    res = cli("run", "--scenario", small_scenario, "--results-path", out, *args)
+    line = _assert_one_line_error(res, out)
+    assert line.startswith(f"error: {flag}: "), line
+    assert words in line
+
+
+@pytest.mark.parametrize("flag, other", [("--alpha-coeffs", "--beta-coeffs"), ("--beta-coeffs", "--alpha-coeffs")])
+def test_coefficient_flag_alone(cli, flag, other):
+    line = _assert_one_line_error(cli("run", "--model", "m", flag, "1,2,3"))
+    assert line == f"error: {flag}: must be given together with {other}"
+
+
+def test_model_is_required_without_a_scenario(cli):
+    line = _assert_one_line_error(cli("run", "--num-requests", "3"))
+    assert line.startswith("error: --model: ")
+
+
+def test_default_backend_error_names_the_flag(cli):
+    # BLIS's default backend (roofline) is not available yet: the error says which flag to use
+    line = _assert_one_line_error(cli("run", "--model", "m", "--num-requests", "3"))
+    assert line.startswith("error: --latency-model: ") and "roofline" in line
+
+
+def test_unknown_flag_is_a_usage_error(cli, small_scenario):
+    res = cli("run", "--scenario", small_scenario, "--no-such-flag", "1")
+    assert res.exit_code == 2
+    assert "No such option" in res.stderr and "Traceback" not in res.stderr
+    # run-only workload flags do not exist on replay
+    assert cli("replay", "--rate", "3").exit_code == 2
+
+
+# ---------------------------------------------------------------------------- traces
+def _trace_scenario(tmp_path, header, data) -> object:
+    sc = tmp_path / "replay.yaml"
+    sc.write_text(SMALL_SCENARIO.split("workload:")[0]
+                  + f"workload:\n  kind: trace\n  header: {header}\n  data: {data}\n")
+    return sc
+
+
+def test_missing_trace_file_from_scenario(cli, tmp_path, trace_files):
+    header, _ = trace_files
+    sc = _trace_scenario(tmp_path, header.name, "missing.csv")
+    out = tmp_path / "r.json"
+    got = _located(_assert_one_line_error(cli("replay", "--scenario", sc, "--results-path", out), out))
+    assert got["file"] == str(sc)
+    assert got["line"] == str(SMALL_SCENARIO.split("workload:")[0].count("\n") + 4)
+    assert got["field"] == "workload.data"
+    assert got["problem"] == f"no such file: {tmp_path / 'missing.csv'}"
+
+
+def test_missing_trace_file_from_flag(cli, small_scenario, tmp_path, trace_files):
+    header, _ = trace_files
+    missing = tmp_path / "nope.csv"
+    line = _assert_one_line_error(cli("replay", "--scenario", small_scenario, "--trace-header", header,
+                                      "--trace-data", missing))
+    assert line == f"error: {missing}: --trace-data: no such file"
+
+
+def test_trace_flags_come_in_pairs(cli, small_scenario, trace_files):
+    line = _assert_one_line_error(cli("replay", "--scenario", small_scenario, "--trace-header", trace_files[0]))
+    assert line.startswith("error: --trace-header: ") and "--trace-data" in line
+
+
+@pytest.mark.parametrize("bad_row, column", [
+    ("5,c,,,,0,,0,false,100", None),                                    # wrong column count
+    (trace_row(5, 1000, 100, 10).replace(",100,10,", ",1x0,10,", 1), "input_tokens"),  # not an int
+])
+def test_malformed_trace_row(cli, small_scenario, tmp_path, bad_row, column):
+    rows = [trace_row(i, 1000 * i, 50, 5) for i in range(3)] + [bad_row]
+    header, data = write_trace_files(tmp_path, rows)
+    out = tmp_path / "r.json"
+    line = _assert_one_line_error(cli("replay", "--scenario", small_scenario, "--trace-header", header,
+                                      "--trace-data", data, "--results-path", out), out)
+    assert line.startswith(f"error: {data}:5: "), line  # header row is line 1, bad row line 5
+    if column is not None:
+        assert _located(line)["field"] == column
+
+
+def test_replay_of_a_distribution_scenario_is_refused(cli, small_scenario):
+    line = _assert_one_line_error(cli("replay", "--scenario", small_scenario))
+    assert "needs a trace" in line
+
+
+# ---------------------------------------------------------------------------- failures
+@pytest.mark.parametrize("exc, code, text", [
+    ("invariant", 1, "error: simulation error: [instance_0] conservation broken"),
+    ("bug", 1, "error: internal error: ZeroDivisionError: boom"),
+])
+def test_simulation_failures_exit_1_without_results(cli, small_scenario, tmp_path, monkeypatch, exc, code, text):
+    from blis_simpy.cli import runner
+    from blis_simpy.errors import InvariantError
+
+    def broken_run(self, progress=None):
+        if exc == "invariant":
+            raise InvariantError("conservation broken", instance="instance_0")
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(runner.Simulation, "run", broken_run)
+    out = tmp_path / "r.json"
+    res = cli("run", "--scenario", small_scenario, "--results-path", out)
+    assert res.exit_code == code
+    assert res.stderr == text + "\n" and res.stdout == ""
+    assert not out.exists()
+
+
+def test_unwritable_results_path(cli, small_scenario, tmp_path):
+    out = tmp_path / "no-such-dir" / "r.json"
+    res = cli("run", "--scenario", small_scenario, "--results-path", out, "--format", "json")
+    line = _assert_one_line_error(res)
+    assert line.startswith(f"error: {out}: --results-path: cannot write results")
