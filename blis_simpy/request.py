@@ -19,17 +19,43 @@ QUEUED = 0
 RUNNING = 1
 COMPLETED = 2
 TIMED_OUT = 3
-STATE_NAMES = ("queued", "running", "completed", "timed_out")
+DROPPED = 4   # refused by an enqueue guard, or can never fit in the KV cache
+STATE_NAMES = ("queued", "running", "completed", "timed_out", "dropped")
 
 _sha256 = hashlib.sha256
+
+#: "<id>|" for every token ID below 2**17 (covers 128k-256k vocabularies): hashing a block
+#: is then one join instead of 16 int→str conversions.
+_TOKSTR_LIMIT = 1 << 17
+_TOKSTR = [f"{i}|" for i in range(_TOKSTR_LIMIT)]
+_tokstr = _TOKSTR.__getitem__
+
+
+def _token_strings(tokens: list) -> list:
+    try:
+        return list(map(_tokstr, tokens))
+    except IndexError:
+        return [f"{t}|" for t in tokens]
 
 
 def hash_block(prev_hash: str, tokens) -> str:
     """BLIS's chained block hash: ``sha256(prev || "t1|" || "t2|" ...)`` as a hex digest.
 
-    ``tokens`` is any iterable of ints (a list slice or ``ndarray.tolist()``).
+    ``tokens`` is a list of non-negative ints (e.g. ``ndarray.tolist()``).
     """
-    return _sha256((prev_hash + "|".join(map(str, tokens)) + "|").encode()).hexdigest()
+    return _sha256((prev_hash + "".join(_token_strings(tokens))).encode()).hexdigest()
+
+
+def hash_chain(tokens: list, block_size: int) -> list[str]:
+    """Chained hashes of the full blocks of ``tokens`` (spec/03 §3)."""
+    strs = _token_strings(tokens)
+    out = []
+    prev = ""
+    join = "".join
+    for a in range(0, len(strs) - block_size + 1, block_size):
+        prev = _sha256((prev + join(strs[a:a + block_size])).encode()).hexdigest()
+        out.append(prev)
+    return out
 
 
 class Request:
@@ -63,6 +89,8 @@ class Request:
                  seq_no: int = 0):
         inp = np.asarray(input_tokens, dtype=np.int32)
         out = np.asarray(output_tokens, dtype=np.int32)
+        if (len(inp) and inp.min() < 0) or (len(out) and out.min() < 0):
+            raise ValueError(f"request {id}: token IDs must be non-negative")
         self.id = id
         self.arrival_us = int(arrival_us)
         self.tokens = np.concatenate((inp, out)) if len(out) else inp
@@ -125,12 +153,7 @@ class Request:
         if self._hash_bs == block_size and self._prompt_hashes is not None:
             return self._prompt_hashes
         n_full = self.input_len // block_size
-        toks = self.tokens[: n_full * block_size].tolist()
-        hashes = []
-        prev = ""
-        for j in range(n_full):
-            prev = hash_block(prev, toks[j * block_size:(j + 1) * block_size])
-            hashes.append(prev)
+        hashes = hash_chain(self.tokens[: n_full * block_size].tolist(), block_size)
         self._hash_bs = block_size
         self._prompt_hashes = hashes
         return hashes

@@ -31,7 +31,8 @@ import numpy as np
 
 from blis_simpy.engine.instance import Instance
 from blis_simpy.latency.base import BatchView
-from blis_simpy.request import COMPLETED, QUEUED as ST_QUEUED, RUNNING
+from blis_simpy.request import COMPLETED, RUNNING
+from blis_simpy.request import QUEUED as ST_QUEUED
 from blis_simpy.units import ceil_div
 
 log = logging.getLogger("blis_simpy.engine")
@@ -140,7 +141,7 @@ class FastInstance(Instance):
     def _uniform_phase1(self, T: int, fresh: set, chunks: list) -> None:
         kv = self.kv
         bs = kv.block_size
-        for r, n in zip(self.prefilling, chunks):
+        for r, n in zip(self.prefilling, chunks, strict=True):
             r.num_new_tokens = n
         items = list(self.prefilling)
         if fresh:
@@ -165,7 +166,6 @@ class FastInstance(Instance):
     def _literal_phase1(self) -> None:
         """BLIS's ordered Phase 1 with recompute preemption (spec/02 §4.1)."""
         lim = self.limits
-        kv = self.kv
         thr = lim.long_prefill_token_threshold
         mml = lim.max_model_len
         order = list(self.running)
@@ -229,6 +229,9 @@ class FastInstance(Instance):
             victim.pi = 0
             kv.release(victim)
             victim.computed_tokens = 0
+            if victim is req and not order:
+                self._drop_hopeless(req)
+                return False
             self.waitq.appendleft(victim)
             if victim is req:
                 return False
@@ -428,6 +431,6 @@ class FastInstance(Instance):
                 uniq, inv = np.unique(vals[mask], return_inverse=True)
                 tot = np.bincount(inv, weights=counts[mask].astype(np.float64))
                 hist = met.all_itls
-                for v, c in zip(uniq.tolist(), tot.tolist()):
+                for v, c in zip(uniq.tolist(), tot.tolist(), strict=True):
                     hist[v] += int(c)
         return met

@@ -29,7 +29,8 @@ from blis_simpy.des import QUEUED, STEP, TIMEOUT, SimEnv, instance_key
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.latency.base import BatchView, LatencyModel
 from blis_simpy.metrics.records import InstanceMetrics
-from blis_simpy.request import COMPLETED, QUEUED as ST_QUEUED, RUNNING, TIMED_OUT
+from blis_simpy.request import COMPLETED, DROPPED, RUNNING, TIMED_OUT
+from blis_simpy.request import QUEUED as ST_QUEUED
 from blis_simpy.units import ceil_div
 
 log = logging.getLogger("blis_simpy.engine")
@@ -185,6 +186,7 @@ class Instance:
 
     def _drop(self, req, now_us: int, why: str) -> None:
         log.warning("dropping request %s: %s", req.id, why)
+        req.state = DROPPED
         self.metrics.dropped_unservable += 1
         self.metrics.registry.pop(req.id, None)
         self.listener.on_request_done(self, req, now_us)
@@ -193,7 +195,7 @@ class Instance:
     def _on_timeout(self, req) -> None:
         now = self.env.now
         self._touch(now)
-        if req.state in (COMPLETED, TIMED_OUT):
+        if req.state in (COMPLETED, TIMED_OUT, DROPPED):
             self.listener.on_event_end(self)
             return
         was_running = req.state == RUNNING
@@ -382,9 +384,25 @@ class Instance:
             victim.pi = 0
             kv.release(victim)
             victim.computed_tokens = 0
+            if victim is req and not running:
+                self._drop_hopeless(req)
+                return False
             self.waitq.appendleft(victim)
             if victim is req:
                 return False
+
+    def _drop_hopeless(self, req) -> None:
+        """A request alone in the batch cannot get a KV slot: it needs more KV than the
+        whole cache holds and would be recomputed forever (BLIS livelocks here). It is
+        dropped as unservable instead, like an enqueue-guard drop."""
+        log.warning("dropping request %s: its %d tokens need more than the %d KV blocks of %s",
+                    req.id, req.input_len + req.output_len, self.kv.total_blocks, self.id)
+        req.state = DROPPED
+        met = self.metrics
+        met.dropped_unservable += 1
+        for table in (met.registry, met.ttft, met.scheduling_delay):
+            table.pop(req.id, None)
+        self.listener.on_request_done(self, req, self.env.now)
 
     # ---------------------------------------------------------------- execute
     def execute(self, now: int, adv: int) -> None:
