@@ -219,7 +219,7 @@ def export_trace(out: Outcome, prefix: str) -> None:
             first = r.arrival_us + r.first_token_us
             e2e = cluster.e2e.get(r.id)
             itl_sum = (e2e - r.first_token_us - (post if r.output_len > 0 else 0)
-                       if e2e is not None else sum(r.itl))
+                       if e2e is not None else sum(r.itl))  # itl: set for unfinished requests
             last = first + itl_sum
         status = {COMPLETED: "ok", TIMED_OUT: "timeout"}.get(r.state, "incomplete")
         rows.append(TraceRecord(

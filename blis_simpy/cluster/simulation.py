@@ -13,6 +13,7 @@ instance and over the pipeline, causality per request, KV conservation); a viola
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -48,6 +49,7 @@ class SimulationResult:
     counters: ControlPlaneCounters
     horizon_us: int
     events_processed: int
+    wall_s: float = 0.0      # wall-clock seconds of the run (diagnostics only, never printed)
 
 
 def build_latency_model(scenario: Scenario) -> LatencyModel:
@@ -108,6 +110,7 @@ class Simulation:
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimulationResult:
         """Run to the horizon (or until no event is left), then finalize and check."""
         env = self.env
+        t0 = time.perf_counter()
         self.cluster.start(self.requests)
         limit = self.horizon_us
         peek = env.peek
@@ -126,7 +129,8 @@ class Simulation:
             progress(self._done_requests(), self.cluster.counters.offered)
         metrics = [inst.finalize() for inst in self.instances]
         self._check_invariants()
-        return SimulationResult(self.scenario, metrics, self.cluster.counters, limit, n)
+        return SimulationResult(self.scenario, metrics, self.cluster.counters, limit, n,
+                                time.perf_counter() - t0)
 
     def _done_requests(self) -> int:
         c = self.cluster.counters

@@ -99,6 +99,7 @@ class FastInstance(Instance):
         del self.running[req]
         self.prefilling.pop(req, None)
         if req.res_class >= 0:
+            self._close_segment(req, self.T)
             self._leave_u(req)
 
     # ================================================================= batch formation
@@ -290,7 +291,7 @@ class FastInstance(Instance):
         v = BatchView(decode_count=self.u_count,
                       decode_tokens=self.u_count - len(self._skipped),
                       decode_pi_sum=self.u_pi_off + self.u_count * self.T,
-                      size=len(self.running))
+                      size=len(self.running), entries_fn=self._entries)
         for r in self.prefilling:
             if r.pi < r.input_len:
                 v.prefill.append(r)
@@ -299,6 +300,18 @@ class FastInstance(Instance):
                 v.decode_pi_sum += r.pi
                 v.decode_tokens += r.num_new_tokens
         return v
+
+    def _entries(self):
+        """Per-request view of the batch in batch order (for order-sensitive latency models)."""
+        T = self.T
+        skipped = set(self._skipped)
+        for r in self.running:
+            if r.res_class >= 0:
+                yield False, r.pi + T - r.g0, 0 if r in skipped else 1, r.input_len
+            elif r.pi < r.input_len:
+                yield True, r.pi, r.num_new_tokens, r.input_len
+            elif r.output_len >= 1:
+                yield False, r.pi, r.num_new_tokens, r.input_len
 
     # ================================================================= execute
     def execute(self, now: int, adv: int) -> None:
@@ -422,6 +435,12 @@ class FastInstance(Instance):
     # ================================================================= end of run
     def finalize(self):
         met = super().finalize()
+        cum = self.tick_cum
+        for r in met.registry.values():   # unfinished requests: spell out their ITL samples
+            if r.state != COMPLETED and r.itl_segments is not None:
+                if r.res_class >= 0:
+                    self._close_segment(r, self.T)
+                r.itl = [cum[t + 1] - cum[t] for s, e in r.itl_segments for t in range(s, e)]
         if self.T:
             counts = np.cumsum(np.frombuffer(self.cov, dtype=np.int64)[: self.T])
             cum = np.frombuffer(self.tick_cum, dtype=np.int64)

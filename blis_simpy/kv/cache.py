@@ -32,8 +32,8 @@ class KVCache:
         self.total_blocks = int(total_blocks)
         self.block_size = int(block_size)
         self.ref = [0] * self.total_blocks
-        self.block_hash: list[str] = [""] * self.total_blocks
-        self.hash_to_block: dict[str, int] = {}
+        self.block_hash: list[bytes] = [b""] * self.total_blocks
+        self.hash_to_block: dict[bytes, int] = {}
         # LRU free list: insertion order = LRU order; head (first) is the next victim.
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(self.total_blocks))
         self.used = 0
@@ -73,14 +73,14 @@ class KVCache:
         return out
 
     # ------------------------------------------------------------------ internals
-    def _block_hash_for(self, req, j: int) -> str:
+    def _block_hash_for(self, req, j: int) -> bytes:
         """Chained hash of block ``j`` of ``req`` (which must be full)."""
         bs = self.block_size
         if req.kv_base == 0 and (j + 1) * bs <= req.input_len:
             return req.prompt_block_hashes(bs)[j]
-        prev = self.block_hash[req.kv_blocks[j - 1]] if j > 0 else ""
+        prev = self.block_hash[req.kv_blocks[j - 1]] if j > 0 else b""
         a = req.kv_base + j * bs
-        return hash_block(prev, req.tokens[a:a + bs].tolist())
+        return hash_block(prev, req.tokens[a:a + bs])
 
     # ------------------------------------------------------------------ allocation
     def allocate(self, req, start: int, end: int, cached: list[int] | tuple = ()) -> bool:
@@ -111,95 +111,89 @@ class KVCache:
             req.kv_len += 1
             return True
 
-        # Undo log for an exact rollback.
-        old_blocks = list(blocks)
+        # Prefill. Undo log for an exact rollback (only the cached-block commits and a
+        # partial-block fill can precede the one failure point, the fresh-block count).
         old_len = req.kv_len
         old_base = req.kv_base
-        committed: list[tuple[int, bool]] = []      # (block, was_in_use)
-        popped: list[tuple[int, str, int | None]] = []  # (block, its old hash, old owner)
-        registered: list[tuple[int, str, int | None]] = []  # (block, hash, previous owner)
-
+        n_old = len(blocks)
+        committed: list[tuple[int, bool]] = []                  # (block, was_in_use)
+        registered: list[tuple[int, bytes, int | None]] = []    # (block, hash, old owner)
+        ref = self.ref
+        free = self.free
         if not blocks and cached:
             for b in cached:
-                was_in_use = self.ref[b] > 0
-                self.ref[b] += 1
+                was_in_use = ref[b] > 0
+                ref[b] += 1
                 if not was_in_use:
                     self.used += 1
-                    del self.free[b]
-                self.cache_hits += 1
+                    del free[b]
                 blocks.append(b)
                 committed.append((b, was_in_use))
+            self.cache_hits += len(cached)
             req.kv_len = len(cached) * bs
             req.kv_base = 0
-        if not blocks:
+        elif not blocks:
             req.kv_base = start
             req.kv_len = 0
 
         remaining = count
-        ok = True
-        while remaining > 0:
-            room = len(blocks) * bs - req.kv_len
-            if room > 0:
-                k = room if room < remaining else remaining
-                req.kv_len += k
-                remaining -= k
-                if k == room:  # the last block became full: hash it, prefill or decode
-                    j = len(blocks) - 1
-                    self._register(req, j, registered)
-                continue
-            for _ in range(ceil_div(remaining, bs)):
-                if not self.free:
-                    ok = False
-                    break
-                b, _ = self.free.popitem(last=False)
-                hb = self.block_hash[b]
-                owner = None
+        room = len(blocks) * bs - req.kv_len
+        if room > 0:                      # fill the partial last block first
+            k = room if room < remaining else remaining
+            req.kv_len += k
+            remaining -= k
+            if k == room:                 # it became full: hash it
+                self._register(req, len(blocks) - 1, registered)
+        if remaining > 0:
+            nb = ceil_div(remaining, bs)
+            if nb > len(free):
+                self._rollback(req, n_old, old_len, old_base, committed, registered)
+                return False
+            block_hash = self.block_hash
+            h2b = self.hash_to_block
+            hashes = req.prompt_block_hashes(bs) if req.kv_base == 0 else None
+            n_prompt_blocks = req.input_len // bs
+            for _ in range(nb):
+                b, _ = free.popitem(last=False)
+                hb = block_hash[b]
                 if hb:
                     # BLIS deletes the hash entry unconditionally (spec/03 §2).
-                    owner = self.hash_to_block.pop(hb, None)
-                    self.block_hash[b] = ""
-                popped.append((b, hb, owner))
-                k = bs if remaining >= bs else remaining
-                self.ref[b] = 1
-                self.used += 1
-                self.cache_misses += 1
+                    h2b.pop(hb, None)
+                    block_hash[b] = b""
+                ref[b] = 1
+                j = len(blocks)
                 blocks.append(b)
-                req.kv_len += k
-                remaining -= k
-                if k == bs and in_prefill:
-                    self._register(req, len(blocks) - 1, registered)
-            if not ok:
-                break
-        if ok:
-            return True
+                if remaining >= bs:
+                    remaining -= bs
+                    req.kv_len += bs
+                    h = hashes[j] if hashes is not None and j < n_prompt_blocks else self._block_hash_for(req, j)
+                    block_hash[b] = h
+                    h2b[h] = b
+                else:
+                    req.kv_len += remaining
+                    remaining = 0
+            self.used += nb
+            self.cache_misses += nb
+        return True
 
-        # ---- rollback: restore exactly the pre-call state -------------------------------
+    def _rollback(self, req, n_old: int, old_len: int, old_base: int, committed: list,
+                  registered: list) -> None:
+        """Restore exactly the state before a failed :meth:`allocate`."""
         for b, h, prev_owner in reversed(registered):
-            self.block_hash[b] = ""
+            self.block_hash[b] = b""
             if prev_owner is None:
                 self.hash_to_block.pop(h, None)
             else:
                 self.hash_to_block[h] = prev_owner
-        for b, hb, owner in reversed(popped):
-            self.ref[b] = 0
-            self.used -= 1
-            self.cache_misses -= 1
-            if hb:
-                self.block_hash[b] = hb
-                if owner is not None:
-                    self.hash_to_block[hb] = owner
-            self.free[b] = None
-            self.free.move_to_end(b, last=False)
         for b, was_in_use in reversed(committed):
             self.ref[b] -= 1
             self.cache_hits -= 1
             if not was_in_use and self.ref[b] == 0:
                 self.used -= 1
                 self.free[b] = None
-        blocks[:] = old_blocks
+        del req.kv_blocks[n_old:]
         req.kv_len = old_len
         req.kv_base = old_base
-        return False
 
     def append_token(self, req, pos: int, kv_len: int) -> bool:
         """Reserve the slot of one output token at sequence position ``pos``.
@@ -223,7 +217,7 @@ class KVCache:
         h = self.block_hash[b]
         if h:
             self.hash_to_block.pop(h, None)
-            self.block_hash[b] = ""
+            self.block_hash[b] = b""
         self.ref[b] = 1
         self.used += 1
         self.cache_misses += 1

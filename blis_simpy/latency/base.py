@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -23,6 +24,9 @@ class BatchView:
     * ``decode_tokens``: sum of their ``num_new_tokens``
     * ``decode_pi_sum``: sum of their ``pi`` (context length already in the KV cache)
     * ``size``: number of requests in the batch
+    * :meth:`entries`: every prefill- or decode-phase request in batch order as
+      ``(is_prefill, pi, num_new_tokens, input_len)`` — for models whose floating-point sums
+      must follow BLIS's per-request order. It costs O(batch); the aggregates above are O(1).
     """
 
     prefill: list = field(default_factory=list)
@@ -30,6 +34,13 @@ class BatchView:
     decode_tokens: int = 0
     decode_pi_sum: int = 0
     size: int = 0
+    entries_fn: Callable[[], Iterator[tuple[bool, int, int, int]]] | None = None
+
+    def entries(self) -> Iterator[tuple[bool, int, int, int]]:
+        """``(is_prefill, pi, num_new_tokens, input_len)`` per request, in batch order."""
+        if self.entries_fn is None:
+            return iter(())
+        return self.entries_fn()
 
     @property
     def prefill_tokens(self) -> int:
@@ -39,6 +50,7 @@ class BatchView:
     def of(cls, batch) -> BatchView:
         """Classify an iterable of requests (the literal, per-request way)."""
         v = cls()
+        v.entries_fn = lambda: _entries(batch)
         for r in batch:
             v.size += 1
             if r.pi < r.input_len:
@@ -48,6 +60,14 @@ class BatchView:
                 v.decode_tokens += r.num_new_tokens
                 v.decode_pi_sum += r.pi
         return v
+
+
+def _entries(batch) -> Iterator[tuple[bool, int, int, int]]:
+    for r in batch:
+        if r.pi < r.input_len:
+            yield True, r.pi, r.num_new_tokens, r.input_len
+        elif r.output_len >= 1:
+            yield False, r.pi, r.num_new_tokens, r.input_len
 
 
 class LatencyModel(Pluggable, family="latency model"):

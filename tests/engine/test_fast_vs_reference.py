@@ -12,6 +12,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from blis_simpy.request import COMPLETED
 from tests.engine.helpers import make_requests, run, scenario
 
 FIELDS = ("completed_requests", "total_input_tokens", "total_output_tokens", "ttft_sum",
@@ -23,7 +24,11 @@ FIELDS = ("completed_requests", "total_input_tokens", "total_output_tokens", "tt
 
 
 def _snapshot(m):
-    return {f: getattr(m, f) for f in FIELDS}
+    snap = {f: getattr(m, f) for f in FIELDS}
+    # unfinished requests (horizon cut, timed out): their state and ITL samples so far
+    snap["unfinished"] = {rid: (r.state, list(r.itl)) for rid, r in m.registry.items()
+                          if r.state != COMPLETED}
+    return snap
 
 
 @st.composite
@@ -53,20 +58,21 @@ def workloads(draw):
     if engine["max_model_len"]:
         engine["total_kv_blocks"] = max(engine["total_kv_blocks"], -(-engine["max_model_len"] // bs))
     seed = draw(st.integers(0, 2**31))
-    return specs, groups, engine, seed
+    horizon = draw(st.sampled_from([None, None, t // 2 + 1, t + 50_000]))
+    return specs, groups, engine, seed, horizon
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_fast_engine_equals_reference(w):
-    specs, groups, engine, seed = w
+    specs, groups, engine, seed, horizon = w
     results = {}
     for impl in ("reference", "fast"):
         reqs = make_requests(specs, seed=seed, prefixes=groups)
-        res = run(scenario(implementation=impl, **engine), reqs)
+        res = run(scenario(implementation=impl, **engine), reqs, horizon_us=horizon)
         results[impl] = _snapshot(res.instances[0])
     ref, fast = results["reference"], results["fast"]
-    for f in FIELDS:
+    for f in (*FIELDS, "unfinished"):
         assert fast[f] == ref[f], f"{f} differs: fast={fast[f]!r} reference={ref[f]!r}"
 
 
@@ -87,3 +93,40 @@ def test_preemption_heavy_long_outputs_finish():
         assert m.completed_requests == 12
         assert m.preemption_count > 20
         assert m.still_running == 0 and m.still_queued == 0
+
+
+class _Recorder:
+    """Wraps a latency model and records each step's per-request batch entries."""
+
+    def __init__(self, inner, log):
+        self.inner, self.log = inner, log
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def step_time(self, batch):
+        self.log.append((list(batch.entries()), batch.decode_count, batch.decode_tokens,
+                         batch.decode_pi_sum, batch.size, batch.prefill_tokens))
+        return self.inner.step_time(batch)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_batch_views_agree(w):
+    """Both engines show latency models the same batch, request by request."""
+    from blis_simpy.cluster.simulation import Simulation
+    specs, groups, engine, seed, horizon = w
+    logs = {}
+    for impl in ("reference", "fast"):
+        sim = Simulation(scenario(implementation=impl, **engine),
+                         make_requests(specs, seed=seed, prefixes=groups), horizon_us=horizon)
+        log = logs[impl] = []
+        for inst in sim.instances:
+            inst.latency = _Recorder(inst.latency, log)
+        sim.run()
+    assert logs["fast"] == logs["reference"]
+    for entries, count, tokens, pi_sum, size, pf_tokens in logs["fast"]:
+        dec = [e for e in entries if not e[0]]
+        assert count == len(dec) and tokens == sum(e[2] for e in dec)
+        assert pi_sum == sum(e[1] for e in dec)
+        assert pf_tokens == sum(e[2] for e in entries if e[0])
