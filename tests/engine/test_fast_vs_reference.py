@@ -125,7 +125,7 @@ def test_batch_views_agree(w):
             inst.latency = _Recorder(inst.latency, log)
         sim.run()
     assert logs["fast"] == logs["reference"]
-    for entries, count, tokens, pi_sum, size, pf_tokens in logs["fast"]:
+    for entries, count, tokens, pi_sum, _size, pf_tokens in logs["fast"]:
         dec = [e for e in entries if not e[0]]
         assert count == len(dec) and tokens == sum(e[2] for e in dec)
         assert pi_sum == sum(e[1] for e in dec)
