@@ -24,20 +24,17 @@ from blis_simpy.cluster.invariants import (
     check_instance_conservation,
     check_pipeline_conservation,
 )
+from blis_simpy.config.resolve import Deployment, resolve
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.des import SimEnv
 from blis_simpy.engine.fast import FastInstance
 from blis_simpy.engine.instance import EngineLimits, Instance
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.errors import ConfigError, InvariantError
-from blis_simpy.kv.cache import KVCache
-from blis_simpy.latency.base import LatencyModel
 from blis_simpy.metrics.records import InstanceMetrics
 from blis_simpy.routing.base import Router
 
 log = logging.getLogger("blis_simpy")
-
-DEFAULT_TOTAL_KV_BLOCKS = 1_000_000
 
 
 @dataclass
@@ -52,29 +49,13 @@ class SimulationResult:
     wall_s: float = 0.0      # wall-clock seconds of the run (diagnostics only, never printed)
 
 
-def build_latency_model(scenario: Scenario) -> LatencyModel:
-    """Instantiate the scenario's latency backend."""
-    cfg = scenario.latency
-    cls = LatencyModel.lookup(cfg.model, field="latency.model")
-    if cfg.model == "blackbox":
-        if cfg.alpha_coeffs is None or cfg.beta_coeffs is None:
-            raise ConfigError("blackbox needs both alpha_coeffs and beta_coeffs",
-                              field="latency.alpha_coeffs")
-        if not any(cfg.alpha_coeffs) and not any(cfg.beta_coeffs):
-            raise ConfigError("No trained coefficients found: alpha and beta are all zero",
-                              field="latency.beta_coeffs")
-        try:
-            return cls(cfg.alpha_coeffs, cfg.beta_coeffs)
-        except ValueError as exc:
-            raise ConfigError(str(exc), field="latency") from None
-    raise ConfigError(f"latency model {cfg.model!r} is not available yet", field="latency.model")
-
-
 class Simulation:
     """One cluster of instances on a shared SimPy clock, fed with ``requests``."""
 
-    def __init__(self, scenario: Scenario, requests: list, *, horizon_us: int | None = None):
+    def __init__(self, scenario: Scenario, requests: list, *, horizon_us: int | None = None,
+                 deployment: Deployment | None = None):
         self.scenario = scenario
+        self.deployment = dep = deployment if deployment is not None else resolve(scenario)
         self.requests = requests
         self.horizon_us = horizon_us if horizon_us is not None else scenario.horizon
         self.env = SimEnv(self.horizon_us)
@@ -83,15 +64,14 @@ class Simulation:
             max_num_running_reqs=eng.max_num_running_reqs,
             max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
             long_prefill_token_threshold=eng.long_prefill_token_threshold,
-            max_model_len=eng.max_model_len)
-        total_blocks = eng.total_kv_blocks or DEFAULT_TOTAL_KV_BLOCKS
+            max_model_len=dep.max_model_len)
         sched_cls = Scheduler.lookup(eng.scheduler, field="engine.scheduler")
         prio_cls = PriorityPolicy.lookup(eng.priority_policy, field="engine.priority_policy")
         inst_cls = FastInstance if eng.implementation == "fast" else Instance
         self.instances: list[Instance] = []
         for k in range(scenario.cluster.num_instances):
-            latency = build_latency_model(scenario)
-            kv = KVCache(total_blocks, eng.block_size)
+            latency = dep.new_latency_model()
+            kv = dep.new_kv_cache()
             try:
                 inst = inst_cls(self.env, k, limits, latency, kv, sched_cls(), prio_cls())
             except ValueError as exc:

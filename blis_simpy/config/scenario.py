@@ -29,6 +29,18 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
 
 
+class GPUEntry(Strict):
+    """A GPU added in the scenario (figures are dense, no sparsity)."""
+
+    tflops_peak: PosFloat = Field(description="dense BF16/FP16 TFLOP/s")
+    tflops_fp8: NonNegFloat = Field(0.0, description="dense FP8 TFLOP/s; 0 = none")
+    bw_peak_tbs: PosFloat = Field(description="memory bandwidth, TB/s")
+    mfu_prefill: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+    mfu_decode: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+    memory_gib: PosFloat = Field(description="device memory, GiB")
+    source: str = ""
+
+
 class LatencyConfig(Strict):
     """Which latency backend times the steps, and its coefficients (spec/04)."""
 
@@ -51,6 +63,13 @@ class EngineConfig(Strict):
     max_model_len: NonNegInt = Field(0, description="context cap in tokens; 0 = unlimited")
     scheduler: str = Field("fcfs", description="fcfs | priority-fcfs | sjf | reverse-priority")
     priority_policy: str = Field("constant", description="constant | slo-based | inverted-slo")
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = Field(
+        0.9, description="fraction of GPU memory vLLM may use (KV auto-sizing only)")
+    kv_cpu_blocks: NonNegInt = Field(0, description="CPU KV tier blocks; 0 = GPU tier only")
+    kv_offload_threshold: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = Field(
+        0.9, description="deprecated and ignored (BLIS keeps the flag)")
+    kv_transfer_bandwidth: PosFloat = Field(100.0, description="CPU→GPU reload bandwidth, blocks/µs")
+    kv_transfer_base_latency_us: NonNegInt = Field(0, description="fixed cost per reloaded block, µs")
     implementation: Literal["fast", "reference"] = Field(
         "fast", description="fast (lazy decode set) or reference (literal per-request loops)")
 
@@ -119,6 +138,9 @@ class Scenario(Strict):
     hardware: str = ""
     tp: NonNegInt = 0
     vllm_version: str = ""
+    model_config_folder: str = Field("", description="folder with a HuggingFace config.json")
+    hardware_config: str = Field("", description="BLIS hardware_config.json with extra GPUs")
+    gpus: dict[str, GPUEntry] = Field(default_factory=dict, description="extra GPUs by name")
     latency: LatencyConfig = Field(default_factory=LatencyConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
