@@ -207,8 +207,8 @@ def _parse_row(p: _RowParser) -> TraceRecord:
 
 def _check_header_row(row: list[str], path: str) -> None:
     if len(row) < NUM_COLUMNS:
-        raise ConfigError(f"header row has {len(row)} columns, expected {NUM_COLUMNS}",
-                          file=path, line=1)
+        raise ConfigError(f"missing from the header row ({len(row)} columns, expected {NUM_COLUMNS})",
+                          file=path, line=1, field=TRACE_COLUMNS[len(row)])
     for j, name in enumerate(TRACE_COLUMNS):
         got = row[j].strip()
         if got != name:
@@ -237,8 +237,8 @@ def read_trace_records(path: str | os.PathLike) -> list[TraceRecord]:
                     continue
                 p.line = start
                 if len(row) < NUM_COLUMNS:
-                    raise ConfigError(f"row has {len(row)} columns, expected {NUM_COLUMNS}",
-                                      file=path, line=start)
+                    raise ConfigError(f"missing: the row has {len(row)} columns, expected {NUM_COLUMNS}",
+                                      file=path, line=start, field=TRACE_COLUMNS[len(row)])
                 p.row = row
                 rec = _parse_row(p)
                 first = seen_ids.setdefault(rec.request_id, start)

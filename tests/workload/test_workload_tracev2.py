@@ -158,8 +158,8 @@ def test_write_into_missing_directory_is_config_error(tmp_path):
 def test_wrong_column_count(tmp_path):
     p = _csv(tmp_path, GOOD_ROW, "1,c,t")
     e = _err(read_trace_records, p)
-    assert (e.file, e.line, e.field) == (str(p), 3, None)
-    assert str(e) == f"{p}:3: row has 3 columns, expected 27"
+    assert (e.file, e.line, e.field) == (str(p), 3, "slo_class")
+    assert str(e) == f"{p}:3: slo_class: missing: the row has 3 columns, expected 27"
 
 
 def test_extra_columns_tolerated_and_blank_lines_skipped(tmp_path):
@@ -230,7 +230,8 @@ def test_header_row_checked(tmp_path):
     assert _err(read_trace_records, p).problem == "missing CSV header row"
     p.write_text("request_id,client_id\n")
     e = _err(read_trace_records, p)
-    assert (e.line, e.problem) == (1, "header row has 2 columns, expected 27")
+    assert (e.line, e.field, e.problem) == (1, "tenant_id",
+                                            "missing from the header row (2 columns, expected 27)")
 
 
 def test_malformed_quotes(tmp_path):
