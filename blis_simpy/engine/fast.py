@@ -31,8 +31,7 @@ import numpy as np
 
 from blis_simpy.engine.instance import Instance
 from blis_simpy.latency.base import BatchView
-from blis_simpy.request import COMPLETED, RUNNING
-from blis_simpy.request import QUEUED as ST_QUEUED
+from blis_simpy.request import COMPLETED
 from blis_simpy.units import ceil_div
 
 log = logging.getLogger("blis_simpy.engine")
@@ -104,14 +103,12 @@ class FastInstance(Instance):
 
     # ================================================================= batch formation
     def form_batch(self, now: int) -> list:
-        lim = self.limits
         kv = self.kv
         bs = kv.block_size
-        thr = lim.long_prefill_token_threshold
-        mml = lim.max_model_len
         T = self.T
         self._skipped = []
         self._preempted = False
+        budget = self.limits.max_num_scheduled_tokens
 
         # Is the step uniform (nobody limited by the budget or the KV cache)?
         chunks = []
@@ -119,27 +116,30 @@ class FastInstance(Instance):
         fresh = self.classes[T % bs]
         need = len(fresh)
         for r in self.prefilling:
-            n = r.input_len - r.pi
-            if 0 < thr < n:
-                n = thr
-            if mml > 0:
-                n = min(n, max(mml - 1 - r.pi, 0))
+            n = self._chunk(r.input_len - r.pi, r.pi, budget)
             chunks.append(n)
             demand += n
             room = len(r.kv_blocks) * bs - r.kv_len
             eff = n - min(room, n) if 0 < room < bs else n
             if eff > 0:
                 need += ceil_div(eff, bs)
-        budget = lim.max_num_scheduled_tokens
         if demand <= budget and need <= kv.total_blocks - kv.used:
             self._budget = budget - demand
             self._uniform_phase1(T, fresh, chunks)
         else:
             self._budget = budget
-            self._literal_phase1()
+            order = list(self.running)
+            for r in order:
+                r.num_new_tokens = 0
+                if r.res_class >= 0:
+                    self._materialize(r)
+            self._phase1(order)
+            self._skipped = [r for r in order if r.res_class >= 0 and r.num_new_tokens == 0]
         return self._admit_from_queue()
 
     def _uniform_phase1(self, T: int, fresh: set, chunks: list) -> None:
+        """Phase 1 when everybody is served: only prefill chunks and the decoders whose
+        slot opens or fills a block touch the KV cache, in batch order."""
         kv = self.kv
         bs = kv.block_size
         for r, n in zip(self.prefilling, chunks, strict=True):
@@ -164,127 +164,24 @@ class FastInstance(Instance):
                 if not kv.append_token(r, r.pi + d, r.kv_len + d):  # pragma: no cover
                     raise AssertionError(f"uniform step found no free block for {r.id}")
 
-    def _literal_phase1(self) -> None:
-        """BLIS's ordered Phase 1 with recompute preemption (spec/02 §4.1)."""
-        lim = self.limits
-        thr = lim.long_prefill_token_threshold
-        mml = lim.max_model_len
-        order = list(self.running)
-        for r in order:
-            r.num_new_tokens = 0
-            if r.res_class >= 0:
-                self._materialize(r)
-        self._order = order
-        i = 0
-        while i < len(order):
-            req = order[i]
-            if self._budget <= 0:
-                log.debug("token budget exhausted at %s", req.id)
-                break
-            pi = req.pi
-            if pi < req.input_len:
-                n = req.input_len - pi
-                if 0 < thr < n:
-                    n = thr
-                if n > self._budget:
-                    n = self._budget
-                if mml > 0:
-                    n = min(n, max(mml - 1 - pi, 0))
-                if not self._preempt_for(req, n, decode=False):
-                    break
-                self._budget -= n
-                req.num_new_tokens = n
-                req.computed_tokens += n
-            elif req.output_len >= 1:
-                if not (mml > 0 and pi + 1 > mml - 1):
-                    if not self._preempt_for(req, 1, decode=True):
-                        break
-                    self._budget -= 1
-                    req.num_new_tokens = 1
-                    req.computed_tokens += 1
-            i += 1
-        self._skipped = [r for r in self._order if r.res_class >= 0 and r.num_new_tokens == 0]
+    # hooks of the literal Phase 1 / Phase 2 (blis_simpy.engine.instance)
+    def _alloc(self, req, n: int) -> bool:
+        if req.res_class >= 0:        # a (materialised) decoder: its slot, kv_len stays lazy
+            return self.kv.append_token(req, req.pi, req.kv_len)
+        return self.kv.allocate(req, req.pi, req.pi + n)
 
-    def _preempt_for(self, req, n: int, *, decode: bool) -> bool:
-        kv = self.kv
-        order = self._order
-        while True:
-            ok = (kv.append_token(req, req.pi, req.kv_len) if decode
-                  else kv.allocate(req, req.pi, req.pi + n))
-            if ok:
-                return True
-            if not order:
-                log.warning("KV cache full and nothing to preempt for %s", req.id)
-                return False
-            self._preempted = True
-            victim = order.pop()
-            log.debug("[tick %d] preemption: evicting %s to make room", self.env.now, victim.id)
-            self.metrics.preemption_count += 1
-            if victim.res_class >= 0:
-                self._close_segment(victim, self.T)
-            self._remove_running(victim)
-            if victim.num_new_tokens > 0:
-                self._budget += victim.num_new_tokens
-                victim.num_new_tokens = 0
-            victim.state = ST_QUEUED
-            victim.pi = 0
-            kv.release(victim)
-            victim.computed_tokens = 0
-            if victim is req and not order:
-                self._drop_hopeless(req)
-                return False
-            self.waitq.appendleft(victim)
-            if victim is req:
-                return False
+    def _evict(self, victim) -> None:
+        self._remove_running(victim)
 
-    def _admit_from_queue(self) -> list:
-        lim = self.limits
-        kv = self.kv
-        bs = kv.block_size
-        thr = lim.long_prefill_token_threshold
-        mml = lim.max_model_len
-        running = self.running
-        waitq = self.waitq
-        scheduled = []
-        while (len(running) < lim.max_num_running_reqs and waitq and self._budget > 0
-               and not self._preempted):
-            nxt = waitq[0]
-            if nxt.is_decode_sub:
-                if not kv.allocate(nxt, nxt.pi, nxt.pi + 1):
-                    break
-                waitq.popleft()
-                self._admit(nxt, 1)
-                nxt.computed_tokens = nxt.pi + 1
-                nxt.kv_len -= 1          # stored values are "before this tick's slot"
-                self._join_u(nxt, self.T)
-                scheduled.append(nxt)
-                continue
-            cached = kv.get_cached_blocks(nxt)
-            start = len(cached) * bs
-            n = nxt.input_len - start
-            if 0 < thr < n:
-                n = thr
-            if n > self._budget:
-                n = self._budget
-            if mml > 0:
-                n = min(n, max(mml - 1 - start, 0))
-            if not kv.allocate(nxt, start, start + n, cached):
-                break
-            waitq.popleft()
-            self._admit(nxt, n)
-            nxt.computed_tokens = start + n
-            self.prefilling[nxt] = None
-            scheduled.append(nxt)
-        return scheduled
-
-    def _admit(self, req, n: int) -> None:
+    def _add_running(self, req) -> None:
         self.running[req] = None
-        req.scheduled_step = self.step_count
-        req.state = RUNNING
-        req.num_new_tokens = n
-        self._budget -= n
-        self._pos += 1
-        req.batch_pos = self._pos
+
+    def _admitted_prefill(self, req) -> None:
+        self.prefilling[req] = None
+
+    def _admitted_decode_sub(self, req) -> None:
+        req.kv_len -= 1               # stored values are "before this tick's slot"
+        self._join_u(req, self.T)
 
     # ================================================================= latency view
     def batch_view(self) -> BatchView:

@@ -279,84 +279,94 @@ class Instance:
     def form_batch(self, now: int) -> list:
         """vLLM FCFS batch formation with chunked prefill and recompute preemption.
 
-        Returns the requests newly admitted from the wait queue in this step.
+        Phase 1 serves the running batch in order; Phase 2 admits from the wait queue.
+        Returns the requests newly admitted in this step.
         """
-        lim = self.limits
-        kv = self.kv
-        budget = lim.max_num_scheduled_tokens
-        thr = lim.long_prefill_token_threshold
-        mml = lim.max_model_len
-        running = self.running
-        for r in running:
+        for r in self.running:
             r.num_new_tokens = 0
-        self._budget = budget
+        self._budget = self.limits.max_num_scheduled_tokens
         self._preempted = False
+        self._phase1(self.running)
+        return self._admit_from_queue()
 
+    def _chunk(self, remaining: int, pos: int, budget: int) -> int:
+        """Prefill tokens to schedule: capped by the long-prefill threshold, the token
+        budget and the MaxModelLen stop (never beyond position M - 1)."""
+        lim = self.limits
+        n = remaining
+        thr = lim.long_prefill_token_threshold
+        if 0 < thr < n:
+            n = thr
+        if n > budget:
+            n = budget
+        mml = lim.max_model_len
+        if mml > 0:
+            n = min(n, max(mml - 1 - pos, 0))
+        return n
+
+    def _phase1(self, order: list) -> None:
+        """Phase 1 (spec/02 §4.1): every running request in batch order; ``order`` is a
+        list of them that preemption shrinks from the tail."""
+        mml = self.limits.max_model_len
         i = 0
-        while i < len(running):
-            req = running[i]
+        while i < len(order):
+            req = order[i]
             if self._budget <= 0:
                 log.debug("token budget exhausted at %s", req.id)
                 break
-            n_in = req.input_len
             pi = req.pi
-            if pi < n_in:
-                n = n_in - pi
-                if 0 < thr < n:
-                    n = thr
-                if n > self._budget:
-                    n = self._budget
-                if mml > 0:
-                    n = min(n, max(mml - 1 - pi, 0))
-                if not self._preempt_for_tokens(req, n):
+            if pi < req.input_len:
+                n = self._chunk(req.input_len - pi, pi, self._budget)
+                if not self._preempt_for_tokens(req, n, order):
                     break
-                self._budget -= n
-                req.num_new_tokens = n
-                req.computed_tokens += n
             elif req.output_len >= 1:
                 if mml > 0 and pi + 1 > mml - 1:
                     i += 1
                     continue
-                if not self._preempt_for_tokens(req, 1):
+                n = 1
+                if not self._preempt_for_tokens(req, 1, order):
                     break
-                self._budget -= 1
-                req.num_new_tokens = 1
-                req.computed_tokens += 1
+            else:
+                i += 1
+                continue
+            self._budget -= n
+            req.num_new_tokens = n
+            req.computed_tokens += n
             i += 1
 
-        scheduled = []
-        waitq = self.waitq
+    def _admit_from_queue(self) -> list:
+        """Phase 2: admit from the head of the wait queue while the running cap, the token
+        budget and the KV cache allow, unless Phase 1 preempted (spec/02 §4.1)."""
+        kv = self.kv
         bs = kv.block_size
-        while (len(running) < lim.max_num_running_reqs and waitq and self._budget > 0
-               and not self._preempted):
+        cap = self.limits.max_num_running_reqs
+        waitq = self.waitq
+        scheduled = []
+        while (len(self.running) < cap and waitq and self._budget > 0 and not self._preempted):
             nxt = waitq[0]
-            if nxt.is_decode_sub:
+            if nxt.is_decode_sub:            # PD decode sub-request: prompt KV already held
                 if not kv.allocate(nxt, nxt.pi, nxt.pi + 1):
                     break
                 waitq.popleft()
                 self._admit(nxt, 1)
                 nxt.computed_tokens = nxt.pi + 1
+                self._admitted_decode_sub(nxt)
                 scheduled.append(nxt)
                 continue
             cached = kv.get_cached_blocks(nxt)
             start = len(cached) * bs
-            n = nxt.input_len - start
-            if 0 < thr < n:
-                n = thr
-            if n > self._budget:
-                n = self._budget
-            if mml > 0:
-                n = min(n, max(mml - 1 - start, 0))
+            n = self._chunk(nxt.input_len - start, start, self._budget)
             if not kv.allocate(nxt, start, start + n, cached):
                 break
             waitq.popleft()
             self._admit(nxt, n)
             nxt.computed_tokens = start + n
+            self._admitted_prefill(nxt)
             scheduled.append(nxt)
         return scheduled
 
     def _admit(self, req, n: int) -> None:
-        self.running.append(req)
+        self._add_running(req)
         req.scheduled_step = self.step_count
         req.state = RUNNING
         req.num_new_tokens = n
@@ -364,17 +374,35 @@ class Instance:
         self._pos += 1
         req.batch_pos = self._pos
 
-    def _preempt_for_tokens(self, req, n: int) -> bool:
+    # Hooks the fast engine overrides to keep its own structures in step.
+    def _add_running(self, req) -> None:
+        self.running.append(req)
+
+    def _admitted_prefill(self, req) -> None:
+        """A request was admitted from the queue with a prompt chunk."""
+
+    def _admitted_decode_sub(self, req) -> None:
+        """A PD decode sub-request was admitted with its first token slot."""
+
+    def _alloc(self, req, n: int) -> bool:
+        """Reserve KV for the next ``n`` tokens of a running request."""
+        return self.kv.allocate(req, req.pi, req.pi + n)
+
+    def _evict(self, victim) -> None:
+        """``victim`` was popped from the Phase 1 order by preemption."""
+
+    def _preempt_for_tokens(self, req, n: int, order: list) -> bool:
+        """Allocate for ``req``, evicting from the tail of ``order`` until it fits."""
         kv = self.kv
-        running = self.running
         while True:
-            if kv.allocate(req, req.pi, req.pi + n):
+            if self._alloc(req, n):
                 return True
-            if not running:
+            if not order:
                 log.warning("KV cache full and nothing to preempt for %s", req.id)
                 return False
             self._preempted = True
-            victim = running.pop()
+            victim = order.pop()
+            self._evict(victim)
             log.debug("[tick %d] preemption: evicting %s to make room", self.env.now, victim.id)
             self.metrics.preemption_count += 1
             if victim.num_new_tokens > 0:
@@ -384,7 +412,7 @@ class Instance:
             victim.pi = 0
             kv.release(victim)
             victim.computed_tokens = 0
-            if victim is req and not running:
+            if victim is req and not order:
                 self._drop_hopeless(req)
                 return False
             self.waitq.appendleft(victim)
