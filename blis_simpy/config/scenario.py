@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from blis_simpy.units import MAX_INT64
 
@@ -75,11 +75,16 @@ class EngineConfig(Strict):
 
 
 class AdmissionConfig(Strict):
+    """``params`` are the policy's own (token-bucket: capacity, refill_rate; tier-shed:
+    threshold, min_priority)."""
+
     policy: str = "always-admit"
     params: dict = Field(default_factory=dict)
 
 
 class RoutingConfig(Strict):
+    """``params`` are the policy's own (weighted: scorers, tie_break; least-loaded: tie_break)."""
+
     policy: str = "round-robin"
     params: dict = Field(default_factory=dict)
 
@@ -92,6 +97,16 @@ class ClusterConfig(Strict):
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     admission_latency_us: NonNegInt = 0
     routing_latency_us: NonNegInt = 0
+    snapshot_refresh_interval_us: NonNegInt = Field(
+        0, description="0 = routers see instance state as of now; I > 0 = refreshed every I µs")
+
+
+class TraceConfig(Strict):
+    """The decision trace (spec/08 §6)."""
+
+    level: Literal["none", "decisions"] = "none"
+    counterfactual_k: NonNegInt = Field(0, description="counterfactual candidates per routing record")
+    summarize: bool = Field(False, description="print the Trace Summary section")
 
 
 class LengthDist(Strict):
@@ -146,6 +161,18 @@ class Scenario(Strict):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     workload: Workload = Field(default_factory=DistributionWorkload)
     plugins: list[str] = Field(default_factory=list, description="modules to import (custom policies)")
+    trace: TraceConfig = Field(default_factory=TraceConfig)
+    fitness_weights: dict[str, NonNegFloat] = Field(
+        default_factory=dict, description="fitness key -> weight (spec/08 §7); empty = no fitness")
+
+    @field_validator("fitness_weights")
+    @classmethod
+    def _fitness_keys(cls, v: dict) -> dict:
+        from blis_simpy.metrics.summary import FITNESS_KEYS
+        for k in v:
+            if k not in FITNESS_KEYS:
+                raise ValueError(f"unknown fitness key {k!r}; valid keys: {', '.join(sorted(FITNESS_KEYS))}")
+        return v
 
     @model_validator(mode="after")
     def _lower_model(self) -> Scenario:
