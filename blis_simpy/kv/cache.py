@@ -8,7 +8,9 @@ contents are therefore never copied: a block's hash is computed from the request
 
 Free blocks (reference count 0) sit on an LRU list, head = next victim. Released blocks keep
 their hash, so they remain prefix-cache hits until reused. Allocation is all-or-nothing: a
-failed call leaves the cache exactly as before (INV-4). Unlike BLIS, whose decode-phase
+failed call leaves every block's reference count, hash and the request exactly as before
+(INV-4); as in BLIS (spec/03 §4), cached blocks it had taken off the free list go back to
+the free list's *tail*, so only their LRU position can change. Unlike BLIS, whose decode-phase
 rollback forgets the request's earlier blocks (a leak that ends in a livelock), rollback here
 restores the request's own block list too.
 """
@@ -88,7 +90,8 @@ class KVCache:
 
         While the request is in prefill (``req.pi < req.input_len``) these are prompt tokens;
         otherwise exactly one output token. The first allocation of a request commits the
-        ``cached`` prefix blocks. Returns False, with the cache unchanged, on failure.
+        ``cached`` prefix blocks. Returns False on failure, with the cache unchanged except
+        the LRU position of committed cached blocks (back at the tail, as in BLIS).
         """
         bs = self.block_size
         in_prefill = req.pi < req.input_len
