@@ -50,6 +50,21 @@ def setup_logging(level: str | None) -> None:
 class _Guarded(TyperGroup):
     """The one place that turns errors into ``error: <one line>`` and an exit status."""
 
+    def parse_args(self, ctx, args):
+        """Go bool flags also accept ``--name=true|false`` (click flags take no value)."""
+        bools = {f.name for f in F.FLAGS if f.boolean}
+        out = []
+        for a in args:
+            name, eq, value = a.partition("=")
+            if eq and name in bools:
+                v = value.strip().lower()
+                if v in ("true", "t", "1"):
+                    a = name
+                elif v in ("false", "f", "0"):
+                    a = "--no-" + name[2:]
+            out.append(a)
+        return super().parse_args(ctx, out)
+
     def invoke(self, ctx: typer.Context):
         try:
             return super().invoke(ctx)
@@ -170,6 +185,12 @@ def _command(command: str, doc: str):
                                                rich_help_panel=F.OUTPUT)),
     ]
     for f in F.flags_for(command):
+        if f.boolean:
+            params.append(inspect.Parameter(
+                f.dest, inspect.Parameter.KEYWORD_ONLY, annotation=bool | None,
+                default=typer.Option(None, f"{f.name}/--no-{f.name[2:]}", help=f.help,
+                                     show_default=False, rich_help_panel=f.panel)))
+            continue
         params.append(inspect.Parameter(
             f.dest, inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
             default=typer.Option(None, f.name, help=f.help, metavar=f.metavar, show_default=False,

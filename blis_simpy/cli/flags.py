@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from blis_simpy.config import policy as P
 from blis_simpy.config.scenario import DistributionWorkload
 from blis_simpy.errors import ConfigError
 from blis_simpy.units import MAX_INT64
@@ -122,7 +123,12 @@ class Flag:
 
     @property
     def metavar(self) -> str:
-        return {integer: "INT", number: "FLOAT", numbers: "F,F,..."}.get(self.parse, "TEXT")
+        return {integer: "INT", number: "FLOAT", numbers: "F,F,...", P.boolean: ""}.get(self.parse, "TEXT")
+
+    @property
+    def boolean(self) -> bool:
+        """A Go bool flag: ``--name`` alone, or ``--name=true|false``."""
+        return self.parse is P.boolean
 
 
 F = Flag
@@ -163,13 +169,25 @@ FLAGS: tuple[Flag, ...] = (
     F("--long-prefill-token-threshold", integer, "engine.long_prefill_token_threshold", non_negative, "prefill chunk cap; 0 = off (default 0)"),
     F("--horizon", integer, "horizon_us", positive, "stop at this simulated time, µs (default unbounded; replay: 2 x last arrival)"),
     F("--seed", integer, "seed", None, "random seed (default 42)"),
-    # (8) policies and control-plane latencies
+    # (8) policy bundle, token bucket, policies, trace, snapshots, control-plane latencies
+    F("--policy-config", text, None, None, "policy bundle YAML as BLIS reads it (admission, routing, priority, scheduler); given flags win over it"),
+    F("--token-bucket-capacity", number, None, None, "token-bucket size, tokens; finite > 0 (default 10000)"),
+    F("--token-bucket-refill-rate", number, None, None, "token-bucket refill, tokens/s; finite > 0 (default 1000)"),
+    F("--tier-shed-threshold", integer, None, non_negative, "tier-shed: highest max effective load that still admits every class (default 0)"),
+    F("--tier-shed-min-priority", integer, None, P.priority_range, "tier-shed: lowest class priority admitted under overload, 0-4 (default 3)"),
     F("--admission-policy", text, "cluster.admission.policy", registered("admission"), "admission policy (default always-admit)"),
     F("--routing-policy", text, "cluster.routing.policy", registered("routing"), "routing policy (default round-robin)"),
     F("--priority-policy", text, "engine.priority_policy", registered("priority"), "priority policy (default constant)"),
     F("--scheduler", text, "engine.scheduler", registered("scheduler"), "wait-queue scheduler (default fcfs)"),
+    F("--trace-level", text, "trace.level", P.trace_level, "decision trace: none | decisions (default none)"),
+    F("--counterfactual-k", integer, "trace.counterfactual_k", non_negative, "counterfactual candidates per routing record (default 0)"),
+    F("--summarize-trace", P.boolean, "trace.summarize", None, "print the Trace Summary (with --trace-level decisions)", panel=OUTPUT),
+    F("--snapshot-refresh-interval", integer, "cluster.snapshot_refresh_interval_us", non_negative, "router snapshot refresh, µs; 0 = always fresh (default 0)"),
     F("--admission-latency", integer, "cluster.admission_latency_us", non_negative, "admission delay, µs (default 0)"),
     F("--routing-latency", integer, "cluster.routing_latency_us", non_negative, "routing delay, µs (default 0)"),
+    F("--routing-scorers", P.scorer_text, None, None, "weighted scorers 'name:weight,...' (default prefix-affinity:3,queue-depth:2,kv-utilization:2)"),
+    F("--routing-tie-break", text, None, P.tie_break, "routing ties: random (seeded, default) | first (lowest index, BLIS parity)"),
+    F("--fitness-weights", P.fitness_text, "fitness_weights", None, "fitness evaluation 'key:weight,...' (replay: ignored)", panel=OUTPUT),
     # outputs
     F("--results-path", text, None, None, "write results JSON here (run: metrics + per-request rows; replay: SimResult array)", panel=OUTPUT),
     F("--trace-output", text, None, None, "export the workload as PREFIX.yaml + PREFIX.csv (TraceV2)", (RUN,), OUTPUT),
@@ -331,4 +349,5 @@ AFTER: dict[str, Callable[[Overrides, dict, Any], None]] = {
     "--workload": _workload_source,
     "--output-tokens-max": _distribution_keys,
     "--trace-data": _trace_source,
+    "--fitness-weights": P.apply_policy_settings,
 }

@@ -13,6 +13,7 @@ a flag (``--flag-name``), see :meth:`Plan.attribute`.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,10 +25,12 @@ from blis_simpy.config.resolve import build_latency_model
 from blis_simpy.config.scenario import Scenario, TraceWorkload
 from blis_simpy.errors import ConfigError
 from blis_simpy.metrics.report import Report, write_results
-from blis_simpy.metrics.summary import metrics_output, replay_results
+from blis_simpy.metrics.summary import compute_fitness, metrics_output, replay_results
 from blis_simpy.plugins import load_plugins
 from blis_simpy.request import COMPLETED, TIMED_OUT
 from blis_simpy.units import MAX_INT64
+
+log = logging.getLogger("blis_simpy.cli")
 
 #: BLIS's default backend when neither --latency-model nor coefficients are given.
 BLIS_DEFAULT_LATENCY_MODEL = "roofline"
@@ -190,7 +193,22 @@ def execute(plan: Plan, progress: Callable[[int, int], None] | None = None) -> O
                     rejected_by_admission=c.rejected_by_admission,
                     rejected_at_routing=c.rejected_at_routing, shed_by_tier=dict(c.shed_by_tier),
                     priority_policy=s.engine.priority_policy, is_replay=plan.command == REPLAY)
+    add_optional_sections(plan, result, report)
     return Outcome(plan, result, report, requests, horizon)
+
+
+def add_optional_sections(plan: Plan, result: SimulationResult, report: Report) -> None:
+    """Trace summary (``trace.summarize``) and fitness (``fitness_weights``; BLIS's replay
+    ignores ``--fitness-weights`` with a warning, spec/09 §1)."""
+    s = plan.scenario
+    if result.trace is not None and s.trace.summarize:
+        report.trace_summary = result.trace.summary()
+    weights = s.fitness_weights
+    if weights and plan.command == REPLAY and plan.origin.get("fitness_weights") == "--fitness-weights":
+        log.warning("--fitness-weights is ignored by replay")
+        weights = {}
+    if weights:
+        report.fitness = compute_fitness(report.cluster, weights)
 
 
 # ---------------------------------------------------------------------------- files

@@ -3,7 +3,13 @@
 One SimPy environment holds every event. The arrival process walks the pre-sorted request
 list; each request then passes ``ClusterArrival → AdmissionDecision → RoutingDecision`` as
 timed cluster events (keys of :mod:`blis_simpy.des`), and routing injects it into the
-chosen instance. Policies are plain deciders that see :class:`RouterState` snapshots.
+chosen instance. Policies are plain deciders that see :class:`RouterState` snapshots built
+by a :class:`SnapshotProvider` (Immediate or Periodic refresh, INV-7); the in-flight count
+of each instance is kept here, synchronously: +1 at routing, −1 when the instance reports
+the request completed, dropped or timed out.
+
+With a :class:`~blis_simpy.trace.DecisionTrace` attached, every admission call and every
+routing decision is recorded (spec/08 §6).
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import logging
 from dataclasses import dataclass, field
 
 from blis_simpy.admission.base import AdmissionPolicy
-from blis_simpy.cluster.snapshot import InstanceSnapshot, RouterState
+from blis_simpy.cluster.snapshot import RouterState, SnapshotProvider
 from blis_simpy.des import ADMISSION, CLUSTER_ARRIVAL, FOLLOWUP_ARRIVAL, ROUTING, SimEnv
 from blis_simpy.engine.instance import Instance, InstanceListener
 from blis_simpy.routing.base import Router
@@ -37,15 +43,19 @@ class Cluster(InstanceListener):
     """Instances on one shared clock behind admission and routing."""
 
     def __init__(self, env: SimEnv, instances: list[Instance], admission: AdmissionPolicy,
-                 router: Router, *, admission_latency_us: int = 0, routing_latency_us: int = 0):
+                 router: Router, *, admission_latency_us: int = 0, routing_latency_us: int = 0,
+                 snapshot_refresh_interval_us: int = 0, trace=None):
         self.env = env
         self.instances = instances
         self.admission = admission
         self.router = router
         self.admission_latency_us = admission_latency_us
         self.routing_latency_us = routing_latency_us
+        self.snapshots = SnapshotProvider(instances, snapshot_refresh_interval_us)
+        self.trace = trace
         self.inflight = [0] * len(instances)
         self.counters = ControlPlaneCounters()
+        self._n = len(instances)
         for inst in instances:
             inst.listener = self
         if 0 < env.horizon_us < admission_latency_us + routing_latency_us:
@@ -72,50 +82,64 @@ class Cluster(InstanceListener):
         self.counters.arrived += 1
         self.env.call_at(self.env.now + self.admission_latency_us, ADMISSION, self._on_admission, req)
 
-    # ------------------------------------------------------------------ admission
+    # ------------------------------------------------------------------ router state
     def router_state(self, req=None) -> RouterState:
-        snaps = []
+        """Snapshots of the instances ``req`` may go to (index order) and the clock.
+
+        A request naming a model only sees instances serving that model (spec/05 §2).
+        """
+        now = self.env.now
+        snap = self.snapshots.snapshot
+        inflight = self.inflight
         model = req.model if req is not None else ""
-        for inst in self.instances:
-            if model and inst.model and inst.model != model:
-                continue
-            snaps.append(self.snapshot(inst))
-        return RouterState(tuple(snaps), self.env.now)
+        if model:
+            snaps = tuple(snap(inst, inflight[inst.index], now) for inst in self.instances
+                          if not inst.model or inst.model == model)
+        else:
+            snaps = tuple(snap(inst, inflight[inst.index], now) for inst in self.instances)
+        return RouterState(snaps, now)
 
-    def snapshot(self, inst: Instance) -> InstanceSnapshot:
-        kv = inst.kv
-        return InstanceSnapshot(
-            id=inst.id, index=inst.index, queue_depth=len(inst.waitq),
-            batch_size=len(inst.running), kv_utilization=kv.used / kv.total_blocks,
-            free_kv_blocks=kv.total_blocks - kv.used, cache_hit_rate=kv.cache_hit_rate(),
-            in_flight_requests=self.inflight[inst.index], model=inst.model)
+    def snapshot(self, inst: Instance):
+        """The snapshot of one instance, as a policy would see it now."""
+        return self.snapshots.snapshot(inst, self.inflight[inst.index], self.env.now)
 
+    # ------------------------------------------------------------------ admission
     def _on_admission(self, req) -> None:
         state = self.router_state(req)
         ok, reason = self.admission.admit(req, state)
+        if self.trace is not None:
+            self.trace.record_admission(req, state.clock_us, ok, reason)
+        c = self.counters
         if not ok:
-            self.counters.rejected_by_admission += 1
+            c.rejected_by_admission += 1
+            if self.admission.sheds_by_tier:
+                tier = req.slo_class or "standard"
+                c.shed_by_tier[tier] = c.shed_by_tier.get(tier, 0) + 1
             log.debug("admission rejected %s: %s", req.id, reason)
             return
-        self.counters.admitted += 1
+        c.admitted += 1
         self.env.call_at(self.env.now + self.routing_latency_us, ROUTING, self._on_routing, req)
 
     # ------------------------------------------------------------------ routing
     def _on_routing(self, req) -> None:
         state = self.router_state(req)
         if not state.snapshots:
-            log.warning("no routable instance for %s", req.id)
+            log.warning("no routable instance for %s (model %r)", req.id, req.model)
             self.counters.rejected_at_routing += 1
             return
         decision = self.router.route(req, state)
         target = decision.target
-        if not 0 <= target < len(self.instances):
-            raise ValueError(f"router returned invalid instance index {target}")
+        if not 0 <= target < self._n or not any(s.index == target for s in state.snapshots):
+            raise ValueError(f"routing policy {self.router.name!r} returned instance index "
+                             f"{target}, not one of the {len(state.snapshots)} candidates")
+        inst = self.instances[target]
         if decision.priority:
             req.priority = decision.priority
+        if self.trace is not None:
+            self.trace.record_routing(req, state, decision, inst.id)
         self.inflight[target] += 1
         self.counters.routed += 1
-        self.instances[target].inject(req, self.env.now)
+        inst.inject(req, self.env.now)
         self.router.observe(req, target)
 
     # ------------------------------------------------------------------ listener
@@ -124,4 +148,4 @@ class Cluster(InstanceListener):
         if self.inflight[k] > 0:
             self.inflight[k] -= 1
         else:
-            log.warning("in-flight count of %s would go negative", inst.id)
+            log.warning("in-flight count of %s would go negative (clamped at 0)", inst.id)

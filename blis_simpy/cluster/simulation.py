@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import blis_simpy.admission  # noqa: F401  (registers the built-in admission policies)
+import blis_simpy.routing  # noqa: F401  (registers the built-in routers and scorers)
 from blis_simpy.admission.base import AdmissionPolicy
 from blis_simpy.cluster.cluster import Cluster, ControlPlaneCounters
 from blis_simpy.cluster.invariants import (
@@ -32,7 +34,9 @@ from blis_simpy.engine.instance import EngineLimits, Instance
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.errors import ConfigError, InvariantError
 from blis_simpy.metrics.records import InstanceMetrics
+from blis_simpy.rng import RngStreams
 from blis_simpy.routing.base import Router
+from blis_simpy.trace import DecisionTrace
 
 log = logging.getLogger("blis_simpy")
 
@@ -47,6 +51,7 @@ class SimulationResult:
     horizon_us: int
     events_processed: int
     wall_s: float = 0.0      # wall-clock seconds of the run (diagnostics only, never printed)
+    trace: DecisionTrace | None = None   # with trace level "decisions"
 
 
 class Simulation:
@@ -79,13 +84,21 @@ class Simulation:
             inst.model = scenario.model
             self.instances.append(inst)
         cl = scenario.cluster
-        adm_cls = AdmissionPolicy.lookup(cl.admission.policy, field="cluster.admission.policy")
-        rt_cls = Router.lookup(cl.routing.policy, field="cluster.routing.policy")
-        admission = adm_cls(adm_cls.parse_params(cl.admission.params, field="cluster.admission.params"))
-        router = rt_cls(rt_cls.parse_params(cl.routing.params, field="cluster.routing.params"))
-        self.cluster = Cluster(self.env, self.instances, admission, router,
+        self.rng = RngStreams(scenario.seed)
+        self.admission = build_admission(scenario)
+        self.router = build_router(scenario, self.rng, dep.block_size)
+        tr = scenario.trace
+        self.trace = DecisionTrace(tr.counterfactual_k) if tr.level == "decisions" else None
+        if self.trace is None and tr.counterfactual_k > 0:
+            log.warning("counterfactual k = %d has no effect without trace level decisions",
+                        tr.counterfactual_k)
+        if self.trace is None and tr.summarize:
+            log.warning("summarize trace has no effect without trace level decisions")
+        self.cluster = Cluster(self.env, self.instances, self.admission, self.router,
                                admission_latency_us=cl.admission_latency_us,
-                               routing_latency_us=cl.routing_latency_us)
+                               routing_latency_us=cl.routing_latency_us,
+                               snapshot_refresh_interval_us=cl.snapshot_refresh_interval_us,
+                               trace=self.trace)
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimulationResult:
         """Run to the horizon (or until no event is left), then finalize and check."""
@@ -109,8 +122,18 @@ class Simulation:
             progress(self._done_requests(), self.cluster.counters.offered)
         metrics = [inst.finalize() for inst in self.instances]
         self._check_invariants()
+        self._check_inflight(metrics)
         return SimulationResult(self.scenario, metrics, self.cluster.counters, limit, n,
-                                time.perf_counter() - t0)
+                                time.perf_counter() - t0, self.trace)
+
+    def _check_inflight(self, metrics) -> None:
+        """spec/05 §1: in-flight ≠ still queued + running is only a warning (requests still in
+        the arrival/queueing pipeline at the horizon)."""
+        for inst, m in zip(self.instances, metrics, strict=True):
+            left = self.cluster.inflight[inst.index]
+            if left != m.still_queued + m.still_running:
+                log.warning("%s: %d requests in flight at the end, but %d queued + %d running",
+                            inst.id, left, m.still_queued, m.still_running)
 
     def _done_requests(self) -> int:
         c = self.cluster.counters
@@ -137,3 +160,24 @@ class Simulation:
         if in_control_plane < 0:
             raise InvariantError(f"control-plane counters inconsistent: {c}")
         check_pipeline_conservation(c, self.instances, not_arrived + in_control_plane)
+
+
+def build_admission(scenario: Scenario) -> AdmissionPolicy:
+    """The scenario's admission policy with its validated parameters."""
+    cfg = scenario.cluster.admission
+    cls = AdmissionPolicy.lookup(cfg.policy, field="cluster.admission.policy")
+    return cls(cls.parse_params(cfg.params, field="cluster.admission.params"))
+
+
+def build_router(scenario: Scenario, rng: RngStreams, block_size: int, *,
+                 stream: str = "router") -> Router:
+    """The scenario's routing policy; it draws tie-breaks from RNG stream ``stream``."""
+    cfg = scenario.cluster.routing
+    cls = Router.lookup(cfg.policy, field="cluster.routing.policy")
+    params = cls.parse_params(cfg.params, field="cluster.routing.params")
+    try:
+        return cls(params, rng=rng.get(stream), block_size=block_size)
+    except ConfigError as exc:
+        if exc.field and not exc.field.startswith("cluster."):
+            raise ConfigError(exc.problem, field=f"cluster.routing.params.{exc.field}") from None
+        raise

@@ -4,6 +4,14 @@ Policies never see an :class:`~blis_simpy.engine.instance.Instance`; they get a
 :class:`RouterState`: one :class:`InstanceSnapshot` per routable instance (index order) and
 the clock. ``effective_load`` counts queued requests twice on purpose (queue depth plus the
 synchronous in-flight count compensates stale snapshots).
+
+A :class:`SnapshotProvider` builds the snapshots and implements the staleness rule of
+INV-7: with ``refresh_interval_us == 0`` (Immediate) every field is re-read at every call;
+with an interval ``I > 0`` (Periodic) the instance-side fields (queue depth, batch size,
+KV utilisation / free blocks / cache-hit rate) of an instance are re-read only when
+``clock − last_refresh >= I``. Last refresh starts at 0 and the cached values start at zero,
+so before ``clock >= I`` policies see zeros. The in-flight count and the model are always
+fresh (the cluster owns them).
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class InstanceSnapshot:
+    """One instance as policies see it. ``index`` is its position in the cluster."""
+
     id: str
     index: int
     queue_depth: int = 0
@@ -34,3 +44,43 @@ class RouterState:
 
     snapshots: tuple[InstanceSnapshot, ...]
     clock_us: int
+
+
+class SnapshotProvider:
+    """Per-instance snapshot cache with BLIS's Immediate / Periodic refresh (spec/05 §2).
+
+    ``instances`` are engine instances (anything with ``index``, ``id``, ``waitq``,
+    ``running`` and ``kv``); only the provider reads them, never a policy.
+    """
+
+    __slots__ = ("instances", "interval", "_cache", "_last")
+
+    def __init__(self, instances, refresh_interval_us: int = 0):
+        if refresh_interval_us < 0:
+            raise ValueError(f"refresh interval must be >= 0, got {refresh_interval_us}")
+        self.instances = instances
+        self.interval = int(refresh_interval_us)
+        # cached (queue_depth, batch_size, kv_utilization, free_kv_blocks, cache_hit_rate)
+        self._cache = [(0, 0, 0.0, 0, 0.0) for _ in instances]
+        self._last = [0] * len(instances)
+
+    @staticmethod
+    def read(inst) -> tuple[int, int, float, int, float]:
+        """The instance-side fields, read now."""
+        kv = inst.kv
+        total = kv.total_blocks
+        used = kv.used
+        util = used / total if total > 0 else 0.0
+        return (len(inst.waitq), len(inst.running), util, total - used, kv.cache_hit_rate())
+
+    def snapshot(self, inst, in_flight: int, clock_us: int) -> InstanceSnapshot:
+        k = inst.index
+        if self.interval == 0:
+            fields = self.read(inst)
+        elif clock_us - self._last[k] >= self.interval:
+            fields = self._cache[k] = self.read(inst)
+            self._last[k] = clock_us
+        else:
+            fields = self._cache[k]
+        q, b, util, free, hit = fields
+        return InstanceSnapshot(inst.id, k, q, b, util, free, hit, in_flight, inst.model)

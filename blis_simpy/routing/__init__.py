@@ -1,5 +1,23 @@
-"""Routing policies: pick the instance for an admitted request (spec/05 §4)."""
+"""Routing policies: pick the instance for an admitted request (spec/05 §4).
 
-from blis_simpy.routing.base import RoundRobin, Router, RoutingDecision
+Importing the package registers every built-in policy and scorer.
+"""
 
-__all__ = ["Router", "RoutingDecision", "RoundRobin"]
+from blis_simpy.routing.base import RoundRobin, Router, RoutingDecision, break_tie
+from blis_simpy.routing.policies import AlwaysBusiest, LeastLoaded, Weighted
+from blis_simpy.routing.prefix_index import PrefixIndex
+from blis_simpy.routing.scorers import (
+    KVUtilization,
+    LoadBalance,
+    PrefixAffinity,
+    QueueDepth,
+    Scorer,
+    ScorerSpec,
+    parse_scorers,
+)
+
+__all__ = [
+    "AlwaysBusiest", "KVUtilization", "LeastLoaded", "LoadBalance", "PrefixAffinity",
+    "PrefixIndex", "QueueDepth", "RoundRobin", "Router", "RoutingDecision", "Scorer",
+    "ScorerSpec", "Weighted", "break_tie", "parse_scorers",
+]

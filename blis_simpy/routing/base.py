@@ -2,25 +2,45 @@
 
 A router is a plain synchronous decider: given the request and a read-only
 :class:`~blis_simpy.cluster.snapshot.RouterState`, it returns a :class:`RoutingDecision`.
-Add one by subclassing::
+Add one by subclassing (see docs/extending.md)::
 
     class LeastKV(Router, name="least-kv"):
         def route(self, req, state):
             best = min(state.snapshots, key=lambda s: (s.kv_utilization, s.index))
             return RoutingDecision(best.index, "least kv")
+
+Constructor keywords every router receives (accept them if you override ``__init__``):
+
+* ``rng`` — the policy's own :class:`numpy.random.Generator` (RNG stream ``router``;
+  ``prefill-router`` / ``decode-router`` for per-pool policies), or ``None``;
+* ``block_size`` — tokens per KV block, for policies that hash prompts.
+
+Ties among equally good instances: :func:`break_tie` picks uniformly at random with the
+policy's RNG (``tie_break="random"``, the default) or the lowest position in the snapshot
+list (``"first"``, BLIS's behaviour when it has no RNG; the conformance cases use it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from blis_simpy.cluster.snapshot import RouterState
 from blis_simpy.plugins import Pluggable
 
+TieBreak = Literal["random", "first"]
+
 
 @dataclass(slots=True)
 class RoutingDecision:
-    """The chosen instance (its index in the cluster) and why."""
+    """The chosen instance (its index in the cluster), why, and optional scores.
+
+    ``scores`` maps instance ID to the policy's score (higher = better); the decision trace
+    uses it for counterfactual regret (spec/08 §6). ``None`` means the policy has no scores
+    (the trace then ranks instances by ``−effective_load``).
+    """
 
     target: int
     reason: str = ""
@@ -28,25 +48,44 @@ class RoutingDecision:
     priority: float = 0.0
 
 
+class TieBreakParams(BaseModel):
+    """Parameters of a router whose only option is how ties are broken."""
+
+    model_config = ConfigDict(extra="forbid")
+    tie_break: TieBreak = "random"
+
+
+def break_tie(tied: list[int], tie_break: str, rng) -> int:
+    """One element of ``tied`` (positions in snapshot order, ascending, non-empty).
+
+    ``"first"`` (or no RNG) → ``tied[0]``; ``"random"`` → a uniform draw from ``rng``, made
+    only when there is more than one candidate.
+    """
+    if len(tied) == 1 or tie_break == "first" or rng is None:
+        return tied[0]
+    return tied[int(rng.integers(0, len(tied)))]
+
+
 class Router(Pluggable, family="routing policy"):
     """Chooses an instance among ``state.snapshots`` (never empty when called)."""
 
-    def __init__(self, params=None, *, rng=None):
-        self.params = params
+    def __init__(self, params=None, *, rng=None, block_size: int = 16, **_ignored):
+        self.params = params if params is not None else type(self).Params()
         self.rng = rng
+        self.block_size = block_size
 
     def route(self, req, state: RouterState) -> RoutingDecision:
         raise NotImplementedError
 
     def observe(self, req, target: int) -> None:
-        """Called after a decision made through this policy object placed ``req``."""
+        """Called after the cluster placed ``req`` on instance ``target`` (its index)."""
 
 
 class RoundRobin(Router, name="round-robin", aliases=("",)):
     """``snapshots[counter mod n]``; one counter per policy object."""
 
-    def __init__(self, params=None, *, rng=None):
-        super().__init__(params, rng=rng)
+    def __init__(self, params=None, **kw):
+        super().__init__(params, **kw)
         self.counter = 0
 
     def route(self, req, state: RouterState) -> RoutingDecision:

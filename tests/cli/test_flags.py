@@ -21,13 +21,16 @@ SAMPLES = {
     "--rate": ("2.5", 2.5),
     "--prompt-tokens-max": ("4000", 4000),
     "--output-tokens-max": ("4000", 4000),
-    "--admission-policy": ("always-admit", "always-admit"),
-    "--routing-policy": ("round-robin", "round-robin"),
+    "--admission-policy": ("token-bucket", "token-bucket"),
+    "--routing-policy": ("least-loaded", "least-loaded"),
+    "--trace-level": ("decisions", "decisions"),
+    "--summarize-trace": ("true", True),
+    "--fitness-weights": ("p99_ttft:1,throughput:2.5", {"p99_ttft": 1.0, "throughput": 2.5}),
     "--priority-policy": ("slo-based", "slo-based"),
     "--scheduler": ("sjf", "sjf"),
 }
 # Only one member of these families is registered so far: the sample equals quickstart's value.
-SAME_AS_QUICKSTART = {"--latency-model", "--admission-policy", "--routing-policy"}
+SAME_AS_QUICKSTART = {"--latency-model"}
 
 
 def _get(obj, path: str):

@@ -29,10 +29,6 @@ from tests.conftest import CONFORMANCE
 #: case-name prefix -> why it cannot pass yet
 PENDING = {
     "B": "latency backends, catalogs and the CPU KV tier arrive with issue 3",
-    "C21": "weighted routing arrives with issue 4",
-    "C23": "token-bucket admission arrives with issue 4",
-    "C24": "decision traces arrive with issue 4",
-    "C25_": "policy YAML and weighted routing arrive with issue 4",
     "D": "prefill/decode disaggregation arrives with issue 5",
 }
 

@@ -1,0 +1,111 @@
+"""The built-in routing policies besides round-robin (spec/05 §4).
+
+* ``least-loaded`` — minimum effective load; ties broken by :func:`break_tie`.
+* ``weighted`` — the normalised weighted sum of scorers, argmax; ties by :func:`break_tie`.
+* ``always-busiest`` — maximum effective load, first on ties (a pathological test policy).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from blis_simpy.cluster.snapshot import RouterState
+from blis_simpy.routing.base import Router, RoutingDecision, TieBreak, TieBreakParams, break_tie
+from blis_simpy.routing.scorers import Scorer, ScorerSpec, check_scorer, default_scorers, parse_scorers
+
+
+class LeastLoaded(Router, name="least-loaded"):
+    """Minimum ``effective_load``."""
+
+    Params = TieBreakParams
+
+    def route(self, req, state: RouterState) -> RoutingDecision:
+        snaps = state.snapshots
+        loads = [s.queue_depth + s.batch_size + s.in_flight_requests for s in snaps]
+        best = min(loads)
+        tied = [j for j, x in enumerate(loads) if x == best]
+        s = snaps[break_tie(tied, self.params.tie_break, self.rng)]
+        return RoutingDecision(s.index, f"least-loaded (load={best})")
+
+
+class AlwaysBusiest(Router, name="always-busiest"):
+    """Maximum ``effective_load``, the first such instance."""
+
+    def route(self, req, state: RouterState) -> RoutingDecision:
+        snaps = state.snapshots
+        best = max(range(len(snaps)), key=lambda j: (snaps[j].effective_load, -j))
+        s = snaps[best]
+        return RoutingDecision(s.index, f"always-busiest (load={s.effective_load})")
+
+
+class Weighted(Router, name="weighted"):
+    """``argmax_j Σ_i w_i · clamp(score_i(j), 0, 1)`` with weights normalised to sum 1.
+
+    The scorers run in configuration order; after the pick every stateful scorer observes
+    the chosen instance. The decision carries the composite score of every instance.
+    """
+
+    class Params(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        #: ``[{name, weight, params}]`` or BLIS's ``"name:w,name:w"``; empty ⇒ the default
+        #: ``prefix-affinity:3, queue-depth:2, kv-utilization:2``
+        scorers: list[ScorerSpec] = []
+        tie_break: TieBreak = "random"
+
+        @field_validator("scorers", mode="before")
+        @classmethod
+        def _text_form(cls, v):
+            if isinstance(v, str):
+                return parse_scorers(v) if v.strip() else []
+            return v
+
+        @field_validator("scorers")
+        @classmethod
+        def _rules(cls, v: list[ScorerSpec]):
+            if not v:
+                return default_scorers()
+            seen: set[str] = set()
+            for spec in v:
+                check_scorer(spec.name, spec.weight, seen)
+            return v
+
+    def __init__(self, params=None, **kw):
+        super().__init__(params, **kw)
+        specs = self.params.scorers or default_scorers()
+        self.scorers: list[Scorer] = []
+        for k, spec in enumerate(specs):
+            cls = Scorer.lookup(spec.name, field=f"scorers[{k}].name")
+            p = cls.parse_params(spec.params, field=f"scorers[{k}].params")
+            self.scorers.append(cls(p, block_size=self.block_size))
+        total = 0.0
+        for spec in specs:
+            total += spec.weight
+        self.weights = [spec.weight / total for spec in specs]
+        self.specs = list(specs)
+        self._observers = [s for s in self.scorers if s.stateful]
+
+    def composite(self, req, snaps) -> list[float]:
+        """The weighted composite score of each snapshot (in order)."""
+        n = len(snaps)
+        comp = [0.0] * n
+        for scorer, w in zip(self.scorers, self.weights, strict=True):
+            vals = scorer.score(req, snaps)
+            for j in range(n):
+                v = vals[j]
+                if v < 0.0:
+                    v = 0.0
+                elif v > 1.0:
+                    v = 1.0
+                comp[j] += v * w
+        return comp
+
+    def route(self, req, state: RouterState) -> RoutingDecision:
+        snaps = state.snapshots
+        comp = self.composite(req, snaps)
+        best = max(comp)
+        tied = [j for j, x in enumerate(comp) if x == best]
+        chosen = snaps[break_tie(tied, self.params.tie_break, self.rng)]
+        for scorer in self._observers:
+            scorer.observe(req, chosen)
+        scores = {s.id: c for s, c in zip(snaps, comp, strict=True)}
+        return RoutingDecision(chosen.index, f"weighted (score={best:.4f})", scores)

@@ -1,0 +1,62 @@
+"""The router-side prefix cache index (spec/05 §5).
+
+Per instance, an LRU set of prompt block hashes (capacity 10 000 by default). The hashes
+are the engine's chained block hashes (``Request.prompt_block_hashes``), so the router and
+the instances' KV caches agree on what a prefix is. It is an approximation of the real
+caches: it never sees evictions or completions, only the router's own placements.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+DEFAULT_CAPACITY = 10_000
+
+
+class PrefixIndex:
+    """Instance ID → LRU set of block hashes."""
+
+    __slots__ = ("capacity", "_sets")
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY):
+        if capacity <= 0:
+            raise ValueError(f"prefix index capacity must be > 0, got {capacity}")
+        self.capacity = capacity
+        self._sets: dict[str, OrderedDict] = {}
+
+    def match(self, hashes, instance_id: str) -> int:
+        """Number of leading ``hashes`` present for ``instance_id`` (stops at the first miss).
+
+        Does not refresh recency.
+        """
+        s = self._sets.get(instance_id)
+        if not s:
+            return 0
+        n = 0
+        for h in hashes:
+            if h not in s:
+                break
+            n += 1
+        return n
+
+    def record(self, hashes, instance_id: str) -> None:
+        """Insert (or refresh to most-recently-used) every hash, evicting the LRU when full."""
+        s = self._sets.get(instance_id)
+        if s is None:
+            s = self._sets[instance_id] = OrderedDict()
+        cap = self.capacity
+        for h in hashes:
+            if h in s:
+                s.move_to_end(h)
+            else:
+                s[h] = None
+                if len(s) > cap:
+                    s.popitem(last=False)
+
+    def size(self, instance_id: str) -> int:
+        s = self._sets.get(instance_id)
+        return len(s) if s else 0
+
+    def contains(self, h, instance_id: str) -> bool:
+        s = self._sets.get(instance_id)
+        return s is not None and h in s

@@ -1,0 +1,167 @@
+"""Scorers for the weighted router (spec/05 §4.1) — a registry family of their own.
+
+A scorer rates every candidate instance for one request, in snapshot order, with values in
+[0, 1] (higher = better; the router clamps anything outside). A *stateful* scorer also
+learns from the router's decisions through :meth:`Scorer.observe`. Add one by subclassing::
+
+    class ShortQueue(Scorer, name="short-queue"):
+        class Params(BaseModel):
+            scale: float = 10.0
+        def score(self, req, snapshots):
+            return [1.0 / (1.0 + s.queue_depth / self.params.scale) for s in snapshots]
+
+and name it in ``--routing-scorers "short-queue:1,queue-depth:2"`` or in a scenario's
+``cluster.routing.params.scorers``.
+
+Scorer configurations are lists of :class:`ScorerSpec` ``(name, weight, params)``; the
+``"name:weight,…"`` text form of BLIS's flag is read by :func:`parse_scorers`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from blis_simpy.cluster.snapshot import InstanceSnapshot
+from blis_simpy.plugins import Pluggable
+from blis_simpy.routing.prefix_index import DEFAULT_CAPACITY, PrefixIndex
+
+
+class Scorer(Pluggable, family="routing scorer"):
+    """Rates instances for a request. Instances are created per routing-policy object."""
+
+    #: True if :meth:`observe` must be called after every decision of the owning policy.
+    stateful: ClassVar[bool] = False
+
+    def __init__(self, params=None, *, block_size: int = 16, **_ignored):
+        self.params = params if params is not None else type(self).Params()
+        self.block_size = block_size
+
+    def score(self, req, snapshots: tuple[InstanceSnapshot, ...]) -> list[float]:
+        """One score per snapshot, in order."""
+        raise NotImplementedError
+
+    def observe(self, req, chosen: InstanceSnapshot) -> None:
+        """The owning policy placed ``req`` on ``chosen`` (only called if ``stateful``)."""
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "observe" in cls.__dict__ and "stateful" not in cls.__dict__:
+            cls.stateful = True
+
+
+class QueueDepth(Scorer, name="queue-depth"):
+    """Min-max normalised effective load: ``(max − load)/(max − min)``; all equal ⇒ 1."""
+
+    def score(self, req, snapshots):
+        loads = [s.queue_depth + s.batch_size + s.in_flight_requests for s in snapshots]
+        lo = min(loads)
+        hi = max(loads)
+        if hi == lo:
+            return [1.0] * len(loads)
+        span = float(hi - lo)
+        return [float(hi - x) / span for x in loads]
+
+
+class KVUtilization(Scorer, name="kv-utilization"):
+    """``1 − kv_utilization``."""
+
+    def score(self, req, snapshots):
+        return [1.0 - s.kv_utilization for s in snapshots]
+
+
+class LoadBalance(Scorer, name="load-balance"):
+    """``1 / (1 + effective_load)``."""
+
+    def score(self, req, snapshots):
+        return [1.0 / (1.0 + float(s.queue_depth + s.batch_size + s.in_flight_requests))
+                for s in snapshots]
+
+
+class PrefixAffinity(Scorer, name="prefix-affinity"):
+    """Fraction of the prompt's full blocks already placed on the instance (spec/05 §5).
+
+    ``matched / total`` over the chained block hashes, looked up in this scorer's own
+    router-side :class:`PrefixIndex`; 0 for a prompt shorter than one block. After each
+    decision the request's hashes are recorded for the chosen instance.
+    """
+
+    class Params(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        lru_capacity: int = Field(DEFAULT_CAPACITY, gt=0, description="block hashes kept per instance")
+
+    stateful = True
+
+    def __init__(self, params=None, **kw):
+        super().__init__(params, **kw)
+        self.index = PrefixIndex(self.params.lru_capacity)
+
+    def score(self, req, snapshots):
+        hashes = req.prompt_block_hashes(self.block_size)
+        total = len(hashes)
+        if total == 0:
+            return [0.0] * len(snapshots)
+        ft = float(total)
+        match = self.index.match
+        return [float(match(hashes, s.id)) / ft for s in snapshots]
+
+    def observe(self, req, chosen):
+        self.index.record(req.prompt_block_hashes(self.block_size), chosen.id)
+
+
+# ---------------------------------------------------------------------------- configuration
+class ScorerSpec(BaseModel):
+    """One weighted scorer of a weighted router."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    weight: float = Field(gt=0, allow_inf_nan=False)
+    params: dict = Field(default_factory=dict)
+
+
+#: llm-d parity default (spec/05 §4.1).
+DEFAULT_SCORERS = (("prefix-affinity", 3.0), ("queue-depth", 2.0), ("kv-utilization", 2.0))
+
+
+def default_scorers() -> list[ScorerSpec]:
+    return [ScorerSpec(name=n, weight=w) for n, w in DEFAULT_SCORERS]
+
+
+def parse_scorers(text: str) -> list[dict]:
+    """BLIS's ``"name:weight,name:weight"`` (whitespace trimmed) → ``[{name, weight}]``.
+
+    Raises ``ValueError`` naming the bad item. Names are checked against the registry,
+    duplicates and non-positive or non-finite weights are errors.
+    """
+    out: list[dict] = []
+    seen: set[str] = set()
+    for item in text.split(","):
+        item = item.strip()
+        name, sep, w = item.partition(":")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"invalid scorer {item!r}: expected name:weight")
+        try:
+            weight = float(w.strip())
+        except ValueError:
+            raise ValueError(f"invalid weight {w.strip()!r} for scorer {name!r}") from None
+        check_scorer(name, weight, seen)
+        out.append({"name": name, "weight": weight})
+    return out
+
+
+def check_scorer(name: str, weight: float, seen: set[str]) -> None:
+    """The rules of spec/05 §4.1 for one item; ``seen`` collects names for duplicates."""
+    if name not in Scorer._registry:
+        raise ValueError(f"unknown scorer {name!r}; valid: {', '.join(Scorer.names())}")
+    if name in seen:
+        raise ValueError(f"duplicate scorer {name!r}")
+    if not math.isfinite(weight) or weight <= 0:
+        raise ValueError(f"scorer {name!r} weight must be finite and > 0, got {weight:g}")
+    seen.add(name)
+
+
+def format_scorers(specs) -> str:
+    return ", ".join(f"{s.name}:{s.weight:g}" for s in specs)

@@ -1,0 +1,52 @@
+"""Decision traces (spec/08 §6): records, counterfactual regret, summary.
+
+``--trace-level decisions`` makes the cluster keep a :class:`DecisionTrace`: one
+:class:`AdmissionRecord` per admission call and one :class:`RoutingRecord` per routing
+decision, with the top-K counterfactual candidates (``--counterfactual-k``) and the regret
+of the choice. :func:`summarize` condenses it for ``--summarize-trace``.
+"""
+
+from __future__ import annotations
+
+from blis_simpy.trace.counterfactual import counterfactual
+from blis_simpy.trace.records import (
+    AdmissionRecord,
+    Candidate,
+    DisaggregationRecord,
+    KVTransferRecord,
+    PoolRoutingRecord,
+    RoutingRecord,
+    TraceRecords,
+)
+from blis_simpy.trace.summary import summarize
+
+TRACE_LEVELS = ("none", "decisions")
+
+
+class DecisionTrace(TraceRecords):
+    """The in-memory trace of one run; ``k`` = number of counterfactual candidates."""
+
+    def __init__(self, k: int = 0):
+        super().__init__()
+        if k < 0:
+            raise ValueError(f"counterfactual k must be >= 0, got {k}")
+        self.k = k
+
+    def record_admission(self, req, clock_us: int, admitted: bool, reason: str) -> None:
+        self.admissions.append(AdmissionRecord(req.id, clock_us, admitted, reason))
+
+    def record_routing(self, req, state, decision, chosen_id: str) -> None:
+        scores = dict(decision.scores) if decision.scores is not None else None
+        cands, regret = counterfactual(state.snapshots, scores, chosen_id, self.k)
+        self.routings.append(RoutingRecord(req.id, state.clock_us, chosen_id, decision.reason,
+                                           scores, cands, regret))
+
+    def summary(self):
+        return summarize(self)
+
+
+__all__ = [
+    "TRACE_LEVELS", "AdmissionRecord", "Candidate", "DecisionTrace", "DisaggregationRecord",
+    "KVTransferRecord", "PoolRoutingRecord", "RoutingRecord", "TraceRecords", "counterfactual",
+    "summarize",
+]
