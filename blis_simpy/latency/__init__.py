@@ -1,9 +1,15 @@
 """Latency models: how long one engine step takes, plus per-request overhead terms (spec/04).
 
 Pure code: knows nothing of SimPy. The engine calls ``step_time`` once per step.
+Importing this package registers every built-in backend: ``blackbox``, ``roofline``,
+``crossmodel`` and ``trained-roofline``.
 """
 
 from blis_simpy.latency.base import BatchView, LatencyModel
 from blis_simpy.latency.blackbox import BlackboxModel
+from blis_simpy.latency.crossmodel import CrossModel
+from blis_simpy.latency.roofline import RooflineModel
+from blis_simpy.latency.trained_roofline import TrainedRooflineModel
 
-__all__ = ["BatchView", "LatencyModel", "BlackboxModel"]
+__all__ = ["BatchView", "LatencyModel", "BlackboxModel", "CrossModel", "RooflineModel",
+           "TrainedRooflineModel"]
