@@ -23,6 +23,7 @@ from typer.core import TyperGroup
 
 from blis_simpy.cli import flags as F
 from blis_simpy.cli import runner
+from blis_simpy.cli.catalog_cmd import register as _register_catalog
 from blis_simpy.config.scenario import TraceWorkload
 from blis_simpy.errors import BlisError, ConfigError
 
@@ -221,6 +222,9 @@ def validate_cmd(path: Path = typer.Argument(..., metavar="FILE.yaml", help="sce
     if isinstance(plan.scenario.workload, TraceWorkload):
         rows = f" ({len(runner.load_trace(plan).records)} trace rows)"
     print(f"ok: {path}: {summary(plan.scenario)}{rows}")
+
+
+_register_catalog(app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -77,6 +77,20 @@ def at_least_one(v) -> str | None:
     return None if v >= 1 else f"must be >= 1, got {v}"
 
 
+def unit_interval(v) -> str | None:
+    return None if math.isfinite(v) and 0 <= v <= 1 else f"must be in [0, 1], got {v}"
+
+
+def fraction(v) -> str | None:
+    return None if math.isfinite(v) and 0 < v <= 1 else f"must be in (0, 1], got {v}"
+
+
+def one_of(*choices: str) -> Rule:
+    def rule(v) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(choices)}, got {v!r}"
+    return rule
+
+
 def each_non_negative(vs) -> str | None:
     for v in vs:
         if not math.isfinite(v) or v < 0:
@@ -144,6 +158,11 @@ FLAGS: tuple[Flag, ...] = (
     F("--hardware", text, "hardware", None, "GPU key (e.g. H100)"),
     F("--tp", integer, "tp", non_negative, "tensor parallelism"),
     F("--vllm-version", text, "vllm_version", None, "vLLM version (coefficient lookup)"),
+    # (4) where architectures, GPUs and coefficients come from (built-in catalogs otherwise)
+    F("--model-config-folder", text, "model_config_folder", None, "folder with a HuggingFace config.json for --model (default: the built-in model catalog; never downloaded)"),
+    F("--hardware-config", text, "hardware_config", None, "BLIS hardware_config.json: GPUs added to the built-in catalog"),
+    F("--defaults-filepath", text, "defaults_filepath", None, "BLIS defaults.yaml: its model defaults and coefficients override the built-in catalog (read in memory)"),
+    F("--latency-compat", text, "latency.compat", one_of("fixed", "checkout"), "fixed (default) or checkout: BLIS 89bece82 parity for MoE latency (roofline expert weights at batch 0; MoE if experts > 0), spec/10 A7, C1"),
     # (6) context cap and workload
     F("--max-model-len", integer, "engine.max_model_len", non_negative, "context cap in tokens; 0 = unlimited (default 0)"),
     F("--workload", text, None, None, "distribution (default) or a preset: chatbot, contentgen, summarization, multidoc", (RUN,), WORKLOAD),
@@ -188,6 +207,12 @@ FLAGS: tuple[Flag, ...] = (
     F("--routing-scorers", P.scorer_text, None, None, "weighted scorers 'name:weight,...' (default prefix-affinity:3,queue-depth:2,kv-utilization:2)"),
     F("--routing-tie-break", text, None, P.tie_break, "routing ties: random (seeded, default) | first (lowest index, BLIS parity)"),
     F("--fitness-weights", P.fitness_text, "fitness_weights", None, "fitness evaluation 'key:weight,...' (replay: ignored)", panel=OUTPUT),
+    # (8, cont.) tiered KV and GPU memory
+    F("--kv-cpu-blocks", integer, "engine.kv_cpu_blocks", non_negative, "CPU KV tier blocks; > 0 enables the tier (default 0)"),
+    F("--kv-offload-threshold", number, "engine.kv_offload_threshold", unit_interval, "deprecated and ignored (warning when the CPU tier is on; default 0.9)"),
+    F("--kv-transfer-bandwidth", number, "engine.kv_transfer_bandwidth", positive, "CPU->GPU reload bandwidth, blocks/µs (default 100)"),
+    F("--kv-transfer-base-latency", integer, "engine.kv_transfer_base_latency_us", non_negative, "fixed cost of a CPU->GPU reload, µs (default 0)"),
+    F("--gpu-memory-utilization", number, "engine.gpu_memory_utilization", fraction, "fraction of GPU memory for vLLM, used by KV auto-sizing (default 0.9)"),
     # outputs
     F("--results-path", text, None, None, "write results JSON here (run: metrics + per-request rows; replay: SimResult array)", panel=OUTPUT),
     F("--trace-output", text, None, None, "export the workload as PREFIX.yaml + PREFIX.csv (TraceV2)", (RUN,), OUTPUT),

@@ -240,8 +240,17 @@ def distribution_problems(d) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------------------- entry point
+#: top-level scenario keys holding file or folder paths
+PATH_KEYS = ("model_config_folder", "hardware_config", "defaults_filepath")
+
+
 def resolve_paths(data: dict, base_dir: str) -> None:
-    """Make the trace paths of a trace workload relative to ``base_dir`` (in place)."""
+    """Make the file paths of a scenario (trace files, model config folder, hardware and
+    defaults files) relative to ``base_dir`` (in place)."""
+    for key in PATH_KEYS:
+        p = data.get(key)
+        if isinstance(p, str) and p and not os.path.isabs(p):
+            data[key] = os.path.normpath(os.path.join(base_dir, p))
     w = data.get("workload")
     if isinstance(w, dict) and w.get("kind") == "trace":
         for key in ("header", "data"):

@@ -1,23 +1,50 @@
 """Resolve a scenario into what the simulator builds: latency models, KV sizes, context caps.
 
-A :class:`~blis_simpy.config.scenario.Scenario` says what the user asked for; some values
-are left to defaults and catalogs (spec/09 §3, spec/04 §7). :func:`resolve` turns it into a
-:class:`Deployment`: a factory for each instance's latency model and KV cache, plus the
-final KV block count and MaxModelLen. :class:`~blis_simpy.cluster.simulation.Simulation`
-only ever sees a Deployment.
+A :class:`~blis_simpy.config.scenario.Scenario` says what the user asked for; the rest comes
+from the offline catalogs (:mod:`blis_simpy.catalog`). :func:`resolve` applies BLIS's order
+(spec/09 §2–§3, spec/04 §7–§8) and returns a :class:`Deployment`, the only thing
+:class:`~blis_simpy.cluster.simulation.Simulation` reads:
+
+1. backend: ``latency.model``; roofline with coefficients is an error;
+2. deployment: ``hardware`` / ``tp`` / ``vllm_version`` as given, else the model's catalog
+   defaults (``--defaults-filepath`` entries first);
+3. coefficients: blackbox — given α/β, else the first catalog row of (model, GPU, TP, vLLM
+   version), an all-zero or missing row is an error listing what exists; crossmodel and
+   trained-roofline — given lists, else the global sets;
+4. model config (analytical backends; blackbox only for KV sizing): ``model_config_folder``,
+   else ``<dir of defaults_filepath>/model_configs/<name>/config.json``, else the built-in
+   catalog, else an error naming what was tried (never a download); GPU from the built-in
+   catalog + ``hardware_config`` (BLIS JSON) + the scenario's ``gpus:``;
+5. KV blocks: explicit > catalog row > auto-calculation (analytical backends, or blackbox
+   with a model config) > 1,000,000 (warning when the auto-calculation failed);
+6. MaxModelLen: explicit, else derived from the model config (analytical backends), then
+   capped to the KV capacity with a warning;
+7. KV store: a CPU tier (``TieredKVCache``) when ``engine.kv_cpu_blocks > 0``.
+
+``Deployment.notes`` records where each value came from.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
+from blis_simpy.catalog.coefficients import CoefficientCatalog, builtin_coefficients, read_blis_defaults
+from blis_simpy.catalog.hardware import GPUCatalog, gpu_catalog
+from blis_simpy.catalog.models import builtin_models
+from blis_simpy.catalog.types import GPUSpec, ModelConfig
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.cache import KVCache
 from blis_simpy.latency.base import LatencyModel
 
+log = logging.getLogger("blis_simpy")
+
 DEFAULT_TOTAL_KV_BLOCKS = 1_000_000
+ANALYTICAL = ("roofline", "crossmodel", "trained-roofline")
 
 
 @dataclass
@@ -30,6 +57,13 @@ class Deployment:
     latency_factory: Callable[[], LatencyModel]
     kv_factory: Callable[[int, int], KVCache] = KVCache
     notes: list[str] = field(default_factory=list)   # what was resolved from where
+    backend: str = ""
+    hardware: str = ""
+    tp: int = 0
+    vllm_version: str = ""
+    gpu: GPUSpec | None = None
+    model_config: ModelConfig | None = None
+    warnings: list[str] = field(default_factory=list)
 
     def new_latency_model(self) -> LatencyModel:
         return self.latency_factory()
@@ -38,30 +72,249 @@ class Deployment:
         return self.kv_factory(self.total_kv_blocks, self.block_size)
 
 
-def build_latency_model(scenario: Scenario) -> LatencyModel:
-    """Instantiate the scenario's latency backend from explicit coefficients."""
-    cfg = scenario.latency
-    cls = LatencyModel.lookup(cfg.model, field="latency.model")
-    if cfg.model == "blackbox":
-        if cfg.alpha_coeffs is None or cfg.beta_coeffs is None:
-            raise ConfigError("blackbox needs both alpha_coeffs and beta_coeffs",
-                              field="latency.alpha_coeffs")
+class _Resolution:
+    """One pass over a scenario; collects notes and warnings as it goes."""
+
+    def __init__(self, s: Scenario, quiet: bool):
+        self.s = s
+        self.quiet = quiet
+        self.notes: list[str] = []
+        self.warnings: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        if not self.quiet:
+            log.info("%s", text)
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+        self.notes.append(f"warning: {text}")
+        if not self.quiet:
+            log.warning("%s", text)
+
+    # ------------------------------------------------------------------ catalogs
+    def coefficients(self) -> CoefficientCatalog:
+        cat = builtin_coefficients()
+        path = self.s.defaults_filepath
+        if path:
+            cat = read_blis_defaults(path).layered_over(cat)
+            self.note(f"coefficients and defaults: {path} over the built-in catalog")
+        return cat
+
+    def gpus(self) -> GPUCatalog:
+        extra = []
+        if self.s.defaults_filepath:
+            beside = os.path.join(os.path.dirname(self.s.defaults_filepath) or ".", "hardware_config.json")
+            if not self.s.hardware_config and os.path.isfile(beside):
+                extra.append(beside)
+        return gpu_catalog(self.s.hardware_config, self.s.gpus, extra)
+
+    def model_config(self, model: str) -> tuple[ModelConfig | None, list[str]]:
+        """The model's architecture and, if none is found, the places that were tried."""
+        from blis_simpy.catalog.hfconfig import looks_like_hf_config, parse_hf_config
+        s = self.s
+        if s.model_config_folder:
+            path = os.path.join(s.model_config_folder, "config.json")
+            if not os.path.isfile(path):
+                raise ConfigError(f"no config.json in {s.model_config_folder}", field="model_config_folder")
+            cfg = parse_hf_config(path, name=model)
+            self.note(f"model config: {path}")
+            return cfg, []
+        tried = []
+        if s.defaults_filepath:
+            short = model.split("/", 1)[-1]
+            path = os.path.join(os.path.dirname(s.defaults_filepath) or ".", "model_configs", short, "config.json")
+            tried.append(path)
+            if ".." not in short.split("/") and os.path.isfile(path):
+                from blis_simpy.catalog.hfconfig import load_hf_json
+                data = load_hf_json(path)
+                if looks_like_hf_config(data):
+                    self.note(f"model config: {path}")
+                    return parse_hf_config(data, name=model, file=path), []
+        entry = builtin_models().find(model)
+        tried.append("the built-in model catalog")
+        if entry is not None:
+            self.note(f"model config: built-in catalog ({entry.hf_repo or model})")
+            return entry.config, []
+        return None, tried
+
+
+# ---------------------------------------------------------------------------- the steps
+def _deployment_identity(r: _Resolution, cat: CoefficientCatalog) -> tuple[str, int, str]:
+    s = r.s
+    d = cat.deployment_defaults(s.model) if s.model else None
+    hardware, tp, vllm = s.hardware, s.tp, s.vllm_version
+    if d is not None:
+        if not hardware:
+            hardware = d.gpu
+            r.note(f"hardware {hardware}: default of {s.model}")
+        if tp <= 0:
+            tp = d.tp
+            r.note(f"tp {tp}: default of {s.model}")
+        if not vllm:
+            vllm = d.vllm
+            r.note(f"vllm version {vllm}: default of {s.model}")
+    return hardware, tp, vllm
+
+
+def _blackbox_coefficients(r: _Resolution, cat: CoefficientCatalog, hw: str, tp: int, vllm: str):
+    cfg = r.s.latency
+    if cfg.alpha_coeffs is not None and cfg.beta_coeffs is not None:
         if not any(cfg.alpha_coeffs) and not any(cfg.beta_coeffs):
             raise ConfigError("No trained coefficients found: alpha and beta are all zero",
                               field="latency.beta_coeffs")
+        return list(cfg.alpha_coeffs), list(cfg.beta_coeffs)
+    if not r.s.model:
+        raise ConfigError("blackbox needs alpha_coeffs and beta_coeffs, or a model whose coefficients "
+                          "are in the catalog", field="latency.alpha_coeffs")
+    row = cat.blackbox_row(r.s.model, hw, tp, vllm)
+    r.note(f"blackbox coefficients: catalog row {r.s.model} {row.key}")
+    alpha = list(cfg.alpha_coeffs) if cfg.alpha_coeffs is not None else list(row.alpha)
+    beta = list(cfg.beta_coeffs) if cfg.beta_coeffs is not None else list(row.beta)
+    return alpha, beta
+
+
+def _global_coefficients(r: _Resolution, cat: CoefficientCatalog, backend: str):
+    cfg = r.s.latency
+    gset = cat.crossmodel if backend == "crossmodel" else cat.trained_roofline
+    alpha = list(cfg.alpha_coeffs) if cfg.alpha_coeffs is not None else list(gset.alpha)
+    beta = list(cfg.beta_coeffs) if cfg.beta_coeffs is not None else list(gset.beta)
+    if cfg.alpha_coeffs is None or cfg.beta_coeffs is None:
+        r.note(f"{backend} coefficients: global set of the catalog")
+    need = 4 if backend == "crossmodel" else 7
+    if len(beta) < need or not any(beta):
+        raise ConfigError(f"{backend} needs at least {need} non-zero beta coefficients, got {beta}",
+                          field="latency.beta_coeffs")
+    if backend == "trained-roofline" and not any(alpha):
+        r.warn("trained-roofline alpha coefficients are all zero: no API, post-decode or "
+               "per-token overheads")
+    return alpha, beta
+
+
+def _kv_blocks(r: _Resolution, cat, backend, hw, tp, vllm, model_cfg, gpu) -> int:
+    s = r.s
+    eng = s.engine
+    if eng.total_kv_blocks is not None:
+        return eng.total_kv_blocks
+    if s.model and hw and tp > 0:
+        kv = cat.kv_blocks(s.model, hw, tp, vllm)
+        if kv is not None:
+            r.note(f"total_kv_blocks {kv}: catalog row {s.model} {hw} TP{tp} {vllm}")
+            return kv
+    if model_cfg is None and backend not in ANALYTICAL and gpu is not None and tp > 0 and s.model:
+        model_cfg = r.model_config(s.model)[0]      # blackbox: only a config available offline
+    if model_cfg is not None and gpu is not None and tp > 0:
+        from blis_simpy.kv.capacity import KVCapacityError, kv_capacity_blocks
         try:
-            return cls(cfg.alpha_coeffs, cfg.beta_coeffs)
-        except ValueError as exc:
-            raise ConfigError(str(exc), field="latency") from None
-    raise ConfigError(f"latency model {cfg.model!r} is not available yet", field="latency.model")
+            kv = kv_capacity_blocks(model_cfg, gpu, tp, eng.block_size, eng.gpu_memory_utilization)
+        except KVCapacityError as exc:
+            r.warn(f"KV capacity auto-calculation failed ({exc}); using the default "
+                   f"{DEFAULT_TOTAL_KV_BLOCKS} blocks")
+            return DEFAULT_TOTAL_KV_BLOCKS
+        r.note(f"total_kv_blocks {kv}: auto-calculated for {tp} x {gpu.name}, gpu memory "
+               f"utilization {eng.gpu_memory_utilization}, block size {eng.block_size}")
+        return kv
+    if backend in ANALYTICAL:
+        r.warn(f"no KV capacity could be resolved; using the default {DEFAULT_TOTAL_KV_BLOCKS} blocks")
+    else:
+        r.note(f"total_kv_blocks {DEFAULT_TOTAL_KV_BLOCKS}: default (no catalog row, no model config)")
+    return DEFAULT_TOTAL_KV_BLOCKS
 
 
-def resolve(scenario: Scenario) -> Deployment:
-    """Resolve defaults for ``scenario`` (explicit values always win)."""
-    eng = scenario.engine
-    build_latency_model(scenario)            # validate now: errors before anything runs
-    return Deployment(
-        total_kv_blocks=eng.total_kv_blocks or DEFAULT_TOTAL_KV_BLOCKS,
-        block_size=eng.block_size,
-        max_model_len=eng.max_model_len,
-        latency_factory=lambda: build_latency_model(scenario))
+def _max_model_len(r: _Resolution, backend: str, model_cfg, total_blocks: int) -> int:
+    from blis_simpy.catalog.hfconfig import cap_max_model_len, derive_max_model_len
+    eng = r.s.engine
+    m = eng.max_model_len
+    if backend not in ANALYTICAL:
+        return m
+    if m == 0 and model_cfg is not None:
+        m = derive_max_model_len(model_cfg)
+        if m > 0:
+            r.note(f"max_model_len {m}: derived from max_position_embeddings")
+    capped = cap_max_model_len(m, total_blocks, eng.block_size)
+    if capped != m:
+        r.warn(f"max_model_len {m} exceeds the KV capacity ({total_blocks} blocks x {eng.block_size} "
+               f"tokens); capped to {capped}")
+    return capped
+
+
+def _kv_factory(r: _Resolution) -> Callable[[int, int], KVCache]:
+    eng = r.s.engine
+    if eng.kv_cpu_blocks <= 0:
+        return KVCache
+    from blis_simpy.kv.tiered import TieredKVCache
+    r.note(f"CPU KV tier: {eng.kv_cpu_blocks} blocks, {eng.kv_transfer_bandwidth} blocks/us, "
+           f"base latency {eng.kv_transfer_base_latency_us} us")
+    try:   # TieredKVCache warns (per cache) that the offload threshold is ignored
+        return TieredKVCache.factory(cpu_blocks=eng.kv_cpu_blocks, transfer_bandwidth=eng.kv_transfer_bandwidth,
+                                     transfer_base_latency_us=eng.kv_transfer_base_latency_us,
+                                     offload_threshold=eng.kv_offload_threshold)
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="engine.kv_cpu_blocks") from None
+
+
+def _build(backend: str, model_cfg, gpu, tp, alpha, beta, compat: str) -> LatencyModel:
+    cls = LatencyModel.lookup(backend, field="latency.model")
+    try:
+        if backend == "blackbox":
+            return cls(alpha, beta)
+        opts = {}
+        if compat == "checkout":
+            opts = {"moe_weight_batch_zero": True} if backend == "roofline" else {"checkout_moe_threshold": True}
+        return cls.from_config(model_cfg, gpu, tp, alpha, beta, **opts)
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="latency") from None
+
+
+def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:
+    """Resolve ``scenario`` (explicit values always win). ``quiet``: log nothing."""
+    import blis_simpy.latency  # noqa: F401  (registers every built-in backend)
+    r = _Resolution(scenario, quiet)
+    s, eng, cfg = scenario, scenario.engine, scenario.latency
+    backend = cfg.model or "roofline"
+    LatencyModel.lookup(backend, field="latency.model")
+    if backend == "roofline" and (cfg.alpha_coeffs is not None or cfg.beta_coeffs is not None):
+        raise ConfigError("roofline takes no alpha/beta coefficients (use blackbox, crossmodel or "
+                          "trained-roofline, or drop them)", field="latency.model")
+    cat = r.coefficients()
+    hw, tp, vllm = _deployment_identity(r, cat)
+    analytical = backend in ANALYTICAL
+    gpus = r.gpus()
+    gpu = None
+    if analytical:
+        if not hw:
+            raise ConfigError(f"{backend} needs a GPU: pass --hardware (model {s.model or '(none)'} has no "
+                              f"default; available: {', '.join(gpus.names())})", field="hardware")
+        if tp <= 0:
+            raise ConfigError(f"{backend} needs tensor parallelism > 0: pass --tp", field="tp")
+        gpu = gpus.get(hw)
+    elif hw and hw in gpus:
+        gpu = gpus.get(hw)
+    if gpu is not None:
+        hw = gpu.name
+    alpha = beta = None
+    if backend == "blackbox":
+        alpha, beta = _blackbox_coefficients(r, cat, hw, tp, vllm)
+    elif backend in ("crossmodel", "trained-roofline"):
+        alpha, beta = _global_coefficients(r, cat, backend)
+    model_cfg = None
+    if analytical:
+        model_cfg, tried = r.model_config(s.model)
+        if model_cfg is None:
+            raise ConfigError(f"{backend} needs the architecture of model {s.model or '(none)'}: not found "
+                              f"in {' or '.join(tried) or 'any source'}; pass --model-config-folder DIR "
+                              "with its HuggingFace config.json (blis-simpy never downloads)",
+                              field="model_config_folder")
+    total = _kv_blocks(r, cat, backend, hw, tp, vllm, model_cfg, gpu)
+    max_len = _max_model_len(r, backend, model_cfg, total)
+    build = partial(_build, backend, model_cfg, gpu, tp, alpha, beta, cfg.compat)
+    build()                     # validate now: errors before anything runs
+    return Deployment(total_kv_blocks=total, block_size=eng.block_size, max_model_len=max_len,
+                      latency_factory=build, kv_factory=_kv_factory(r), notes=r.notes, backend=backend,
+                      hardware=hw, tp=tp, vllm_version=vllm, gpu=gpu, model_config=model_cfg,
+                      warnings=r.warnings)
+
+
+def build_latency_model(scenario: Scenario) -> LatencyModel:
+    """The scenario's latency model, fully resolved (silently: :func:`resolve` logs)."""
+    return resolve(scenario, quiet=True).new_latency_model()

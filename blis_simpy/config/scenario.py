@@ -49,6 +49,9 @@ class LatencyConfig(Strict):
         None, description="alpha0 (µs), alpha1 (µs/input token), alpha2 (µs/output token)")
     beta_coeffs: list[NonNegFloat] | None = Field(
         None, description="beta0 (µs/step), beta1 (µs/prefill token), beta2 (µs/decode token), ...")
+    compat: Literal["fixed", "checkout"] = Field(
+        "fixed", description="checkout = BLIS 89bece82 parity: roofline MoE weights at batch 0, "
+                             "MoE threshold E > 0 (spec/10 A7, C1)")
 
 
 class EngineConfig(Strict):
@@ -155,6 +158,7 @@ class Scenario(Strict):
     vllm_version: str = ""
     model_config_folder: str = Field("", description="folder with a HuggingFace config.json")
     hardware_config: str = Field("", description="BLIS hardware_config.json with extra GPUs")
+    defaults_filepath: str = Field("", description="BLIS defaults.yaml read over the built-in coefficient catalog")
     gpus: dict[str, GPUEntry] = Field(default_factory=dict, description="extra GPUs by name")
     latency: LatencyConfig = Field(default_factory=LatencyConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)

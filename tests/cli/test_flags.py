@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from blis_simpy.cli import flags as F
@@ -9,6 +11,8 @@ from blis_simpy.cli.runner import prepare
 from blis_simpy.errors import ConfigError
 
 from .support import QUICKSTART, SMALL_SCENARIO
+
+CATALOG_DATA = Path(__file__).resolve().parents[1] / "catalog" / "data"
 
 # A valid sample text per flag (policy names must be registered ones).
 SAMPLES = {
@@ -28,6 +32,12 @@ SAMPLES = {
     "--fitness-weights": ("p99_ttft:1,throughput:2.5", {"p99_ttft": 1.0, "throughput": 2.5}),
     "--priority-policy": ("slo-based", "slo-based"),
     "--scheduler": ("sjf", "sjf"),
+    "--model-config-folder": (str(CATALOG_DATA / "model_configs" / "tiny-model"), str(CATALOG_DATA / "model_configs" / "tiny-model")),
+    "--hardware-config": (str(CATALOG_DATA / "hardware_config.json"), str(CATALOG_DATA / "hardware_config.json")),
+    "--defaults-filepath": (str(CATALOG_DATA / "blis_defaults.yaml"), str(CATALOG_DATA / "blis_defaults.yaml")),
+    "--latency-compat": ("checkout", "checkout"),
+    "--kv-offload-threshold": ("0.5", 0.5),
+    "--gpu-memory-utilization": ("0.5", 0.5),
 }
 # Only one member of these families is registered so far: the sample equals quickstart's value.
 SAME_AS_QUICKSTART = {"--latency-model"}

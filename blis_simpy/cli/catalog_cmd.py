@@ -1,0 +1,159 @@
+"""``blis-simpy catalog``: the built-in GPUs, models and coefficient sets (offline).
+
+::
+
+    blis-simpy catalog [all|gpus|models|coefficients] [--model M] [--format table|json]
+                       [--hardware-config FILE] [--defaults-filepath FILE]
+
+Tables are rich tables on stdout; ``--format json`` prints one JSON document with the same
+content (``gpus``, ``models``, ``coefficients``). ``--hardware-config`` and
+``--defaults-filepath`` show the catalogs as a run with those flags would see them.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+from dataclasses import asdict
+
+import typer
+
+from blis_simpy.catalog.coefficients import CoefficientCatalog, builtin_coefficients, read_blis_defaults
+from blis_simpy.catalog.hardware import GPUCatalog, gpu_catalog
+from blis_simpy.catalog.models import ModelCatalog, builtin_models
+
+
+class What(str, enum.Enum):
+    all = "all"
+    gpus = "gpus"
+    models = "models"
+    coefficients = "coefficients"
+
+
+class CatalogFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+# ---------------------------------------------------------------------------- data
+def gpus_data(cat: GPUCatalog) -> dict:
+    out = {}
+    for name, e in cat.entries.items():
+        d = asdict(e.spec)
+        d.pop("name")
+        out[name] = {"description": e.description, "aliases": list(e.aliases), **d, "origin": e.origin}
+    return out
+
+
+def models_data(cat: ModelCatalog, coeffs: CoefficientCatalog) -> dict:
+    from blis_simpy.catalog.hfconfig import derive_max_model_len
+    out = {}
+    for name, e in cat.entries.items():
+        c = asdict(e.config)
+        c.pop("name")
+        c.pop("moe_count_missing")
+        d = coeffs.deployment_defaults(name)
+        out[name] = {"hf_repo": e.hf_repo, **c, "derived_max_model_len": derive_max_model_len(e.config),
+                     "defaults": asdict(d) if d else None}
+    return out
+
+
+def coefficients_data(cat: CoefficientCatalog, model: str | None = None) -> dict:
+    rows = [asdict(r) for m, rs in cat.blackbox.items() for r in rs if model is None or m == model]
+    gsets = {k: asdict(v) if v else None for k, v in
+             (("crossmodel", cat.crossmodel), ("trained_roofline", cat.trained_roofline))}
+    defaults = {m: asdict(d) for m, d in cat.defaults.items() if model is None or m == model}
+    return {"defaults": defaults, "blackbox": rows, **gsets}
+
+
+# ---------------------------------------------------------------------------- tables
+def _num(v: float) -> str:
+    return f"{v:g}" if v else "-"
+
+
+def _coeffs(vs) -> str:
+    return ", ".join(f"{v:.6g}" for v in vs)
+
+
+def print_tables(what: What, gpus: GPUCatalog, models: ModelCatalog, coeffs: CoefficientCatalog,
+                 model: str | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    con = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)
+    if what in (What.all, What.gpus):
+        t = Table(title=f"GPUs ({len(gpus.entries)}) — dense figures; --hardware KEY")
+        for col in ("key", "description", "BF16 TFLOP/s", "FP8 TFLOP/s", "HBM TB/s", "memory GiB",
+                    "MFU prefill", "MFU decode"):
+            t.add_column(col, overflow="fold", no_wrap=col == "key")
+        for name, e in gpus.entries.items():
+            s = e.spec
+            t.add_row(name, e.description, _num(s.tflops_peak), _num(s.tflops_fp8), _num(s.bw_peak_tbs),
+                      _num(s.memory_gib), _num(s.mfu_prefill), _num(s.mfu_decode))
+        con.print(t)
+        con.print("Sources:")
+        for name, e in gpus.entries.items():
+            con.print(f"  {name}: {e.spec.source}", highlight=False)
+    if what in (What.all, What.models):
+        from blis_simpy.catalog.hfconfig import derive_max_model_len
+        t = Table(title=f"Models ({len(models.entries)}) — --model ID (offline shapes)")
+        for col in ("model", "layers", "hidden", "heads/kv", "FFN", "experts", "dtype / weights",
+                    "max len", "default GPU/TP/vLLM"):
+            t.add_column(col, overflow="fold", no_wrap=col == "model")
+        for name, e in models.entries.items():
+            c = e.config
+            experts = (f"{c.num_local_experts} top-{c.num_experts_per_tok}" if c.is_moe else "-")
+            ffn = f"{c.intermediate_size}" + (f" / {c.moe_intermediate_size}" if c.moe_intermediate_size else "")
+            w = f"{c.bytes_per_param:g} B" + (f" / {c.weight_bytes_per_param:g} B" if c.weight_bytes_per_param else "")
+            d = coeffs.deployment_defaults(name)
+            t.add_row(name, str(c.num_layers), str(c.hidden_size), f"{c.num_heads}/{c.num_kv_heads}", ffn,
+                      experts, w, str(derive_max_model_len(c)), f"{d.gpu} / {d.tp} / {d.vllm}" if d else "-")
+        con.print(t)
+    if what in (What.all, What.coefficients):
+        rows = [r for m, rs in coeffs.blackbox.items() for r in rs if model is None or m == model]
+        t = Table(title=f"Blackbox coefficients ({len(rows)} rows; first match of model, GPU, TP, vLLM wins)")
+        for col in ("model", "GPU", "TP", "vLLM", "KV blocks", "alpha (µs)", "beta (µs)"):
+            t.add_column(col, overflow="fold")
+        for r in rows:
+            t.add_row(r.model, r.gpu, str(r.tp), r.vllm, str(r.kv_blocks), _coeffs(r.alpha), _coeffs(r.beta))
+        con.print(t)
+        t = Table(title="Global coefficient sets (crossmodel, trained-roofline)")
+        for col in ("backend", "alpha", "beta"):
+            t.add_column(col, overflow="fold")
+        for name, gs in (("crossmodel", coeffs.crossmodel), ("trained-roofline", coeffs.trained_roofline)):
+            if gs is not None:
+                t.add_row(name, _coeffs(gs.alpha), _coeffs(gs.beta))
+        con.print(t)
+
+
+# ---------------------------------------------------------------------------- command
+def register(app: typer.Typer) -> None:
+    @app.command("catalog")
+    def catalog(
+        what: What = typer.Argument(What.all, help="which catalog to list"),
+        fmt: CatalogFormat = typer.Option(CatalogFormat.table, "--format", case_sensitive=False,
+                                          help="rich tables or one JSON document"),
+        model: str = typer.Option(None, "--model", help="only this model's coefficient rows and defaults"),
+        hardware_config: str = typer.Option("", "--hardware-config", metavar="FILE",
+                                            help="BLIS hardware_config.json to add"),
+        defaults_filepath: str = typer.Option("", "--defaults-filepath", metavar="FILE",
+                                              help="BLIS defaults.yaml layered over the coefficients"),
+    ) -> None:
+        """List the offline catalogs: GPUs, model shapes, trained coefficient sets."""
+        gpus = gpu_catalog(hardware_config)
+        models = builtin_models()
+        coeffs = builtin_coefficients()
+        if defaults_filepath:
+            coeffs = read_blis_defaults(defaults_filepath, field="--defaults-filepath").layered_over(coeffs)
+        model = model.lower() if model else None
+        if fmt is CatalogFormat.json:
+            doc = {}
+            if what in (What.all, What.gpus):
+                doc["gpus"] = gpus_data(gpus)
+            if what in (What.all, What.models):
+                doc["models"] = models_data(models, coeffs)
+            if what in (What.all, What.coefficients):
+                doc["coefficients"] = coefficients_data(coeffs, model)
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        else:
+            print_tables(what, gpus, models, coeffs, model)

@@ -1,0 +1,119 @@
+"""``blis-simpy catalog`` and the offline catalog path of ``blis-simpy run``."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from blis_simpy.catalog.hardware import builtin_gpus
+from blis_simpy.catalog.models import builtin_models
+
+DATA = Path(__file__).resolve().parents[1] / "catalog" / "data"
+ISSUE_MODELS = ("qwen/qwen3-14b", "qwen/qwen3-32b", "qwen/qwen3-30b-a3b", "mistralai/mixtral-8x7b-v0.1",
+                "meta-llama/llama-3.1-70b", "deepseek-ai/deepseek-v3")
+ISSUE_GPUS = ("H100", "A100-SXM", "A100-80", "L40S", "H200", "B200", "RTX-4090", "RTX-PRO-6000")
+
+
+def _ok(res):
+    assert res.exit_code == 0, (res.exit_code, res.stdout, res.stderr)
+    return res
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    """No network and an empty working directory: everything must come from the package."""
+    def refuse(*a, **k):
+        raise AssertionError("network access attempted")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_catalog_json_lists_every_model_and_gpu(cli, offline):
+    doc = json.loads(_ok(cli("catalog", "--format", "json")).stdout)
+    assert set(doc) == {"gpus", "models", "coefficients"}
+    assert set(ISSUE_GPUS) <= set(doc["gpus"]) and set(doc["gpus"]) == set(builtin_gpus().names())
+    assert set(ISSUE_MODELS) <= set(doc["models"]) and set(doc["models"]) == set(builtin_models().names())
+    assert doc["gpus"]["H200"]["source"] and doc["gpus"]["B200"]["tflops_fp8"] == 4500.0
+    q = doc["models"]["qwen/qwen3-14b"]
+    assert q["num_layers"] == 40 and q["derived_max_model_len"] == 40960
+    assert q["defaults"] == {"gpu": "H100", "tp": 1, "vllm": "v0.11.0"}
+    assert len(doc["coefficients"]["blackbox"]) == 87
+    assert doc["coefficients"]["crossmodel"]["beta"] == [116.11, 1226.868, 19.943, 9445.157]
+
+
+def test_catalog_tables_list_every_model_and_gpu(cli, offline):
+    out = _ok(cli("catalog")).stdout
+    for name in builtin_gpus().names() + builtin_models().names():
+        assert name in out, name
+    assert "Blackbox coefficients (87 rows" in out and "trained-roofline" in out
+    gpus_only = _ok(cli("catalog", "gpus")).stdout
+    assert "H200" in gpus_only and "qwen/qwen3-14b" not in gpus_only and "Sources:" in gpus_only
+
+
+def test_catalog_coefficients_of_one_model(cli):
+    doc = json.loads(_ok(cli("catalog", "coefficients", "--model", "Qwen/Qwen3-14B", "--format", "json")).stdout)
+    rows = doc["coefficients"]["blackbox"]
+    assert [(r["gpu"], r["tp"], r["vllm"], r["kv_blocks"]) for r in rows] == [("H100", 1, "v0.11.0", 17600)]
+
+
+def test_catalog_with_user_files(cli):
+    res = _ok(cli("catalog", "--format", "json", "--hardware-config", DATA / "hardware_config.json",
+                  "--defaults-filepath", DATA / "blis_defaults.yaml"))
+    doc = json.loads(res.stdout)
+    assert doc["gpus"]["TEST-GPU"]["memory_gib"] == 32.0
+    assert any(r["model"] == "test/tiny-model" for r in doc["coefficients"]["blackbox"])
+
+
+def test_run_qwen3_14b_on_h100_offline_with_no_files(cli, offline):
+    res = _ok(cli("run", "--model", "qwen/qwen3-14b", "--hardware", "H100", "--num-requests", "20",
+                  "--format", "json", "--log", "info"))
+    doc = json.loads(res.stdout)
+    cluster = doc["cluster"] if "cluster" in doc else doc
+    assert json.dumps(cluster).count('"completed_requests": 20') >= 1
+    err = res.stderr
+    assert "tp 1: default of qwen/qwen3-14b" in err                          # TP from the defaults
+    assert "total_kv_blocks 17600: catalog row" in err                       # KV from the catalog row
+    assert "model config: built-in catalog" in err
+    assert list(Path.cwd().iterdir()) == []                                  # nothing written or cached
+
+
+def test_run_resolves_roofline_by_default(cli, offline):
+    res = _ok(cli("run", "--model", "qwen/qwen3-14b", "--num-requests", "3", "--log", "info"))
+    assert "roofline" in res.stdout and "hardware H100: default" in res.stderr
+
+
+@pytest.mark.parametrize("args, flag, words", [
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization", "must be in (0, 1]"),
+    (["--kv-offload-threshold", "2"], "--kv-offload-threshold", "must be in [0, 1]"),
+    (["--kv-cpu-blocks", "-1"], "--kv-cpu-blocks", "must be >= 0"),
+    (["--kv-transfer-bandwidth", "0"], "--kv-transfer-bandwidth", "must be > 0"),
+    (["--latency-compat", "bogus"], "--latency-compat", "must be one of fixed, checkout"),
+    (["--hardware", "H300"], "--hardware", "unknown GPU 'H300'"),
+    (["--hardware-config", "nope.json"], "--hardware-config", "no such file"),
+    (["--model", "acme/x"], "--hardware", "needs a GPU"),
+    (["--latency-model", "blackbox", "--tp", "8"], "--latency-model", "No trained coefficients found"),
+])
+def test_bad_catalog_flags_are_one_line_errors(cli, args, flag, words):
+    base = {"--model": "qwen/qwen3-14b", "--num-requests": "3"}
+    for i in range(0, len(args), 2):
+        base[args[i]] = args[i + 1]
+    res = cli("run", *[x for kv in base.items() for x in kv])
+    assert res.exit_code != 0
+    line = res.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert words in line, line
+    assert line.startswith(f"error: {flag}: "), line
+
+
+def test_gpu_memory_utilization_changes_auto_kv(cli, offline):
+    def blocks(*extra):
+        res = _ok(cli("run", "--model", "qwen/qwen3-14b", "--hardware", "A100-SXM", "--num-requests", "1",
+                      "--log", "info", *extra))
+        return int(res.stderr.split("total_kv_blocks ")[1].split(":")[0])
+    assert blocks() == 15_909
+    assert blocks("--gpu-memory-utilization", "0.8") < 15_909
