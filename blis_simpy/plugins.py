@@ -15,6 +15,8 @@ Third-party policies live in ordinary modules; they are imported by a scenario's
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from importlib import metadata
 from typing import Any, ClassVar
 
@@ -86,17 +88,32 @@ _loaded: set[str] = set()
 
 def load_plugins(modules: list[str] | tuple[str, ...] = (), *, entry_points: bool = True,
                  source: str | None = None) -> None:
-    """Import plugin modules (each registers its policies by subclassing)."""
+    """Import plugin modules (each registers its policies by subclassing).
+
+    ``modules`` are dotted module paths. They are looked up on ``sys.path`` and, when
+    ``source`` (the scenario file) is given, first in the scenario's own folder — so a
+    ``my_router.py`` next to the scenario is found as ``plugins: [my_router]``.
+    """
     if entry_points and "<entry-points>" not in _loaded:
         _loaded.add("<entry-points>")
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
             ep.load()
+    folder = os.path.dirname(os.path.abspath(source)) if source else None
     for mod in modules:
         if mod in _loaded:
             continue
+        added = folder is not None and folder not in sys.path
+        if added:
+            sys.path.insert(0, folder)
         try:
             importlib.import_module(mod)
         except ImportError as exc:
             raise ConfigError(f"cannot import plugin module {mod!r}: {exc}", file=source,
                               field="plugins") from None
+        except Exception as exc:  # user code failing at import time (e.g. a duplicate name)
+            raise ConfigError(f"plugin module {mod!r} failed to import: {type(exc).__name__}: {exc}",
+                              file=source, field="plugins") from None
+        finally:
+            if added:
+                sys.path.remove(folder)
         _loaded.add(mod)
