@@ -7,6 +7,7 @@ An admission policy is a plain synchronous decider returning ``(admitted, reason
             return (req.input_len <= 4096, "too long")
 
 Policies may keep state (a token bucket does); one policy object serves the whole run.
+A policy that never looks at ``state.snapshots`` may say so (``uses_snapshots = False``).
 A policy that sheds by SLO tier sets ``sheds_by_tier = True``: every rejection is then
 counted per class in the anomaly counters (``Shed (<class>)``).
 """
@@ -22,6 +23,9 @@ from blis_simpy.plugins import Pluggable
 class AdmissionPolicy(Pluggable, family="admission policy"):
     #: rejections are counted per SLO class (``shed_by_tier``)
     sheds_by_tier: ClassVar[bool] = False
+    #: False for a policy that never reads ``state.snapshots``: with always-fresh snapshots
+    #: the cluster then skips building them (``state.snapshots`` is empty)
+    uses_snapshots: ClassVar[bool] = True
 
     def __init__(self, params=None, **_ignored):
         self.params = params if params is not None else type(self).Params()
@@ -31,5 +35,7 @@ class AdmissionPolicy(Pluggable, family="admission policy"):
 
 
 class AlwaysAdmit(AdmissionPolicy, name="always-admit", aliases=("",)):
+    uses_snapshots = False
+
     def admit(self, req, state: RouterState) -> tuple[bool, str]:
         return True, ""

@@ -31,6 +31,8 @@ class TokenBucket(AdmissionPolicy, name="token-bucket"):
     subtract when ``tokens >= cost``, else reject (``"insufficient tokens"``).
     """
 
+    uses_snapshots = False
+
     class Params(BaseModel):
         model_config = ConfigDict(extra="forbid")
         capacity: PositiveFinite = Field(10000.0, description="bucket size, tokens")
@@ -58,6 +60,8 @@ class TokenBucket(AdmissionPolicy, name="token-bucket"):
 
 class RejectAll(AdmissionPolicy, name="reject-all"):
     """Rejects everything (a test policy)."""
+
+    uses_snapshots = False
 
     def admit(self, req, state: RouterState) -> tuple[bool, str]:
         return False, "reject-all"

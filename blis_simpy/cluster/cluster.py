@@ -56,6 +56,9 @@ class Cluster(InstanceListener):
         self.inflight = [0] * len(instances)
         self.counters = ControlPlaneCounters()
         self._n = len(instances)
+        # Skipping the admission snapshots is invisible only when they are always fresh (a
+        # periodic refresh at admission time changes what routing sees later).
+        self._admission_blind = not admission.uses_snapshots and snapshot_refresh_interval_us == 0
         for inst in instances:
             inst.listener = self
         if 0 < env.horizon_us < admission_latency_us + routing_latency_us:
@@ -105,7 +108,10 @@ class Cluster(InstanceListener):
 
     # ------------------------------------------------------------------ admission
     def _on_admission(self, req) -> None:
-        state = self.router_state(req)
+        if self._admission_blind:
+            state = RouterState((), self.env.now)
+        else:
+            state = self.router_state(req)
         ok, reason = self.admission.admit(req, state)
         if self.trace is not None:
             self.trace.record_admission(req, state.clock_us, ok, reason)

@@ -75,9 +75,14 @@ class SnapshotProvider:
 
     def snapshot(self, inst, in_flight: int, clock_us: int) -> InstanceSnapshot:
         k = inst.index
-        if self.interval == 0:
-            fields = self.read(inst)
-        elif clock_us - self._last[k] >= self.interval:
+        if self.interval == 0:   # the hot path, inlined
+            kv = inst.kv
+            total = kv.total_blocks
+            used = kv.used
+            return InstanceSnapshot(inst.id, k, len(inst.waitq), len(inst.running),
+                                    used / total if total > 0 else 0.0, total - used,
+                                    kv.cache_hit_rate(), in_flight, inst.model)
+        if clock_us - self._last[k] >= self.interval:
             fields = self._cache[k] = self.read(inst)
             self._last[k] = clock_us
         else:
