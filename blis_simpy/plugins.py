@@ -77,9 +77,11 @@ class Pluggable:
             return cls.Params(**(params or {}))
         except ValidationError as exc:
             err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
+            loc = ""
+            for part in err["loc"]:
+                loc += f"[{part}]" if isinstance(part, int) else ("." if loc else "") + str(part)
             where = f"{field}.{loc}" if field and loc else (field or loc or None)
-            raise ConfigError(err["msg"], field=where) from None
+            raise ConfigError(err["msg"].removeprefix("Value error, "), field=where) from None
 
 
 ENTRY_POINT_GROUP = "blis_simpy.plugins"
