@@ -117,8 +117,12 @@ def load_policy_bundle(path: str):
 
 
 def _families() -> dict[str, type]:
-    from blis_simpy.cli.flags import families
-    return families()
+    """The policy registries (importing the packages registers the built-ins)."""
+    from blis_simpy.admission import AdmissionPolicy
+    from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
+    from blis_simpy.routing import Router
+    return {"admission": AdmissionPolicy, "routing": Router, "scheduler": Scheduler,
+            "priority": PriorityPolicy}
 
 
 # ---------------------------------------------------------------------------- flag parsers
