@@ -89,7 +89,7 @@ FLAG_CASES = {
     "roofline with coefficients": (["--latency-model", "roofline", "--alpha-coeffs", "1,2,3",
                                     "--beta-coeffs", "1,2,3"], "--latency-model", "roofline"),
     "unknown routing": (["--routing-policy", "nope"], "--routing-policy",
-                        "valid: always-busiest, least-loaded, round-robin, weighted"),
+                        "least-loaded, round-robin, weighted"),
     "stdev quirk": (["--output-tokens-stdev", "0"], "--output-tokens-stdev", "[min, max]"),
     "min above max": (["--prompt-tokens-min", "900", "--prompt-tokens-max", "800"],
                       "--prompt-tokens-min", "<= max"),
