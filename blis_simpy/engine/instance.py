@@ -94,6 +94,7 @@ class Instance:
         self.injected = 0
         self._doorbell: Event | None = None
         self._pos = 0              # batch-position counter (admission order)
+        self._stuck_at: dict[str, int] = {}   # request -> progress count when it got stuck
         self.process = env.process(self._run())
 
     # ================================================================= process structure
@@ -394,6 +395,7 @@ class Instance:
     def _preempt_for_tokens(self, req, n: int, order: list) -> bool:
         """Allocate for ``req``, evicting from the tail of ``order`` until it fits."""
         kv = self.kv
+        need_tokens = req.pi + n
         while True:
             if self._alloc(req, n):
                 return True
@@ -412,19 +414,36 @@ class Instance:
             victim.pi = 0
             kv.release(victim)
             victim.computed_tokens = 0
-            if victim is req and not order:
+            if victim is req and not order and self._hopeless(req, need_tokens):
                 self._drop_hopeless(req)
                 return False
             self.waitq.appendleft(victim)
             if victim is req:
                 return False
 
+    def _hopeless(self, req, need_tokens: int) -> bool:
+        """Can ``req``, alone in the batch and unable to get KV, ever finish?
+
+        Not if its sequence needs more blocks than the whole cache. Otherwise queued
+        requests hold the blocks it needs (PD decode sub-requests, CPU-tier commits); BLIS
+        re-queues it, which can succeed once — but if it ends up alone and stuck again
+        with nothing finished on this instance in between, it would loop forever.
+        """
+        if ceil_div(need_tokens, self.kv.block_size) > self.kv.total_blocks:
+            return True
+        m = self.metrics
+        progress = m.completed_requests + m.timed_out_requests + m.dropped_unservable
+        stuck = self._stuck_at.get(req.id)
+        self._stuck_at[req.id] = progress
+        return stuck == progress
+
     def _drop_hopeless(self, req) -> None:
-        """A request alone in the batch cannot get a KV slot: it needs more KV than the
-        whole cache holds and would be recomputed forever (BLIS livelocks here). It is
-        dropped as unservable instead, like an enqueue-guard drop."""
-        log.warning("dropping request %s: its %d tokens need more than the %d KV blocks of %s",
-                    req.id, req.input_len + req.output_len, self.kv.total_blocks, self.id)
+        """A request that can never get the KV it needs (see :meth:`_hopeless`) would be
+        recomputed forever (BLIS livelocks here). It is dropped as unservable instead, like
+        an enqueue-guard drop."""
+        log.warning("dropping request %s: it cannot get the KV blocks it needs on %s "
+                    "(%d KV blocks in all) and would be recomputed forever",
+                    req.id, self.id, self.kv.total_blocks)
         req.state = DROPPED
         met = self.metrics
         met.dropped_unservable += 1

@@ -870,10 +870,6 @@ def test_engines_match_the_spec_model_and_each_other(w):
     assert kv_ref.calls > 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine: Instance._drop_hopeless assumes a request alone in the batch that cannot get "
-    "a KV slot needs more than the whole cache; with the CPU tier a queued request can hold "
-    "blocks (BLIS keeps case-B commits on failure), so a servable request is dropped"))
 @pytest.mark.parametrize("impl", IMPLS)
 def test_a_request_that_fits_the_cache_is_not_dropped_while_a_queued_request_holds_blocks(impl):
     """The reload scenario above with 40 output tokens for B2: it needs 7 of the 8 blocks,
