@@ -16,6 +16,8 @@ never change simulation state. The clock is an integer number of microseconds.
 
 from __future__ import annotations
 
+from collections import deque
+
 import simpy
 from simpy.events import Event
 
@@ -91,3 +93,50 @@ class SimEnv(simpy.Environment):
     def run_to_horizon(self) -> None:
         """Process every event with time ≤ horizon (spec/01 §4: events at the horizon run)."""
         self.run(until=self.horizon_us + 1)
+
+
+class Mailbox:
+    """A FIFO hand-off between processes whose deliveries run at a fixed event key.
+
+    ``put(item)`` at time *t* delivers to a waiting ``get()`` as an event at ``(t, key)``,
+    exactly where BLIS would have pushed the corresponding event; items put while the
+    reader is busy queue up and are delivered in order, each at the reader's next ``get``.
+    (A deque plus a wake-up event: SimPy's Store schedules at NORMAL priority, which would
+    break BLIS's ordering.)
+    """
+
+    __slots__ = ("env", "key", "items", "_getter")
+
+    def __init__(self, env: simpy.Environment, key: int):
+        self.env = env
+        self.key = key
+        self.items: deque = deque()
+        self._getter: Event | None = None
+
+    def put(self, item) -> None:
+        g = self._getter
+        if g is not None:
+            self._getter = None
+            g._ok = True
+            g._value = item
+            self.env.schedule(g, self.key, 0)
+        else:
+            self.items.append(item)
+
+    def put_at(self, time_us: int, item) -> None:
+        """Deliver ``item`` at a later time (a keyed timed event that puts it)."""
+        ev = Call(self.env, self.put, item)
+        self.env.schedule(ev, self.key, time_us - self.env.now)
+
+    def get(self) -> Event:
+        ev = Event(self.env)
+        if self.items:
+            ev._ok = True
+            ev._value = self.items.popleft()
+            self.env.schedule(ev, self.key, 0)
+        else:
+            self._getter = ev
+        return ev
+
+    def __len__(self) -> int:
+        return len(self.items)

@@ -145,6 +145,61 @@ class TraceWorkload(Strict):
 Workload = Annotated[DistributionWorkload | TraceWorkload, Field(discriminator="kind")]
 
 
+class PoolOverrides(Strict):
+    """Per-pool replacements of the global instance config (spec/06 §4); None = inherit."""
+
+    tp: PosInt | None = None
+    hardware: str | None = None
+    latency_model: str | None = None
+    max_model_len: PosInt | None = None
+    total_kv_blocks: PosInt | None = None
+    routing: RoutingConfig | None = Field(
+        None, description="this pool's own router (BLIS: --prefill/--decode-routing-scorers)")
+
+
+class DeciderConfig(Strict):
+    policy: str = Field("never", description="never | always | prefix-threshold | direct-to-decode")
+    params: dict = Field(default_factory=dict)
+
+
+class TransferConfig(Strict):
+    """The KV-transfer fabric between the pools (spec/06 §3.4, §5)."""
+
+    bandwidth_gbps: PosFloat = Field(25.0, description="shared fabric bandwidth, GB/s (1 GB = 1e9 B)")
+    base_latency_ms: NonNegFloat = Field(0.05, description="fixed cost per transfer, ms")
+    kv_bytes_per_token: PosInt | None = Field(
+        None, description="KV bytes per token; None = derived from the model shape")
+    contention: Literal["none", "snapshot", "fair-share"] | None = Field(
+        None, description="none: every transfer gets the full bandwidth; snapshot: BLIS's share "
+                          "fixed at start; fair-share: processor sharing. None = fair-share "
+                          "(compat checkout: none)")
+
+
+class InterferenceConfig(Strict):
+    """Co-location slowdown of mixed prefill/decode batches (spec/06 §6)."""
+
+    prefill: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 0.0
+    decode: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 0.0
+
+
+class DisaggregationConfig(Strict):
+    """Prefill/decode pools (spec/06). Pools exist when both instance counts are > 0."""
+
+    prefill_instances: NonNegInt = 0
+    decode_instances: NonNegInt = 0
+    decider: DeciderConfig = Field(default_factory=DeciderConfig)
+    transfer: TransferConfig = Field(default_factory=TransferConfig)
+    interference: InterferenceConfig = Field(default_factory=InterferenceConfig)
+    prefill_pool: PoolOverrides = Field(default_factory=PoolOverrides)
+    decode_pool: PoolOverrides = Field(default_factory=PoolOverrides)
+    compat: Literal["fixed", "checkout"] = Field(
+        "fixed", description="checkout: reproduce the Go checkout's PD behaviour (parity mode)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.prefill_instances > 0 and self.decode_instances > 0
+
+
 class Scenario(Strict):
     """Everything one simulation run needs."""
 
@@ -163,6 +218,7 @@ class Scenario(Strict):
     latency: LatencyConfig = Field(default_factory=LatencyConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)
     workload: Workload = Field(default_factory=DistributionWorkload)
     plugins: list[str] = Field(default_factory=list, description="modules to import (custom policies)")
     trace: TraceConfig = Field(default_factory=TraceConfig)
