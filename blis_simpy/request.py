@@ -63,6 +63,7 @@ class Request:
         # --- engine state -----------------------------------------------------------------
         "state", "pi", "num_new_tokens", "computed_tokens", "ttft_set", "first_token_us",
         "itl", "scheduled_step", "finished_step", "length_capped", "batch_pos", "enqueue_us",
+        "first_itl_us",
         # --- KV cache (owned by the kv package) -------------------------------------------
         "kv_blocks", "kv_len", "kv_base", "_hash_bs", "_prompt_hashes",
         # --- lazy decode bookkeeping (owned by the engine) --------------------------------
@@ -118,6 +119,7 @@ class Request:
         self.length_capped = False
         self.batch_pos = 0
         self.enqueue_us = -1
+        self.first_itl_us = 0
         self.kv_blocks = []
         self.kv_len = 0
         self.kv_base = 0

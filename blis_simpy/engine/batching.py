@@ -95,12 +95,19 @@ class BatchFormation:
         while (len(self.running) < cap and waitq and self._budget > 0 and not self._preempted):
             nxt = waitq[0]
             if nxt.is_decode_sub:            # PD decode sub-request: prompt KV already held
-                if not kv.allocate(nxt, nxt.pi, nxt.pi + 1):
+                if nxt.output_len == 0:       # nothing to decode: completes in this step
+                    n = 0                     # (spec/06 §3.7 REC; BLIS would crash)
+                elif kv.allocate(nxt, nxt.pi, nxt.pi + 1):
+                    n = 1
+                else:
                     break
                 waitq.popleft()
-                self._admit(nxt, 1)
-                nxt.computed_tokens = nxt.pi + 1
-                self._admitted_decode_sub(nxt)
+                self._admit(nxt, n)
+                nxt.computed_tokens = nxt.pi + n
+                if n and nxt.pi >= nxt.input_len:
+                    self._admitted_decode_sub(nxt)
+                else:                         # preempted earlier: recomputed as a prefill
+                    self._admitted_prefill(nxt)
                 scheduled.append(nxt)
                 continue
             cached = kv.get_cached_blocks(nxt)

@@ -307,6 +307,9 @@ class FastInstance(Instance):
         cov = self.cov
         itl_sum = 0
         n_itl = 0
+        if segs:
+            s0 = segs[0][0]
+            req.first_itl_us = cum[s0 + 1] - cum[s0]
         for s, e in segs:
             itl_sum += cum[e] - cum[s]
             n_itl += e - s

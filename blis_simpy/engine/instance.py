@@ -146,6 +146,27 @@ class Instance(BatchFormation):
         q = self.latency.queueing_time(req)
         self.env.call_at(now_us + q, self.key_queued, self._on_queued, req)
 
+    def inject_decode(self, req, now_us: int) -> None:
+        """A PD decode sub-request whose prompt KV was pre-allocated here (spec/06 §3.6):
+        straight into the wait queue — no queueing delay, no enqueue guards, its input not
+        counted again — with its timeout, and a step if the instance is idle."""
+        req.assigned_instance = self.id
+        self.metrics.registry[req.id] = req
+        self.injected += 1
+        self._touch(now_us)
+        if 0 < req.deadline_us <= now_us:    # its deadline passed during the transfer
+            self.kv.release(req)              # (BLIS schedules a timeout in the past)
+            req.state = TIMED_OUT
+            self.metrics.timed_out_requests += 1
+            self.listener.on_request_done(self, req, now_us)
+            return
+        req.enqueue_us = now_us
+        self.waitq.append(req)
+        if 0 < req.deadline_us <= self.horizon_us:
+            self.env.call_at(req.deadline_us, self.key_timeout, self._on_timeout, req)
+        if not self.running and not self.step_pending:
+            self._push_step(max(self.clock_us, now_us))
+
     def _on_queued(self, req) -> None:
         now = self.env.now
         self._touch(now)
@@ -336,6 +357,8 @@ class Instance(BatchFormation):
         L = req.output_len
         itl = req.itl
         itl_sum = sum(itl)
+        if itl:
+            req.first_itl_us = itl[0]
         post = self.post_decode_us if L > 0 else 0
         e2e = req.first_token_us + itl_sum + post
         met.e2e[req.id] = e2e

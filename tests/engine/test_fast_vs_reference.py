@@ -28,6 +28,7 @@ def _snapshot(m):
     # unfinished requests (horizon cut, timed out): their state and ITL samples so far
     snap["unfinished"] = {rid: (r.state, list(r.itl)) for rid, r in m.registry.items()
                           if r.state != COMPLETED}
+    snap["first_itl"] = {rid: r.first_itl_us for rid, r in m.registry.items()}
     return snap
 
 
@@ -72,7 +73,7 @@ def test_fast_engine_equals_reference(w):
         res = run(scenario(implementation=impl, **engine), reqs, horizon_us=horizon)
         results[impl] = _snapshot(res.instances[0])
     ref, fast = results["reference"], results["fast"]
-    for f in (*FIELDS, "unfinished"):
+    for f in (*FIELDS, "unfinished", "first_itl"):
         assert fast[f] == ref[f], f"{f} differs: fast={fast[f]!r} reference={ref[f]!r}"
 
 
