@@ -157,7 +157,9 @@ def _with_progress(plan: runner.Plan) -> runner.Outcome:
 
 
 def _print(out: runner.Outcome, fmt: Format) -> None:
-    from blis_simpy.metrics.report import render_blis, render_json, render_tables
+    from blis_simpy.metrics.blis_text import render_blis
+    from blis_simpy.metrics.report import render_json
+    from blis_simpy.metrics.tables import render_tables
     if fmt is Format.blis:
         sys.stdout.write(render_blis(out.report))
     elif fmt is Format.json:

@@ -24,8 +24,9 @@ from blis_simpy.config.loader import Source, check_scenario, load_raw, undotted,
 from blis_simpy.config.resolve import build_latency_model
 from blis_simpy.config.scenario import Scenario, TraceWorkload
 from blis_simpy.errors import ConfigError
+from blis_simpy.metrics.fitness import compute_fitness
 from blis_simpy.metrics.report import Report, write_results
-from blis_simpy.metrics.summary import compute_fitness, metrics_output, replay_results
+from blis_simpy.metrics.summary import metrics_output, replay_results
 from blis_simpy.plugins import load_plugins
 from blis_simpy.request import COMPLETED, TIMED_OUT
 from blis_simpy.units import MAX_INT64

@@ -146,7 +146,7 @@ def scorer_text(text: str) -> list[dict]:
 
 def fitness_text(text: str) -> dict[str, float]:
     """``--fitness-weights "key:w,key:w"`` → ``{key: w}`` (spec/08 §7)."""
-    from blis_simpy.metrics.summary import FITNESS_KEYS
+    from blis_simpy.metrics.fitness import FITNESS_KEYS
     out: dict[str, float] = {}
     if not text.strip():
         return out

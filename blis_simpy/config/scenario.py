@@ -228,7 +228,7 @@ class Scenario(Strict):
     @field_validator("fitness_weights")
     @classmethod
     def _fitness_keys(cls, v: dict) -> dict:
-        from blis_simpy.metrics.summary import FITNESS_KEYS
+        from blis_simpy.metrics.fitness import FITNESS_KEYS
         for k in v:
             if k not in FITNESS_KEYS:
                 raise ValueError(f"unknown fitness key {k!r}; valid keys: {', '.join(sorted(FITNESS_KEYS))}")

@@ -1,19 +1,20 @@
-"""The end-of-run report and its three renderings (spec/08 §4–§5).
+"""The end-of-run report: its data, its JSON rendering and results files (spec/08 §4–§5).
 
 A :class:`Report` holds everything printed at the end of a run: per-instance records, the
 cluster aggregate (after any PD correction), admission/routing rejections, tier-shed counts,
 the priority-policy name, and the optional fitness, PD and decision-trace summaries. Those
-three optional parts are plain data (:class:`~blis_simpy.metrics.summary.FitnessResult`,
+three optional parts are plain data (:class:`~blis_simpy.metrics.fitness.FitnessResult`,
 :class:`PDMetrics`, :class:`TraceSummary`, or mappings with the same field names) that their
-producers fill; this module only prints them.
+producers fill; the renderers only print them.
 
 Renderers:
 
-* :func:`render_blis` — BLIS ``run``'s stdout, byte for byte (used for both ``run`` and
-  ``replay``: replay also prints the ``Rejected Requests (Admission)`` /
-  ``Rejected Requests (Routing)`` pair, see the conformance README).
+* :func:`~blis_simpy.metrics.blis_text.render_blis` — BLIS ``run``'s stdout, byte for byte
+  (used for both ``run`` and ``replay``: replay also prints the
+  ``Rejected Requests (Admission)`` / ``Rejected Requests (Routing)`` pair, see the
+  conformance README).
 * :func:`render_json` — one JSON document for pipes (schema below).
-* :func:`render_tables` — rich tables for a terminal.
+* :func:`~blis_simpy.metrics.tables.render_tables` — rich tables for a terminal.
 
 ``render_json`` schema (keys always present, in this order; ``null`` when a part is absent)::
 
@@ -51,33 +52,37 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 from blis_simpy.metrics import gojson
+from blis_simpy.metrics.fitness import FitnessResult
 from blis_simpy.metrics.percentile import Distribution
-from blis_simpy.metrics.records import InstanceMetrics
-from blis_simpy.metrics.summary import (
-    FitnessResult,
+from blis_simpy.metrics.raw import (
     ModelMetrics,
     SLOMetrics,
-    aggregate,
     hol_blocking_events,
-    metrics_output,
     per_model_metrics,
     preemption_rate,
     priority_inversions,
     slo_distributions,
 )
+from blis_simpy.metrics.records import InstanceMetrics
+from blis_simpy.metrics.summary import aggregate, metrics_output
 
 __all__ = [
     "AnomalyCounters",
     "PDMetrics",
     "Report",
     "TraceSummary",
-    "render_blis",
+    "is_idle_ratio",
     "render_json",
-    "render_tables",
+    "report_dict",
     "write_results",
 ]
 
 FLOAT_MAX = sys.float_info.max
+
+
+def is_idle_ratio(r: float) -> bool:
+    """``PDMetrics.load_imbalance_ratio`` means "one pool idle" (printed ``inf``)."""
+    return math.isinf(r) or r >= FLOAT_MAX
 
 
 # ------------------------------------------------------------------- optional sections
@@ -247,127 +252,6 @@ class Report:
         return per_model_metrics(self.cluster)
 
 
-# ------------------------------------------------------------------------ BLIS stdout
-def _metrics_block(m: InstanceMetrics) -> list[str]:
-    return ["=== Simulation Metrics ===", gojson.dumps(metrics_output(m, include_requests=False))]
-
-
-def _fitness_lines(f: FitnessResult) -> list[str]:
-    lines = ["=== Fitness Evaluation ===", f"Score: {f.score:.6f}"]
-    lines += [f"  {k}: {f.components[k]:.6f}" for k in sorted(f.components)]
-    return lines
-
-
-def _anomaly_lines(a: AnomalyCounters) -> list[str]:
-    lines = ["=== Anomaly Counters ===",
-             f"Priority Inversions: {a.priority_inversions}",
-             f"HOL Blocking Events: {a.hol_blocking_events}",
-             f"Rejected Requests (Admission): {a.rejected_requests_admission}"]
-    lines += [f"  Shed ({k}): {a.shed_by_tier[k]}" for k in sorted(a.shed_by_tier)]
-    lines += [f"Rejected Requests (Routing): {a.rejected_requests_routing}",
-              f"Dropped Unservable: {a.dropped_unservable}",
-              f"Length-Capped Requests: {a.length_capped_requests}"]
-    if a.dropped_kv_allocations > 0:
-        lines.append(f"Dropped KV Allocations: {a.dropped_kv_allocations}")
-    return lines
-
-
-def _kv_lines(rates: tuple[float, float, float]) -> list[str]:
-    pr, hit, thr = rates
-    return ["=== KV Cache Metrics ===", f"Preemption Rate: {pr:.4f}", f"Cache Hit Rate: {hit:.4f}",
-            f"KV Thrashing Rate: {thr:.4f}"]
-
-
-def _slo_lines(per_slo: Mapping[str, SLOMetrics]) -> list[str]:
-    lines = ["=== Per-SLO Metrics ==="]
-    for cls in sorted(per_slo):
-        s = per_slo[cls]
-        lines += [f"  {cls}:",
-                  f"    TTFT: mean={s.ttft.mean:.2f} p99={s.ttft.p99:.2f} (n={s.ttft.count})",
-                  f"    E2E:  mean={s.e2e.mean:.2f} p99={s.e2e.p99:.2f} (n={s.e2e.count})"]
-    return lines
-
-
-def _model_lines(per_model: Mapping[str, ModelMetrics]) -> list[str]:
-    lines = ["=== Per-Model Metrics ==="]
-    for mdl in sorted(per_model):
-        s = per_model[mdl]
-        lines += [f"  {mdl}:",
-                  f"    TTFT: p50={s.ttft.p50:.2f} p99={s.ttft.p99:.2f} (n={s.ttft.count})",
-                  f"    E2E:  p50={s.e2e.p50:.2f} p99={s.e2e.p99:.2f} (n={s.e2e.count})",
-                  f"    Throughput: {s.throughput_rps:.2f} req/s, {s.tokens_per_sec:.2f} tok/s"]
-    return lines
-
-
-def _is_idle_ratio(r: float) -> bool:
-    return math.isinf(r) or r >= FLOAT_MAX
-
-
-def _pd_lines(pd: PDMetrics) -> list[str]:
-    ratio = pd.load_imbalance_ratio
-    lines = ["=== PD Metrics ===",
-             f"Disaggregated Requests: {pd.disaggregated_count}",
-             f"Dropped at Decode KV: {pd.dropped_at_decode_kv}",
-             f"Prefill Throughput: {pd.prefill_throughput:.4f} sub-req/s",
-             f"Decode Throughput: {pd.decode_throughput:.4f} sub-req/s",
-             ("Load Imbalance Ratio: inf (one pool idle)" if _is_idle_ratio(ratio)
-              else f"Load Imbalance Ratio: {ratio:.4f}")]
-    for label, d in (("Parent TTFT (us)", pd.parent_ttft),
-                     ("KV Transfer Duration (us)", pd.transfer_duration)):
-        if d.count > 0:
-            lines.append(f"{label}: mean={d.mean:.1f} p50={d.p50:.1f} p95={d.p95:.1f} "
-                         f"p99={d.p99:.1f}")
-    if pd.contention:
-        lines += [f"Peak Concurrent Transfers: {pd.peak_concurrent_transfers}",
-                  f"Mean Transfer Queue Depth: {pd.mean_transfer_queue_depth:.4f}"]
-    return lines
-
-
-def _trace_lines(t: TraceSummary) -> list[str]:
-    lines = ["=== Trace Summary ===",
-             f"Total Decisions: {t.total_decisions}",
-             f"  Admitted: {t.admitted_count}",
-             f"  Rejected: {t.rejected_count}",
-             f"Unique Targets: {t.unique_targets}"]
-    if t.target_distribution:
-        lines.append("Target Distribution:")
-        lines += [f"  {k}: {t.target_distribution[k]}" for k in sorted(t.target_distribution)]
-    lines += [f"Mean Regret: {t.mean_regret:.6f}", f"Max Regret: {t.max_regret:.6f}"]
-    if t.disaggregation_count > 0:
-        lines += ["=== PD Disaggregation Summary ===",
-                  f"Disaggregation Decisions: {t.disaggregation_count}",
-                  f"  Disaggregated: {t.disaggregated_count}",
-                  f"KV Transfers: {t.kv_transfer_count}",
-                  f"Mean Transfer Duration (µs): {t.mean_transfer_duration:.2f}"]
-    return lines
-
-
-def render_blis(report: Report) -> str:
-    """BLIS ``run``'s stdout for ``report``, sections in spec/08 §5 order."""
-    lines: list[str] = []
-    if report.num_instances > 1:
-        for inst in report.instances:
-            if inst.completed_requests >= 1:
-                lines += _metrics_block(inst)
-    if report.cluster.completed_requests >= 1:
-        lines += _metrics_block(report.cluster)
-    if report.fitness is not None:
-        lines += _fitness_lines(report.fitness)
-    if report.anomalies.any():
-        lines += _anomaly_lines(report.anomalies)
-    if any(report.kv_rates):
-        lines += _kv_lines(report.kv_rates)
-    if len(report.per_slo) > 1:
-        lines += _slo_lines(report.per_slo)
-    if report.per_model:
-        lines += _model_lines(report.per_model)
-    if report.pd is not None:
-        lines += _pd_lines(report.pd)
-    if report.trace_summary is not None:
-        lines += _trace_lines(report.trace_summary)
-    return "".join(line + "\n" for line in lines)
-
-
 # ------------------------------------------------------------------------------- JSON
 def report_dict(report: Report) -> dict:
     """The structured document behind :func:`render_json` (see the module docstring)."""
@@ -391,134 +275,6 @@ def report_dict(report: Report) -> dict:
 def render_json(report: Report) -> str:
     """One JSON document (2-space indent, trailing newline) for pipes."""
     return gojson.dumps(report_dict(report)) + "\n"
-
-
-# ----------------------------------------------------------------------------- tables
-def _f(x: float, nd: int = 2) -> str:
-    return f"{x:,.{nd}f}"
-
-
-def render_tables(report: Report, console) -> None:
-    """Print the report as rich tables on ``console`` (a :class:`rich.console.Console`)."""
-    from rich.table import Table
-
-    c = metrics_output(report.cluster, include_requests=False)
-
-    summary = Table(title="Summary", title_justify="left")
-    summary.add_column("Metric")
-    summary.add_column("Value", justify="right")
-    summary.add_row("Instances", str(report.num_instances))
-    summary.add_row("Completed / injected",
-                    f"{c['completed_requests']:,} / {c['injected_requests']:,}")
-    summary.add_row("Simulated duration", f"{_f(c['vllm_estimated_duration_s'], 3)} s")
-    summary.add_row("Throughput", f"{_f(c['responses_per_sec'])} req/s")
-    summary.add_row("Output tokens/s", f"{_f(c['tokens_per_sec'])} tok/s")
-    summary.add_row("Input / output tokens",
-                    f"{c['total_input_tokens']:,} / {c['total_output_tokens']:,}")
-    console.print(summary)
-
-    lat = Table(title="Latency (ms)", title_justify="left")
-    lat.add_column("Metric")
-    for h in ("mean", "p90", "p95", "p99"):
-        lat.add_column(h, justify="right")
-    for name, key in (("TTFT", "ttft"), ("E2E", "e2e"), ("ITL", "itl")):
-        lat.add_row(name, *(_f(c[f"{key}_{s}_ms"], 3) for s in ("mean", "p90", "p95", "p99")))
-    lat.add_row("Scheduling delay", "", "", "", _f(c["scheduling_delay_p99_ms"], 3))
-    console.print(lat)
-
-    a = report.anomalies
-    cnt = Table(title="Counters", title_justify="left")
-    cnt.add_column("Counter")
-    cnt.add_column("Value", justify="right")
-    rows = [("Still queued", c["still_queued"]), ("Still running", c["still_running"]),
-            ("Timed out", c["timed_out_requests"]), ("Preemptions", c["preemption_count"]),
-            ("KV allocation failures", report.cluster.kv_allocation_failures),
-            ("Dropped unservable", a.dropped_unservable),
-            ("Length-capped", a.length_capped_requests),
-            ("Rejected (admission)", a.rejected_requests_admission)]
-    rows += [(f"  shed ({k})", a.shed_by_tier[k]) for k in sorted(a.shed_by_tier)]
-    rows += [("Rejected (routing)", a.rejected_requests_routing),
-             ("Priority inversions", a.priority_inversions),
-             ("HOL blocking events", a.hol_blocking_events)]
-    if a.dropped_kv_allocations:
-        rows.append(("Dropped KV allocations", a.dropped_kv_allocations))
-    for label, v in rows:
-        cnt.add_row(label, f"{v:,}")
-    console.print(cnt)
-
-    pr, hit, thr = report.kv_rates
-    kv = Table(title="KV cache", title_justify="left")
-    kv.add_column("Metric")
-    kv.add_column("Value", justify="right")
-    kv.add_row("Preemption rate", f"{pr:.4f}")
-    kv.add_row("Cache hit rate", f"{hit:.2%}")
-    kv.add_row("KV thrashing rate", f"{thr:.2%}")
-    kv.add_row("Peak KV blocks", f"{report.cluster.peak_kv_blocks:,}")
-    console.print(kv)
-
-    if len(report.per_slo) > 1:
-        t = Table(title="Per SLO class (ms)", title_justify="left")
-        for h in ("Class", "n", "TTFT mean", "TTFT p99", "E2E mean", "E2E p99"):
-            t.add_column(h, justify="left" if h == "Class" else "right")
-        for cls, s in report.per_slo.items():
-            t.add_row(cls, f"{s.e2e.count:,}", _f(s.ttft.mean / 1000, 3), _f(s.ttft.p99 / 1000, 3),
-                      _f(s.e2e.mean / 1000, 3), _f(s.e2e.p99 / 1000, 3))
-        console.print(t)
-
-    if report.per_model:
-        t = Table(title="Per model", title_justify="left")
-        for h in ("Model", "n", "TTFT p50 (ms)", "TTFT p99 (ms)", "E2E p50 (ms)", "E2E p99 (ms)",
-                  "req/s", "tok/s"):
-            t.add_column(h, justify="left" if h == "Model" else "right")
-        for mdl, s in report.per_model.items():
-            t.add_row(mdl, f"{s.e2e.count:,}", _f(s.ttft.p50 / 1000, 3), _f(s.ttft.p99 / 1000, 3),
-                      _f(s.e2e.p50 / 1000, 3), _f(s.e2e.p99 / 1000, 3), _f(s.throughput_rps),
-                      _f(s.tokens_per_sec))
-        console.print(t)
-
-    if report.pd is not None:
-        pd = report.pd
-        t = Table(title="Prefill/decode disaggregation", title_justify="left")
-        t.add_column("Metric")
-        t.add_column("Value", justify="right")
-        t.add_row("Disaggregated requests", f"{pd.disaggregated_count:,}")
-        t.add_row("Dropped at decode KV", f"{pd.dropped_at_decode_kv:,}")
-        t.add_row("Prefill throughput", f"{pd.prefill_throughput:.4f} sub-req/s")
-        t.add_row("Decode throughput", f"{pd.decode_throughput:.4f} sub-req/s")
-        r = pd.load_imbalance_ratio
-        t.add_row("Load imbalance ratio", "inf (one pool idle)" if _is_idle_ratio(r) else f"{r:.4f}")
-        if pd.parent_ttft.count:
-            t.add_row("Parent TTFT p50 / p99", f"{_f(pd.parent_ttft.p50 / 1000, 3)} / "
-                      f"{_f(pd.parent_ttft.p99 / 1000, 3)} ms")
-        if pd.transfer_duration.count:
-            t.add_row("KV transfer p50 / p99", f"{_f(pd.transfer_duration.p50 / 1000, 3)} / "
-                      f"{_f(pd.transfer_duration.p99 / 1000, 3)} ms")
-        if pd.contention:
-            t.add_row("Peak concurrent transfers", f"{pd.peak_concurrent_transfers:,}")
-            t.add_row("Mean transfer queue depth", f"{pd.mean_transfer_queue_depth:.4f}")
-        console.print(t)
-
-    if report.trace_summary is not None:
-        ts = report.trace_summary
-        t = Table(title="Decision trace", title_justify="left")
-        t.add_column("Metric")
-        t.add_column("Value", justify="right")
-        t.add_row("Decisions (admitted / rejected)",
-                  f"{ts.total_decisions:,} ({ts.admitted_count:,} / {ts.rejected_count:,})")
-        t.add_row("Unique targets", f"{ts.unique_targets:,}")
-        for k in sorted(ts.target_distribution):
-            t.add_row(f"  {k}", f"{ts.target_distribution[k]:,}")
-        t.add_row("Mean / max regret", f"{ts.mean_regret:.6f} / {ts.max_regret:.6f}")
-        console.print(t)
-
-    if report.fitness is not None:
-        t = Table(title="Fitness", title_justify="left")
-        t.add_column("Component")
-        t.add_column("Value", justify="right")
-        for k in sorted(report.fitness.components):
-            t.add_row(k, f"{report.fitness.components[k]:.6f}")
-        t.add_row("score", f"{report.fitness.score:.6f}")
-        console.print(t)
 
 
 # ------------------------------------------------------------------------------ files

@@ -27,7 +27,8 @@ from blis_simpy.config.resolve import Deployment
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.kv.tiered import TieredKVCache
 from blis_simpy.latency.blackbox import BlackboxModel
-from blis_simpy.metrics.report import Report, render_blis
+from blis_simpy.metrics.blis_text import render_blis
+from blis_simpy.metrics.report import Report
 from blis_simpy.metrics.summary import metrics_output, replay_results
 from blis_simpy.request import Request, hash_block, hash_chain
 from tests.conftest import shared_or_skip

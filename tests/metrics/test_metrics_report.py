@@ -10,18 +10,19 @@ import os
 import pytest
 from rich.console import Console
 
+from blis_simpy.metrics.blis_text import render_blis
+from blis_simpy.metrics.fitness import FitnessResult
 from blis_simpy.metrics.percentile import Distribution
 from blis_simpy.metrics.report import (
     FLOAT_MAX,
     PDMetrics,
     Report,
     TraceSummary,
-    render_blis,
     render_json,
-    render_tables,
     write_results,
 )
-from blis_simpy.metrics.summary import FitnessResult, aggregate
+from blis_simpy.metrics.summary import aggregate
+from blis_simpy.metrics.tables import render_tables
 from tests.metrics.helpers import from_replay_case, from_rows_case, instance, load_expected, req
 
 TINY_BLOCK = """=== Simulation Metrics ===

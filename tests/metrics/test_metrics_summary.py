@@ -10,21 +10,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from blis_simpy.metrics.fitness import FITNESS_KEYS, compute_fitness
 from blis_simpy.metrics.percentile import Distribution
-from blis_simpy.metrics.summary import (
-    FITNESS_KEYS,
+from blis_simpy.metrics.raw import (
     _count_pairs_over_double,
-    aggregate,
-    compute_fitness,
     hol_blocking_events,
-    metrics_output,
     per_model_metrics,
     preemption_rate,
     priority_inversions,
     raw_throughput,
+    slo_distributions,
+)
+from blis_simpy.metrics.summary import (
+    aggregate,
+    metrics_output,
     replay_results,
     request_rows,
-    slo_distributions,
 )
 from tests.metrics.helpers import from_replay_case, from_rows_case, instance, req
 

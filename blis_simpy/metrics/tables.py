@@ -1,0 +1,136 @@
+"""The end-of-run report as rich tables for a terminal (``--format table``)."""
+
+from __future__ import annotations
+
+from blis_simpy.metrics.report import Report, is_idle_ratio
+from blis_simpy.metrics.summary import metrics_output
+
+__all__ = ["render_tables"]
+
+
+def _f(x: float, nd: int = 2) -> str:
+    return f"{x:,.{nd}f}"
+
+
+def render_tables(report: Report, console) -> None:
+    """Print the report as rich tables on ``console`` (a :class:`rich.console.Console`)."""
+    from rich.table import Table
+
+    c = metrics_output(report.cluster, include_requests=False)
+
+    summary = Table(title="Summary", title_justify="left")
+    summary.add_column("Metric")
+    summary.add_column("Value", justify="right")
+    summary.add_row("Instances", str(report.num_instances))
+    summary.add_row("Completed / injected",
+                    f"{c['completed_requests']:,} / {c['injected_requests']:,}")
+    summary.add_row("Simulated duration", f"{_f(c['vllm_estimated_duration_s'], 3)} s")
+    summary.add_row("Throughput", f"{_f(c['responses_per_sec'])} req/s")
+    summary.add_row("Output tokens/s", f"{_f(c['tokens_per_sec'])} tok/s")
+    summary.add_row("Input / output tokens",
+                    f"{c['total_input_tokens']:,} / {c['total_output_tokens']:,}")
+    console.print(summary)
+
+    lat = Table(title="Latency (ms)", title_justify="left")
+    lat.add_column("Metric")
+    for h in ("mean", "p90", "p95", "p99"):
+        lat.add_column(h, justify="right")
+    for name, key in (("TTFT", "ttft"), ("E2E", "e2e"), ("ITL", "itl")):
+        lat.add_row(name, *(_f(c[f"{key}_{s}_ms"], 3) for s in ("mean", "p90", "p95", "p99")))
+    lat.add_row("Scheduling delay", "", "", "", _f(c["scheduling_delay_p99_ms"], 3))
+    console.print(lat)
+
+    a = report.anomalies
+    cnt = Table(title="Counters", title_justify="left")
+    cnt.add_column("Counter")
+    cnt.add_column("Value", justify="right")
+    rows = [("Still queued", c["still_queued"]), ("Still running", c["still_running"]),
+            ("Timed out", c["timed_out_requests"]), ("Preemptions", c["preemption_count"]),
+            ("KV allocation failures", report.cluster.kv_allocation_failures),
+            ("Dropped unservable", a.dropped_unservable),
+            ("Length-capped", a.length_capped_requests),
+            ("Rejected (admission)", a.rejected_requests_admission)]
+    rows += [(f"  shed ({k})", a.shed_by_tier[k]) for k in sorted(a.shed_by_tier)]
+    rows += [("Rejected (routing)", a.rejected_requests_routing),
+             ("Priority inversions", a.priority_inversions),
+             ("HOL blocking events", a.hol_blocking_events)]
+    if a.dropped_kv_allocations:
+        rows.append(("Dropped KV allocations", a.dropped_kv_allocations))
+    for label, v in rows:
+        cnt.add_row(label, f"{v:,}")
+    console.print(cnt)
+
+    pr, hit, thr = report.kv_rates
+    kv = Table(title="KV cache", title_justify="left")
+    kv.add_column("Metric")
+    kv.add_column("Value", justify="right")
+    kv.add_row("Preemption rate", f"{pr:.4f}")
+    kv.add_row("Cache hit rate", f"{hit:.2%}")
+    kv.add_row("KV thrashing rate", f"{thr:.2%}")
+    kv.add_row("Peak KV blocks", f"{report.cluster.peak_kv_blocks:,}")
+    console.print(kv)
+
+    if len(report.per_slo) > 1:
+        t = Table(title="Per SLO class (ms)", title_justify="left")
+        for h in ("Class", "n", "TTFT mean", "TTFT p99", "E2E mean", "E2E p99"):
+            t.add_column(h, justify="left" if h == "Class" else "right")
+        for cls, s in report.per_slo.items():
+            t.add_row(cls, f"{s.e2e.count:,}", _f(s.ttft.mean / 1000, 3), _f(s.ttft.p99 / 1000, 3),
+                      _f(s.e2e.mean / 1000, 3), _f(s.e2e.p99 / 1000, 3))
+        console.print(t)
+
+    if report.per_model:
+        t = Table(title="Per model", title_justify="left")
+        for h in ("Model", "n", "TTFT p50 (ms)", "TTFT p99 (ms)", "E2E p50 (ms)", "E2E p99 (ms)",
+                  "req/s", "tok/s"):
+            t.add_column(h, justify="left" if h == "Model" else "right")
+        for mdl, s in report.per_model.items():
+            t.add_row(mdl, f"{s.e2e.count:,}", _f(s.ttft.p50 / 1000, 3), _f(s.ttft.p99 / 1000, 3),
+                      _f(s.e2e.p50 / 1000, 3), _f(s.e2e.p99 / 1000, 3), _f(s.throughput_rps),
+                      _f(s.tokens_per_sec))
+        console.print(t)
+
+    if report.pd is not None:
+        pd = report.pd
+        t = Table(title="Prefill/decode disaggregation", title_justify="left")
+        t.add_column("Metric")
+        t.add_column("Value", justify="right")
+        t.add_row("Disaggregated requests", f"{pd.disaggregated_count:,}")
+        t.add_row("Dropped at decode KV", f"{pd.dropped_at_decode_kv:,}")
+        t.add_row("Prefill throughput", f"{pd.prefill_throughput:.4f} sub-req/s")
+        t.add_row("Decode throughput", f"{pd.decode_throughput:.4f} sub-req/s")
+        r = pd.load_imbalance_ratio
+        t.add_row("Load imbalance ratio", "inf (one pool idle)" if is_idle_ratio(r) else f"{r:.4f}")
+        if pd.parent_ttft.count:
+            t.add_row("Parent TTFT p50 / p99", f"{_f(pd.parent_ttft.p50 / 1000, 3)} / "
+                      f"{_f(pd.parent_ttft.p99 / 1000, 3)} ms")
+        if pd.transfer_duration.count:
+            t.add_row("KV transfer p50 / p99", f"{_f(pd.transfer_duration.p50 / 1000, 3)} / "
+                      f"{_f(pd.transfer_duration.p99 / 1000, 3)} ms")
+        if pd.contention:
+            t.add_row("Peak concurrent transfers", f"{pd.peak_concurrent_transfers:,}")
+            t.add_row("Mean transfer queue depth", f"{pd.mean_transfer_queue_depth:.4f}")
+        console.print(t)
+
+    if report.trace_summary is not None:
+        ts = report.trace_summary
+        t = Table(title="Decision trace", title_justify="left")
+        t.add_column("Metric")
+        t.add_column("Value", justify="right")
+        t.add_row("Decisions (admitted / rejected)",
+                  f"{ts.total_decisions:,} ({ts.admitted_count:,} / {ts.rejected_count:,})")
+        t.add_row("Unique targets", f"{ts.unique_targets:,}")
+        for k in sorted(ts.target_distribution):
+            t.add_row(f"  {k}", f"{ts.target_distribution[k]:,}")
+        t.add_row("Mean / max regret", f"{ts.mean_regret:.6f} / {ts.max_regret:.6f}")
+        console.print(t)
+
+    if report.fitness is not None:
+        t = Table(title="Fitness", title_justify="left")
+        t.add_column("Component")
+        t.add_column("Value", justify="right")
+        for k in sorted(report.fitness.components):
+            t.add_row(k, f"{report.fitness.components[k]:.6f}")
+        t.add_row("score", f"{report.fitness.score:.6f}")
+        console.print(t)
+
