@@ -86,20 +86,22 @@ class Cluster(InstanceListener):
         self.env.call_at(self.env.now + self.admission_latency_us, ADMISSION, self._on_admission, req)
 
     # ------------------------------------------------------------------ router state
-    def router_state(self, req=None) -> RouterState:
+    def router_state(self, req=None, among=None) -> RouterState:
         """Snapshots of the instances ``req`` may go to (index order) and the clock.
 
-        A request naming a model only sees instances serving that model (spec/05 §2).
+        ``among`` restricts the candidates to those instances (a PD pool). A request naming
+        a model only sees instances serving that model (spec/05 §2).
         """
         now = self.env.now
         snap = self.snapshots.snapshot
         inflight = self.inflight
+        insts = self.instances if among is None else among
         model = req.model if req is not None else ""
         if model:
-            snaps = tuple(snap(inst, inflight[inst.index], now) for inst in self.instances
+            snaps = tuple(snap(inst, inflight[inst.index], now) for inst in insts
                           if not inst.model or inst.model == model)
         else:
-            snaps = tuple(snap(inst, inflight[inst.index], now) for inst in self.instances)
+            snaps = tuple(snap(inst, inflight[inst.index], now) for inst in insts)
         return RouterState(snaps, now)
 
     def snapshot(self, inst: Instance):
@@ -128,25 +130,38 @@ class Cluster(InstanceListener):
 
     # ------------------------------------------------------------------ routing
     def _on_routing(self, req) -> None:
-        state = self.router_state(req)
+        self.route(req, None, self.router)
+
+    def choose(self, req, among, router: Router, *, what: str = "request"):
+        """Ask ``router`` for an instance among ``among`` (None = all); None if there is
+        no candidate. Returns ``(instance, state, decision)``."""
+        state = self.router_state(req, among)
         if not state.snapshots:
-            log.warning("no routable instance for %s (model %r)", req.id, req.model)
-            self.counters.rejected_at_routing += 1
-            return
-        decision = self.router.route(req, state)
+            log.warning("no routable instance for %s %s (model %r)", what, req.id, req.model)
+            return None
+        decision = router.route(req, state)
         target = decision.target
         if not 0 <= target < self._n or not any(s.index == target for s in state.snapshots):
-            raise ValueError(f"routing policy {self.router.name!r} returned instance index "
+            raise ValueError(f"routing policy {router.name!r} returned instance index "
                              f"{target}, not one of the {len(state.snapshots)} candidates")
-        inst = self.instances[target]
         if decision.priority:
             req.priority = decision.priority
+        return self.instances[target], state, decision
+
+    def route(self, req, among, router: Router) -> Instance | None:
+        """Standard routing (spec/05 §4): choose, trace, count in flight, inject, observe."""
+        chosen = self.choose(req, among, router)
+        if chosen is None:
+            self.counters.rejected_at_routing += 1
+            return None
+        inst, state, decision = chosen
         if self.trace is not None:
             self.trace.record_routing(req, state, decision, inst.id)
-        self.inflight[target] += 1
+        self.inflight[inst.index] += 1
         self.counters.routed += 1
         inst.inject(req, self.env.now)
-        self.router.observe(req, target)
+        router.observe(req, inst.index)
+        return inst
 
     # ------------------------------------------------------------------ listener
     def on_request_done(self, inst: Instance, req, tick_us: int) -> None:
