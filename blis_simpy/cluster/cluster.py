@@ -126,6 +126,10 @@ class Cluster(InstanceListener):
             log.debug("admission rejected %s: %s", req.id, reason)
             return
         c.admitted += 1
+        self._after_admission(req)
+
+    def _after_admission(self, req) -> None:
+        """An admitted request goes to routing after the routing latency."""
         self.env.call_at(self.env.now + self.routing_latency_us, ROUTING, self._on_routing, req)
 
     # ------------------------------------------------------------------ routing

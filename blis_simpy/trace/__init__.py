@@ -41,6 +41,24 @@ class DecisionTrace(TraceRecords):
         self.routings.append(RoutingRecord(req.id, state.clock_us, chosen_id, decision.reason,
                                            scores, cands, regret))
 
+    def record_disaggregation(self, req, clock_us: int, disaggregate: bool) -> None:
+        self.disaggregations.append(DisaggregationRecord(req.id, clock_us, disaggregate))
+
+    def record_pool_routing(self, pool: str, parent_id: str, state, decision, chosen_id: str) -> None:
+        """A prefill- or decode-pool routing decision (``pool`` = "prefill" or "decode")."""
+        scores = dict(decision.scores) if decision.scores is not None else None
+        cands, regret = counterfactual(state.snapshots, scores, chosen_id, self.k)
+        rec = PoolRoutingRecord(parent_id, state.clock_us, chosen_id, scores, cands, regret)
+        (self.prefill_routings if pool == "prefill" else self.decode_routings).append(rec)
+
+    def record_kv_transfer(self, parent) -> None:
+        duration = parent.transfer_complete_us - parent.transfer_start_us
+        if duration < 0:
+            duration = 0
+        self.kv_transfers.append(KVTransferRecord(
+            parent.id, parent.transfer_start_us, duration, parent.num_kv_blocks,
+            parent.prefill_instance, parent.decode_instance))
+
     def summary(self):
         return summarize(self)
 

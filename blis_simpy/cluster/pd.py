@@ -1,0 +1,236 @@
+"""Prefill/decode disaggregation in the control plane (spec/06 §3).
+
+:class:`PDCluster` extends :class:`~blis_simpy.cluster.cluster.Cluster` with a prefill pool
+and a decode pool, each a SimPy process reading a :class:`~blis_simpy.des.Mailbox`, and the
+KV-transfer fabric (:class:`~blis_simpy.disagg.fabric.KVTransferFabric`) between them::
+
+    Admission ─► DisaggregationDecision ─┬─ no ─► RoutingDecision (local: decode pool)
+                                         └─ yes ─► parent + "<id>_prefill"
+    prefill pool ─► prefill instance ─► [prefill done, detected after its event]
+    fabric: KVTransferStarted ─► KVTransferCompleted ─► "<id>_decode"
+    decode pool ─► decode instance (KV pre-allocated) ─► [decode done] ─► parent complete
+
+Every hand-off happens at the event key BLIS gives it (spec/01 §3.1), so the order of
+events, ties included, is BLIS's. Parent records keep each phase's time (INV-PD-4).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from blis_simpy.cluster.cluster import Cluster
+from blis_simpy.des import (
+    DECODE_ROUTING,
+    DISAGGREGATION,
+    KV_TRANSFER_STARTED,
+    PREFILL_ROUTING,
+    ROUTING,
+    Mailbox,
+)
+from blis_simpy.disagg.parent import ParentRequest
+from blis_simpy.request import COMPLETED, DROPPED, Request
+from blis_simpy.units import ceil_div
+
+log = logging.getLogger("blis_simpy.cluster")
+
+
+class PDCluster(Cluster):
+    """A cluster whose instances are split into a prefill pool and a decode pool.
+
+    ``roles[k]`` is ``"prefill"``, ``"decode"`` or ``""`` (unassigned) for instance ``k``.
+    ``local_routing`` is ``"decode-pool"`` (the seed's INV-P2-4, our default) or ``"all"``
+    (the Go checkout). ``on_parent_done(parent_request, state, tick_us)`` is called when a
+    disaggregated request finishes or fails (closed-loop sessions).
+    """
+
+    def __init__(self, env, instances, admission, router, *, roles, decider, fabric,
+                 kv_bytes_per_token: float, block_size: int, prefill_router=None,
+                 decode_router=None, local_routing: str = "decode-pool", on_parent_done=None,
+                 **kw):
+        super().__init__(env, instances, admission, router, **kw)
+        self.roles = list(roles)
+        self.prefill_pool = [inst for inst, r in zip(instances, roles, strict=True) if r == "prefill"]
+        self.decode_pool = [inst for inst, r in zip(instances, roles, strict=True) if r == "decode"]
+        self.decider = decider
+        self.fabric = fabric
+        fabric.on_complete = self._on_transfer_complete
+        self.kv_bytes_per_token = float(kv_bytes_per_token)
+        self.block_size = block_size
+        self.prefill_router = prefill_router or router
+        self.decode_router = decode_router or router
+        self.local_routing = local_routing
+        self.on_parent_done = on_parent_done
+        self.parents: dict[str, ParentRequest] = {}
+        self.pending_prefill: dict[str, ParentRequest] = {}
+        self.pending_decode: dict[str, ParentRequest] = {}
+        self.prefill_completed = 0
+        self.decode_completed = 0
+        self.dropped_at_decode_kv = 0
+        self.prefill_routed = 0
+        self.decode_injected = 0
+        self._prefill_done: list = []
+        self._decode_done: list = []
+        self.prefill_inbox = Mailbox(env, PREFILL_ROUTING)
+        self.fabric_inbox = Mailbox(env, KV_TRANSFER_STARTED)
+        self.decode_inbox = Mailbox(env, DECODE_ROUTING)
+        env.process(self._pool(self.prefill_inbox, self._route_prefill))
+        env.process(self._pool(self.fabric_inbox, self._start_transfer))
+        env.process(self._pool(self.decode_inbox, self._route_decode))
+
+    @staticmethod
+    def _pool(inbox: Mailbox, handle):
+        """A pool (or the fabric's front door): take the next hand-off, handle it."""
+        while True:
+            item = yield inbox.get()
+            handle(item)
+
+    # ------------------------------------------------------------------ decision
+    def _after_admission(self, req) -> None:
+        self.env.call_at(self.env.now, DISAGGREGATION, self._on_disaggregation, req)
+
+    def _on_disaggregation(self, req) -> None:
+        now = self.env.now
+        split = self.decider.decide(req)
+        if self.trace is not None:
+            self.trace.record_disaggregation(req, now, split)
+        lat = self.routing_latency_us
+        if not split:
+            self.env.call_at(now + lat, ROUTING, self._on_local_routing, req)
+            return
+        parent = ParentRequest(req.id, req, num_kv_blocks=ceil_div(req.input_len, self.block_size),
+                               arrival_us=req.arrival_us)
+        self.parents[req.id] = parent
+        sub = Request(parent.prefill_sub_id, req.arrival_us, req.tokens[: req.input_len], (),
+                      max_output_len=req.max_output_len, deadline_us=req.deadline_us,
+                      tenant_id=req.tenant_id, slo_class=req.slo_class, model=req.model,
+                      prefix_group=req.prefix_group, prefix_length=req.prefix_length)
+        _share_hashes(req, sub)
+        parent.prefill_sub = sub
+        self.prefill_inbox.put_at(now + lat, parent)
+
+    def _on_local_routing(self, req) -> None:
+        if self.local_routing == "all":
+            inst = self.route(req, None, self.router)
+        else:
+            inst = self.route(req, self.decode_pool, self.decode_router)
+        if inst is not None and self.decider.stateful:
+            self.decider.observe(req, inst.index)
+
+    # ------------------------------------------------------------------ prefill pool
+    def _route_prefill(self, parent: ParentRequest) -> None:
+        sub = parent.prefill_sub
+        chosen = self.choose(sub, self.prefill_pool, self.prefill_router, what="prefill sub-request")
+        if chosen is None:                  # like a rejection at routing: no callback
+            self.counters.rejected_at_routing += 1
+            return
+        inst, state, decision = chosen
+        now = self.env.now
+        parent.prefill_instance = inst.id
+        parent.prefill_enqueue_us = now
+        if self.trace is not None:
+            self.trace.record_pool_routing("prefill", parent.id, state, decision, inst.id)
+        self.pending_prefill[sub.id] = parent
+        self.inflight[inst.index] += 1
+        self.prefill_routed += 1
+        inst.inject(sub, now)
+        self.prefill_router.observe(sub, inst.index)
+        if self.decider.stateful:
+            self.decider.observe(sub, inst.index)
+
+    # ------------------------------------------------------------------ the fabric
+    def _start_transfer(self, parent: ParentRequest) -> None:
+        parent.transfer_start_us = self.env.now
+        nbytes = parent.num_kv_blocks * self.block_size * self.kv_bytes_per_token
+        self.fabric.start(parent, nbytes)
+
+    def _on_transfer_complete(self, parent: ParentRequest) -> None:
+        now = self.env.now
+        parent.transfer_complete_us = now
+        req = parent.original
+        sub = Request(parent.decode_sub_id, req.arrival_us, req.tokens[: req.input_len],
+                      req.tokens[req.input_len:], max_output_len=req.max_output_len,
+                      deadline_us=req.deadline_us, tenant_id=req.tenant_id,
+                      slo_class=req.slo_class, model=req.model, prefix_group=req.prefix_group,
+                      prefix_length=req.prefix_length, is_decode_sub=True)
+        _share_hashes(req, sub)
+        parent.decode_sub = sub
+        self.decode_inbox.put(parent)
+
+    # ------------------------------------------------------------------ decode pool
+    def _route_decode(self, parent: ParentRequest) -> None:
+        now = self.env.now
+        sub = parent.decode_sub
+        chosen = self.choose(sub, self.decode_pool, self.decode_router, what="decode sub-request")
+        if chosen is None:
+            return self._drop_at_decode(parent, now, "no decode instance")
+        inst, state, decision = chosen
+        sub.pi = 0
+        if sub.input_len and not inst.kv.allocate(sub, 0, sub.input_len):
+            return self._drop_at_decode(parent, now, f"{inst.id} has no KV room for its prompt")
+        sub.pi = sub.input_len
+        parent.decode_instance = inst.id
+        parent.decode_enqueue_us = now
+        if self.trace is not None:
+            self.trace.record_kv_transfer(parent)
+            self.trace.record_pool_routing("decode", parent.id, state, decision, inst.id)
+        self.pending_decode[sub.id] = parent
+        self.inflight[inst.index] += 1
+        self.decode_injected += 1
+        inst.inject_decode(sub, now)
+        self.decode_router.observe(sub, inst.index)
+
+    def _drop_at_decode(self, parent: ParentRequest, now: int, why: str) -> None:
+        log.warning("dropping %s at decode routing: %s", parent.id, why)
+        self.dropped_at_decode_kv += 1
+        parent.completion_us = now
+        self._parent_failed(parent, now, DROPPED)
+
+    # ------------------------------------------------------------------ detection
+    def on_request_done(self, inst, req, tick_us: int) -> None:
+        super().on_request_done(inst, req, tick_us)
+        rid = req.id
+        if rid in self.pending_prefill:
+            if req.state == COMPLETED:
+                self._prefill_done.append(rid)
+            else:                              # timed out or dropped on the prefill pool
+                self._parent_failed(self.pending_prefill[rid], tick_us, req.state)
+        elif rid in self.pending_decode:
+            if req.state == COMPLETED:
+                self._decode_done.append((rid, tick_us))
+            else:
+                self._parent_failed(self.pending_decode[rid], tick_us, req.state)
+
+    def on_event_end(self, inst) -> None:
+        """After each instance event: detect finished prefills and decodes (spec/06 §3.3, §3.7)."""
+        now = self.env.now
+        if self._prefill_done:
+            done, self._prefill_done = sorted(self._prefill_done), []
+            for rid in done:
+                parent = self.pending_prefill.pop(rid)
+                parent.prefill_complete_us = now
+                self.prefill_completed += 1
+                self.fabric_inbox.put(parent)
+        if self._decode_done:
+            done, self._decode_done = sorted(self._decode_done), []
+            for rid, tick in done:
+                parent = self.pending_decode.pop(rid)
+                parent.completion_us = now
+                self.decode_completed += 1
+                if self.on_parent_done is not None:
+                    orig = parent.original
+                    orig.state = COMPLETED
+                    orig.pi = parent.decode_sub.pi
+                    self.on_parent_done(orig, tick)
+
+    def _parent_failed(self, parent: ParentRequest, tick_us: int, state: int) -> None:
+        """A sub-request timed out or was dropped: the parent ends in that state."""
+        if self.on_parent_done is not None:
+            parent.original.state = state
+            self.on_parent_done(parent.original, tick_us)
+
+
+def _share_hashes(src, dst) -> None:
+    """Sub-requests have the parent's prompt: reuse its block hashes if already computed."""
+    if src._prompt_hashes is not None:
+        dst._hash_bs = src._hash_bs
+        dst._prompt_hashes = src._prompt_hashes
