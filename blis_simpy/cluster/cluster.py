@@ -56,6 +56,8 @@ class Cluster(InstanceListener):
         self.inflight = [0] * len(instances)
         self.counters = ControlPlaneCounters()
         self._n = len(instances)
+        #: closed-loop sessions (spec/07 §7): a SessionManager or None; see :meth:`session_done`
+        self.sessions = None
         # Skipping the admission snapshots is invisible only when they are always fresh (a
         # periodic refresh at admission time changes what routing sees later).
         self._admission_blind = not admission.uses_snapshots and snapshot_refresh_interval_us == 0
@@ -124,6 +126,8 @@ class Cluster(InstanceListener):
                 tier = req.slo_class or "standard"
                 c.shed_by_tier[tier] = c.shed_by_tier.get(tier, 0) + 1
             log.debug("admission rejected %s: %s", req.id, reason)
+            if self.sessions is not None:
+                self.sessions.on_request_rejected(req, self.env.now)
             return
         c.admitted += 1
         self._after_admission(req)
@@ -157,6 +161,8 @@ class Cluster(InstanceListener):
         chosen = self.choose(req, among, router)
         if chosen is None:
             self.counters.rejected_at_routing += 1
+            if self.sessions is not None:
+                self.sessions.on_request_rejected(req, self.env.now)
             return None
         inst, state, decision = chosen
         if self.trace is not None:
@@ -174,3 +180,18 @@ class Cluster(InstanceListener):
             self.inflight[k] -= 1
         else:
             log.warning("in-flight count of %s would go negative (clamped at 0)", inst.id)
+        if self.sessions is not None:
+            self.session_done(req, tick_us)
+
+    def session_done(self, req, tick_us: int) -> None:
+        """Closed-loop sessions (spec/07 §7): hand a terminal event (completed, timed out,
+        dropped) to the session manager and submit its follow-ups as ClusterArrivals.
+
+        Instances reach it through :meth:`on_request_done`; with PD, call it with the parent
+        request at parent completion (spec/10 D10) — sub-requests carry no session ID, so
+        the manager ignores them. Rejections (admission, routing) reach the manager's
+        ``on_request_rejected`` instead: BLIS invokes no callback for them, so they never
+        produce a follow-up; the session is only recorded as cancelled.
+        """
+        for f in self.sessions.on_request_done(req, tick_us):
+            self.submit_followup(f)
