@@ -13,6 +13,7 @@ the scenario. Flag problems are :class:`ConfigError` with ``field="--flag-name"`
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ from blis_simpy.units import MAX_INT64
 RUN, REPLAY = "run", "replay"
 BOTH = (RUN, REPLAY)
 SIM, WORKLOAD, OUTPUT = "Simulation", "Workload (run)", "Output"
+PD = "Prefill/decode disaggregation"
+
+log = logging.getLogger("blis_simpy.cli")
 
 
 # ---------------------------------------------------------------------------- parsers
@@ -83,6 +87,24 @@ def unit_interval(v) -> str | None:
 
 def fraction(v) -> str | None:
     return None if math.isfinite(v) and 0 < v <= 1 else f"must be in (0, 1], got {v}"
+
+
+def interference_range(v) -> str | None:
+    return None if math.isfinite(v) and 0 <= v <= 100 else f"must be finite in [0, 100], got {v}"
+
+
+def decider_text(value: str) -> str:
+    """``--pd-decider``: ``""`` means ``never`` (BLIS)."""
+    return value or "never"
+
+
+def decider_rule(v) -> str | None:
+    from blis_simpy.config.resolve import check_decider
+    try:
+        check_decider(v)
+    except ConfigError as exc:
+        return exc.problem
+    return None
 
 
 def one_of(*choices: str) -> Rule:
@@ -213,6 +235,30 @@ FLAGS: tuple[Flag, ...] = (
     F("--kv-transfer-bandwidth", number, "engine.kv_transfer_bandwidth", positive, "CPU->GPU reload bandwidth, blocks/µs (default 100)"),
     F("--kv-transfer-base-latency", integer, "engine.kv_transfer_base_latency_us", non_negative, "fixed cost of a CPU->GPU reload, µs (default 0)"),
     F("--gpu-memory-utilization", number, "engine.gpu_memory_utilization", fraction, "fraction of GPU memory for vLLM, used by KV auto-sizing (default 0.9)"),
+    # (8, cont.) prefill/decode disaggregation (spec/06); the cross-flag rule is _pd_rule
+    F("--prefill-instances", integer, "disaggregation.prefill_instances", non_negative, "prefill pool size: instance_0 … instance_{P-1}; both pool sizes 0 = no PD (default 0)", panel=PD),
+    F("--decode-instances", integer, "disaggregation.decode_instances", non_negative, "decode pool size: the next D instances; P + D <= --num-instances (default 0)", panel=PD),
+    F("--pd-decider", decider_text, "disaggregation.decider.policy", decider_rule, "which requests are disaggregated: never | always | prefix-threshold | direct-to-decode (default never)", panel=PD),
+    F("--pd-prefix-threshold", integer, None, non_negative, "prefix-threshold: disaggregate when the uncached prompt tokens exceed this (default 512)", panel=PD),
+    F("--pd-direct-decode-threshold", integer, None, non_negative, "direct-to-decode: disaggregate prompts of at least this many tokens (default 256)", panel=PD),
+    F("--pd-transfer-bandwidth", number, "disaggregation.transfer.bandwidth_gbps", positive, "KV-transfer bandwidth shared by all transfers, GB/s (default 25)", panel=PD),
+    F("--pd-transfer-base-latency", number, "disaggregation.transfer.base_latency_ms", non_negative, "fixed cost per KV transfer, ms (default 0.05)", panel=PD),
+    F("--pd-kv-bytes-per-token", integer, "disaggregation.transfer.kv_bytes_per_token", positive, "KV bytes per prompt token, all TP ranks (default: from the model shape; --pd-compat checkout: 512)", panel=PD),
+    F("--pd-transfer-contention", P.boolean, None, None, "BLIS's switch: concurrent transfers share the bandwidth (fair-share; with --pd-compat checkout: snapshot)", panel=PD),
+    F("--pd-contention-mode", text, "disaggregation.transfer.contention", one_of("none", "snapshot", "fair-share"), "none | snapshot (share fixed at start, BLIS) | fair-share (processor sharing) (default fair-share; --pd-compat checkout: none)", panel=PD),
+    F("--prefill-routing-scorers", P.scorer_text, None, None, "the prefill pool's own weighted router 'name:weight,...' (default: the main policy)", panel=PD),
+    F("--decode-routing-scorers", P.scorer_text, None, None, "the decode pool's own weighted router 'name:weight,...' (default: the main policy)", panel=PD),
+    F("--prefill-tp", integer, "disaggregation.prefill_pool.tp", positive, "prefill pool tensor parallelism (default --tp)", panel=PD),
+    F("--decode-tp", integer, "disaggregation.decode_pool.tp", positive, "decode pool tensor parallelism (default --tp)", panel=PD),
+    F("--prefill-hardware", text, "disaggregation.prefill_pool.hardware", None, "prefill pool GPU; its calibration times the pool (default --hardware)", panel=PD),
+    F("--decode-hardware", text, "disaggregation.decode_pool.hardware", None, "decode pool GPU; its calibration times the pool (default --hardware)", panel=PD),
+    F("--prefill-latency-model", text, "disaggregation.prefill_pool.latency_model", registered("latency"), "prefill pool latency backend (default --latency-model)", panel=PD),
+    F("--decode-latency-model", text, "disaggregation.decode_pool.latency_model", registered("latency"), "decode pool latency backend (default --latency-model)", panel=PD),
+    F("--prefill-max-model-len", integer, "disaggregation.prefill_pool.max_model_len", positive, "prefill pool context cap (default: global, lowered to the pool's KV capacity)", panel=PD),
+    F("--decode-max-model-len", integer, "disaggregation.decode_pool.max_model_len", positive, "decode pool context cap (default: global, lowered to the pool's KV capacity)", panel=PD),
+    F("--pd-interference-prefill", number, "disaggregation.interference.prefill", interference_range, "slowdown factor of mixed batches that are mostly prefill, [0, 100] (default 0)", panel=PD),
+    F("--pd-interference-decode", number, "disaggregation.interference.decode", interference_range, "slowdown factor of mixed batches that are mostly decode, [0, 100] (default 0)", panel=PD),
+    F("--pd-compat", text, "disaggregation.compat", one_of("fixed", "checkout"), "fixed (default) or checkout: the Go checkout's PD behaviour (parity mode, docs/cli.md)", panel=PD),
     # outputs
     F("--results-path", text, None, None, "write results JSON here (run: metrics + per-request rows; replay: SimResult array)", panel=OUTPUT),
     F("--trace-output", text, None, None, "export the workload as PREFIX.yaml + PREFIX.csv (TraceV2)", (RUN,), OUTPUT),
@@ -368,6 +414,71 @@ def _trace_source(ov: Overrides, data: dict, presets) -> None:
         data["workload"] = {"kind": "trace", "header": vals["--trace-header"], "data": vals["--trace-data"]}
 
 
+def _mapping(data: dict, *path: str) -> dict | None:
+    """The nested mapping at ``path`` (created when missing); None if something else is there."""
+    cur = data
+    for p in path:
+        nxt = cur.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            return None
+        cur = nxt
+    return cur
+
+
+def _pd_rule(ov: Overrides, data: dict, presets) -> None:
+    """The PD flags that are not one key each (spec/06 §2, §5; spec/09 §1).
+
+    * ``--pd-decider`` naming another decider than the scenario's drops its parameters.
+    * ``--pd-prefix-threshold`` / ``--pd-direct-decode-threshold`` become the decider's
+      ``threshold``; given with another decider they are ignored with a warning.
+    * ``--pd-transfer-contention`` (BLIS's bool) selects ``fair-share`` — ``snapshot`` under
+      ``--pd-compat checkout`` — or ``none`` when false; ``--pd-contention-mode`` names the
+      mode directly and must agree with it when both are given.
+    * ``--prefill/decode-routing-scorers`` give that pool a weighted router.
+    """
+    vals = ov.values
+    pd = data.get("disaggregation", {})
+    if not isinstance(pd, dict):
+        return                       # validation reports it
+    dec = pd.get("decider", {})
+    scen_decider = (dec.get("policy") if isinstance(dec, dict) else None) or "never"
+    decider = vals.get("--pd-decider", scen_decider)
+    if decider != scen_decider and isinstance(dec, dict) and "params" in dec:
+        dec["params"] = {}
+    for flag, name in (("--pd-prefix-threshold", "prefix-threshold"),
+                       ("--pd-direct-decode-threshold", "direct-to-decode")):
+        if flag not in vals:
+            continue
+        if decider != name:
+            log.warning("%s is ignored: the decider is %s, not %s", flag, decider, name)
+            continue
+        params = _mapping(data, "disaggregation", "decider", "params")
+        if params is not None:
+            params["threshold"] = vals[flag]
+            ov.origin["disaggregation.decider.params.threshold"] = flag
+    if "--pd-transfer-contention" in vals:
+        on = vals["--pd-transfer-contention"]
+        compat = vals.get("--pd-compat", pd.get("compat", "fixed"))
+        mode = vals.get("--pd-contention-mode")
+        if mode is not None:
+            if (mode != "none") != on:
+                raise ConfigError(f"--pd-transfer-contention={'true' if on else 'false'} contradicts "
+                                  f"--pd-contention-mode {mode}", field="--pd-transfer-contention")
+        else:
+            transfer = _mapping(data, "disaggregation", "transfer")
+            if transfer is not None:
+                transfer["contention"] = ("snapshot" if compat == "checkout" else "fair-share") if on else "none"
+                ov.origin["disaggregation.transfer.contention"] = "--pd-transfer-contention"
+    for flag, role in (("--prefill-routing-scorers", "prefill"), ("--decode-routing-scorers", "decode")):
+        scorers = vals.get(flag)
+        if not scorers:              # "" means not given (BLIS: an empty flag value)
+            continue
+        pool = _mapping(data, "disaggregation", f"{role}_pool")
+        if pool is not None:
+            pool["routing"] = {"policy": "weighted", "params": {"scorers": scorers}}
+            ov.origin[f"disaggregation.{role}_pool.routing"] = flag
+
+
 #: Cross-flag rules, each run right after the row it is keyed by (spec/09 §2 order).
 AFTER: dict[str, Callable[[Overrides, dict, Any], None]] = {
     "--beta-coeffs": _coefficient_rule,
@@ -375,4 +486,5 @@ AFTER: dict[str, Callable[[Overrides, dict, Any], None]] = {
     "--output-tokens-max": _distribution_keys,
     "--trace-data": _trace_source,
     "--fitness-weights": P.apply_policy_settings,
+    "--pd-compat": _pd_rule,
 }

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from blis_simpy.cli.flags import BY_NAME, REPLAY, apply_flags, flag_for_path
 from blis_simpy.cluster.simulation import Simulation, SimulationResult
 from blis_simpy.config.loader import Source, check_scenario, load_raw, undotted, validate
-from blis_simpy.config.resolve import build_latency_model
+from blis_simpy.config.resolve import build_latency_model, resolve_pools
 from blis_simpy.config.scenario import Scenario, TraceWorkload
 from blis_simpy.errors import ConfigError
 from blis_simpy.metrics.fitness import compute_fitness
@@ -122,6 +122,7 @@ def check_components(s: Scenario) -> None:
     for key, cfg in (("admission", s.cluster.admission), ("routing", s.cluster.routing)):
         cls = fam[key].lookup(cfg.policy, field=f"cluster.{key}.policy")
         cls.parse_params(cfg.params, field=f"cluster.{key}.params")
+    resolve_pools(s, quiet=True)   # PD topology, decider, pools (spec/09 §2 step 8)
 
 
 # ---------------------------------------------------------------------------- running

@@ -38,7 +38,18 @@ SAMPLES = {
     "--latency-compat": ("checkout", "checkout"),
     "--kv-offload-threshold": ("0.5", 0.5),
     "--gpu-memory-utilization": ("0.5", 0.5),
+    "--pd-decider": ("always", "always"),
+    "--pd-contention-mode": ("snapshot", "snapshot"),
+    "--prefill-hardware": ("A100-80", "A100-80"),
+    "--decode-hardware": ("A100-80", "A100-80"),
+    "--prefill-latency-model": ("roofline", "roofline"),
+    "--decode-latency-model": ("roofline", "roofline"),
+    "--pd-compat": ("checkout", "checkout"),
 }
+# Flags that are only valid together with others (PD pools need both sizes and instances).
+_POOLS = {"--prefill-instances": "1", "--decode-instances": "1", "--num-instances": "4"}
+COMPANIONS = {"--prefill-instances": _POOLS, "--decode-instances": _POOLS, "--pd-decider": _POOLS,
+              "--pd-contention-mode": _POOLS}
 # Only one member of these families is registered so far: the sample equals quickstart's value.
 SAME_AS_QUICKSTART = {"--latency-model"}
 
@@ -55,7 +66,8 @@ def test_every_flag_sets_its_scenario_key(flag):
     text, value = SAMPLES.get(flag.name, ("3", 3))
     command = F.RUN if F.RUN in flag.commands else F.REPLAY
     before = _get(prepare(command, {}, str(QUICKSTART)).scenario, flag.path)
-    plan = prepare(command, {flag.name: text}, str(QUICKSTART))
+    given = {**COMPANIONS.get(flag.name, {}), flag.name: text}
+    plan = prepare(command, given, str(QUICKSTART))
     assert _get(plan.scenario, flag.path) == value
     assert flag.name in SAME_AS_QUICKSTART or value != before
     assert plan.origin[flag.path] == flag.name
