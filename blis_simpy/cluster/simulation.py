@@ -52,13 +52,19 @@ class SimulationResult:
     events_processed: int
     wall_s: float = 0.0      # wall-clock seconds of the run (diagnostics only, never printed)
     trace: DecisionTrace | None = None   # with trace level "decisions"
+    sessions: object | None = None       # SessionCounters of closed-loop sessions (spec/07 §7)
 
 
 class Simulation:
-    """One cluster of instances on a shared SimPy clock, fed with ``requests``."""
+    """One cluster of instances on a shared SimPy clock, fed with ``requests``.
+
+    ``sessions``: an optional :class:`~blis_simpy.workload.sessions.SessionManager` of
+    closed-loop sessions; it sees every terminal event and its follow-ups enter the cluster
+    as ClusterArrivals (spec/07 §7). Its accounting is checked at the end (INV-11).
+    """
 
     def __init__(self, scenario: Scenario, requests: list, *, horizon_us: int | None = None,
-                 deployment: Deployment | None = None):
+                 deployment: Deployment | None = None, sessions=None):
         self.scenario = scenario
         self.deployment = dep = deployment if deployment is not None else resolve(scenario)
         self.requests = requests
@@ -99,6 +105,8 @@ class Simulation:
                                routing_latency_us=cl.routing_latency_us,
                                snapshot_refresh_interval_us=cl.snapshot_refresh_interval_us,
                                trace=self.trace)
+        self.sessions = sessions
+        self.cluster.sessions = sessions
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimulationResult:
         """Run to the horizon (or until no event is left), then finalize and check."""
@@ -121,10 +129,14 @@ class Simulation:
                     progress(self._done_requests(), self.cluster.counters.offered)
             progress(self._done_requests(), self.cluster.counters.offered)
         metrics = [inst.finalize() for inst in self.instances]
+        sessions = None
+        if self.sessions is not None:   # INV-11; in-flight rounds cut by the horizon end here
+            sessions = self.sessions.finalize(stopped_at_horizon=peek() != float("inf"),
+                                              end_us=min(env.now, limit))
         self._check_invariants()
         self._check_inflight(metrics)
         return SimulationResult(self.scenario, metrics, self.cluster.counters, limit, n,
-                                time.perf_counter() - t0, self.trace)
+                                time.perf_counter() - t0, self.trace, sessions)
 
     def _check_inflight(self, metrics) -> None:
         """spec/05 §1: in-flight ≠ still queued + running is only a warning (requests still in
@@ -153,6 +165,8 @@ class Simulation:
             except AssertionError as exc:
                 raise InvariantError(str(exc), instance=inst.id) from None
         late = sum(1 for r in self.requests if r.arrival_us > self.horizon_us)
+        if self.sessions is not None:
+            late += sum(1 for r in self.sessions.followups if r.arrival_us > self.horizon_us)
         not_arrived = c.offered - c.arrived
         if not_arrived != late:
             raise InvariantError(f"{not_arrived} requests never arrived, but {late} arrive after the horizon")
