@@ -7,8 +7,8 @@ values out of range (negative, NaN, Inf) and the semantic rules of :func:`check_
 
 Line numbers come from PyYAML's composed node tree (:func:`yaml.compose`): :class:`Source`
 maps every key path of the document to the line where the key is written. Relative file
-paths inside a scenario (the trace ``header`` / ``data`` of a trace workload) resolve
-against the directory of the scenario file.
+paths inside a scenario (the trace ``header`` / ``data`` of a trace workload, the ``path``
+of a workload-spec workload) resolve against the directory of the scenario file.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import pydantic
 import yaml
 
-from blis_simpy.config.scenario import DistributionWorkload, Scenario, TraceWorkload
+from blis_simpy.config.scenario import DistributionWorkload, Scenario, SpecWorkload, TraceWorkload
 from blis_simpy.errors import ConfigError
 
 
@@ -145,10 +145,13 @@ def _model_loc(data: object, loc: Loc) -> Loc:
     """Drop pydantic's union tags (``workload.trace.header`` → ``workload.header``)."""
     out: list = []
     cur = data
+    tagged = None   # the mapping whose union tag was dropped (a spec workload has a `spec` key)
     for part in loc:
         if isinstance(part, str) and any(c in part for c in "[]()"):
             continue  # validator wrappers such as "function-after[...]"
-        if isinstance(cur, dict) and part not in cur and part == cur.get("kind"):
+        if isinstance(cur, dict) and cur is not tagged and part == cur.get("kind") and (
+                part not in cur or cur.get("kind") == "spec"):
+            tagged = cur
             continue
         out.append(part)
         if isinstance(cur, dict):
@@ -252,8 +255,8 @@ def resolve_paths(data: dict, base_dir: str) -> None:
         if isinstance(p, str) and p and not os.path.isabs(p):
             data[key] = os.path.normpath(os.path.join(base_dir, p))
     w = data.get("workload")
-    if isinstance(w, dict) and w.get("kind") == "trace":
-        for key in ("header", "data"):
+    if isinstance(w, dict) and w.get("kind") in ("trace", "spec"):
+        for key in ("header", "data") if w["kind"] == "trace" else ("path",):
             p = w.get(key)
             if isinstance(p, str) and p and not os.path.isabs(p):
                 w[key] = os.path.normpath(os.path.join(base_dir, p))
@@ -285,6 +288,8 @@ def summary(s: Scenario) -> str:
     w = s.workload
     if isinstance(w, TraceWorkload):
         work = f"trace workload {w.header} + {w.data}"
+    elif isinstance(w, SpecWorkload):
+        work = f"workload spec {w.path or '(inline)'}"
     else:
         work = f"distribution workload ({w.num_requests} requests at {w.rate:g} req/s)"
     n = s.cluster.num_instances

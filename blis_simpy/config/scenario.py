@@ -10,7 +10,7 @@ tokens; KV sizes are blocks of ``block_size`` tokens.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -142,7 +142,25 @@ class TraceWorkload(Strict):
     data: str
 
 
-Workload = Annotated[DistributionWorkload | TraceWorkload, Field(discriminator="kind")]
+class SpecWorkload(Strict):
+    """A workload-spec v2 (spec/07 §3): a YAML file (``path``, relative to the scenario
+    file) or the same keys inline (``spec``); BLIS's ``--workload-spec``. The spec's own
+    ``seed``, ``horizon`` and ``num_requests`` apply unless the scenario's ``seed`` /
+    ``horizon_us`` / this ``num_requests`` (or their flags) are given."""
+
+    kind: Literal["spec"] = "spec"
+    path: str = Field("", description="workload-spec YAML file")
+    spec: dict[str, Any] | None = Field(None, description="the workload spec, inline")
+    num_requests: NonNegInt | None = Field(None, description="overrides the spec's num_requests")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SpecWorkload:
+        if bool(self.path) == (self.spec is not None):
+            raise ValueError("give exactly one of path (a workload-spec file) and spec (inline)")
+        return self
+
+
+Workload = Annotated[DistributionWorkload | TraceWorkload | SpecWorkload, Field(discriminator="kind")]
 
 
 class PoolOverrides(Strict):
