@@ -187,6 +187,7 @@ FLAGS: tuple[Flag, ...] = (
     F("--latency-compat", text, "latency.compat", one_of("fixed", "checkout"), "fixed (default) or checkout: BLIS 89bece82 parity for MoE latency (roofline expert weights at batch 0; MoE if experts > 0), spec/10 A7, C1"),
     # (6) context cap and workload
     F("--max-model-len", integer, "engine.max_model_len", non_negative, "context cap in tokens; 0 = unlimited (default 0)"),
+    F("--workload-spec", text, None, None, "workload-spec v2 YAML (clients, cohorts, sessions, ...); wins over --workload and the distribution flags", (RUN,), WORKLOAD),
     F("--workload", text, None, None, "distribution (default) or a preset: chatbot, contentgen, summarization, multidoc", (RUN,), WORKLOAD),
     F("--num-requests", integer, "workload.num_requests", non_negative, "requests to generate (default 100)", (RUN,), WORKLOAD),
     F("--prefix-tokens", integer, "workload.prefix_tokens", non_negative, "shared prefix length (default 0)", (RUN,), WORKLOAD),
@@ -360,10 +361,22 @@ def _coefficient_rule(ov: Overrides, data: dict, presets) -> None:
                           "(use --latency-model blackbox, or drop the coefficients)", field="--latency-model")
 
 
+def _spec_source(ov: Overrides, data: dict, presets) -> None:
+    """``--workload-spec PATH``: a workload-spec workload; it wins over ``--workload`` and the
+    distribution flags (only ``--num-requests`` still applies, spec/07 §1)."""
+    path = ov.values.get("--workload-spec")
+    if path is not None:
+        data["workload"] = {"kind": "spec", "path": path}
+        ov.origin["workload.path"] = "--workload-spec"
+
+
 def _workload_source(ov: Overrides, data: dict, presets) -> None:
     """``--workload distribution`` or a preset: a fresh distribution workload."""
     name = ov.values.get("--workload")
     if name is None:
+        return
+    if "--workload-spec" in ov.values:
+        log.warning("--workload is ignored: --workload-spec is given")
         return
     if name == "distribution":
         w = data.get("workload")
@@ -391,6 +404,13 @@ def _distribution_keys(ov: Overrides, data: dict, presets) -> None:
     if not any(n in vals for n in DIST_FLAGS):
         return
     w = data.setdefault("workload", {"kind": "distribution"})
+    if isinstance(w, dict) and w.get("kind") == "spec":   # only --num-requests applies
+        ignored = [n for n in DIST_FLAGS if n in vals and n != "--num-requests"]
+        for n in ignored:
+            del vals[n]
+        if ignored:
+            log.warning("%s ignored: the workload is a workload spec", ", ".join(ignored))
+        return
     if isinstance(w, dict) and w.get("kind") == "trace":
         name = next(n for n in DIST_FLAGS if n in vals)
         raise ConfigError("applies to a distribution workload, but the scenario's workload is a trace "
@@ -482,6 +502,7 @@ def _pd_rule(ov: Overrides, data: dict, presets) -> None:
 #: Cross-flag rules, each run right after the row it is keyed by (spec/09 §2 order).
 AFTER: dict[str, Callable[[Overrides, dict, Any], None]] = {
     "--beta-coeffs": _coefficient_rule,
+    "--workload-spec": _spec_source,
     "--workload": _workload_source,
     "--output-tokens-max": _distribution_keys,
     "--trace-data": _trace_source,

@@ -22,7 +22,7 @@ from blis_simpy.cli.flags import BY_NAME, REPLAY, apply_flags, flag_for_path
 from blis_simpy.cluster.simulation import Simulation, SimulationResult
 from blis_simpy.config.loader import Source, check_scenario, load_raw, undotted, validate
 from blis_simpy.config.resolve import build_latency_model, resolve_pools
-from blis_simpy.config.scenario import Scenario, TraceWorkload
+from blis_simpy.config.scenario import Scenario, SpecWorkload, TraceWorkload
 from blis_simpy.errors import ConfigError
 from blis_simpy.metrics.fitness import compute_fitness
 from blis_simpy.metrics.report import Report, write_results
@@ -133,6 +133,8 @@ class Outcome:
     report: Report
     requests: list
     horizon_us: int
+    sessions: object | None = None        # SessionManager of closed-loop sessions (spec/07 §7)
+    workload_seed: int | None = None      # seed the workload was generated with (None: scenario seed)
 
 
 def trace_paths(plan: Plan) -> tuple[str, str]:
@@ -157,13 +159,21 @@ def load_trace(plan: Plan):
 
 def build_requests(plan: Plan) -> tuple[list, int]:
     """The requests of the plan's workload and the simulation horizon (µs)."""
+    return build_workload(plan)[:2]
+
+
+def build_workload(plan: Plan) -> tuple[list, int, object | None, int]:
+    """The requests of the plan's workload, the simulation horizon (µs), the session manager
+    of its closed-loop sessions (or None) and the workload seed."""
     s = plan.scenario
     w = s.workload
+    if isinstance(w, SpecWorkload):
+        return spec_workload(plan)
     if isinstance(w, TraceWorkload):
         from blis_simpy.workload import default_replay_horizon, trace_requests
         trace = load_trace(plan)
         horizon = s.horizon_us if s.horizon_us is not None else default_replay_horizon(trace.records)
-        return trace_requests(trace.records, s.seed), horizon
+        return trace_requests(trace.records, s.seed), horizon, None, s.seed
     from blis_simpy.workload import LengthParams, distribution_spec, generate_requests
     lp = lambda d: LengthParams(d.mean, d.stdev, d.min, d.max)  # noqa: E731
     try:
@@ -177,16 +187,60 @@ def build_requests(plan: Plan) -> tuple[list, int]:
             if f is not None and f.path and f.path not in plan.origin:
                 exc = ConfigError(exc.problem, field=f.path)
         raise plan.attribute(exc) from None
-    return reqs, horizon
+    return reqs, horizon, None, s.seed
+
+
+def spec_workload(plan: Plan) -> tuple[list, int, object | None, int]:
+    """A workload-spec workload (``--workload-spec`` / ``kind: spec``), spec/07 §1: the
+    spec's ``seed`` unless ``--seed`` (or the scenario's ``seed`` key) is given; its
+    ``horizon`` (if > 0) unless ``--horizon`` / ``horizon_us`` is; its ``num_requests``
+    unless ``--num-requests`` / ``workload.num_requests`` is. Errors point into the spec
+    file, or at ``workload.spec.…`` of the scenario for an inline spec."""
+    from blis_simpy.workload import _yaml, generate_workload
+    from blis_simpy.workload.spec import parse_workload_spec
+    s = plan.scenario
+    w = s.workload
+    node = None
+    if w.path:
+        path = w.path
+        try:
+            data, node = _yaml.load_yaml(path)
+        except ConfigError as exc:
+            flag = plan.origin.get("workload.path")
+            raise (ConfigError(exc.problem, file=exc.file, line=exc.line, field=flag)
+                   if flag and exc.line is None else exc) from None
+        base = os.path.dirname(path)
+    else:
+        path, data = None, w.spec
+        base = os.path.dirname(plan.src.path) if plan.src.path else None
+
+    def located(exc: ConfigError) -> ConfigError:
+        if exc.file or not exc.field:
+            return exc
+        if path is not None:
+            return _yaml.locate(exc, path, node)
+        return ConfigError(exc.problem, file=plan.src.path,
+                           line=plan.src.line(("workload", "spec") + _yaml.parse_field(exc.field)),
+                           field=f"workload.spec.{exc.field}")
+
+    seed_given = "--seed" in plan.given or plan.src.has(("seed",))
+    seed = s.seed if seed_given else None
+    try:
+        spec = parse_workload_spec(data, path, node)
+        wl = generate_workload(spec, seed=seed, horizon=s.horizon_us, max_requests=w.num_requests,
+                               base_dir=base)
+    except ConfigError as exc:
+        raise located(exc) from None
+    return wl.requests, wl.horizon_us, wl.session_manager(), wl.seed
 
 
 def execute(plan: Plan, progress: Callable[[int, int], None] | None = None) -> Outcome:
     """Build the requests, run the simulation, and assemble the report."""
     s = plan.scenario
     load_plugins(s.plugins, source=plan.src.path)
-    requests, horizon = build_requests(plan)
+    requests, horizon, sessions, workload_seed = build_workload(plan)
     try:
-        sim = Simulation(s, requests, horizon_us=horizon)
+        sim = Simulation(s, requests, horizon_us=horizon, sessions=sessions)
     except ConfigError as exc:
         raise plan.attribute(exc) from None
     result = sim.run(progress=progress)
@@ -196,7 +250,9 @@ def execute(plan: Plan, progress: Callable[[int, int], None] | None = None) -> O
                     rejected_at_routing=c.rejected_at_routing, shed_by_tier=dict(c.shed_by_tier),
                     priority_policy=s.engine.priority_policy, is_replay=plan.command == REPLAY)
     add_optional_sections(plan, result, report)
-    return Outcome(plan, result, report, requests, horizon)
+    if result.sessions is not None:
+        log.info("closed-loop sessions: %s", result.sessions)
+    return Outcome(plan, result, report, requests, horizon, sessions, workload_seed)
 
 
 def add_optional_sections(plan: Plan, result: SimulationResult, report: Report) -> None:
@@ -234,7 +290,10 @@ def export_trace(out: Outcome, prefix: str) -> None:
     cluster = out.report.cluster
     post = build_latency_model(s).post_decode_fixed_overhead()
     rows = []
-    for i, r in enumerate(sorted(out.requests, key=lambda q: q.arrival_us)):
+    reqs = list(out.requests)
+    if out.sessions is not None:      # closed-loop follow-ups are part of the workload
+        reqs += out.sessions.followups
+    for i, r in enumerate(sorted(reqs, key=lambda q: q.arrival_us)):
         first = last = 0
         if r.ttft_set:
             first = r.arrival_us + r.first_token_us
@@ -252,7 +311,8 @@ def export_trace(out: Outcome, prefix: str) -> None:
             video_tokens=r.video_tokens, reason_ratio=r.reason_ratio, model=r.model,
             deadline_us=r.deadline_us, arrival_time_us=r.arrival_us, send_time_us=r.arrival_us,
             first_chunk_time_us=first, last_chunk_time_us=last, status=status))
-    header = TraceHeader(trace_version=2, mode="generated", workload_seed=s.seed)
+    seed = out.workload_seed if out.workload_seed is not None else s.seed
+    header = TraceHeader(trace_version=2, mode="generated", workload_seed=seed)
     try:
         write_trace(prefix, header, rows)
     except ConfigError as exc:

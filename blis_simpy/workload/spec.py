@@ -146,7 +146,8 @@ class DrainSpec(_Strict):
 
 
 class CohortSpec(_Strict):
-    """A population of identical clients (spec/07 §8). Expansion is not implemented yet."""
+    """A population of identical clients (spec/07 §8), expanded by
+    :func:`blis_simpy.workload.expand.expand_cohort`."""
 
     id: str = ""
     population: Annotated[int, Field(ge=1, le=100_000)]
@@ -187,7 +188,8 @@ class SharedPrefixSpec(_Strict):
 
 
 class InferencePerfSpec(_Strict):
-    """inference-perf stages + shared prefix (spec/07 §9). Expansion is not implemented yet."""
+    """inference-perf stages + shared prefix (spec/07 §9), expanded by
+    :func:`blis_simpy.workload.expand.expand_inference_perf`."""
 
     stages: list[StageSpec] = Field(min_length=1)
     shared_prefix: SharedPrefixSpec

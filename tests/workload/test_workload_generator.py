@@ -157,18 +157,6 @@ def test_cap_factor_two_gives_identical_requests(monkeypatch):
     assert _sig(generate_requests(s)) == ours
 
 
-def test_unsupported_sources_are_config_errors():
-    mt = client("s", reasoning={"multi_turn": {"max_rounds": 3}})
-    with pytest.raises(ConfigError) as ei:
-        generate_requests(spec(mt))
-    assert ei.value.field == "client[0].reasoning.multi_turn"
-    coh = {"population": 2, "arrival": {"process": "poisson"}, "rate_fraction": 1,
-           "input_distribution": {"type": "constant", "params": {"value": 1}},
-           "output_distribution": {"type": "constant", "params": {"value": 1}}}
-    with pytest.raises(ConfigError, match="cohorts are not supported"):
-        generate_requests(spec(client("a"), cohorts=[coh]))
-
-
 def test_spec_file_generation(conformance_dir):
     s = load_workload_spec(conformance_dir / "E31_workload_spec_servegen" / "workload_spec.yaml")
     reqs = generate_requests(s)
