@@ -169,7 +169,8 @@ def _print(out: runner.Outcome, fmt: Format) -> None:
         s = out.plan.scenario
         console = Console(file=sys.stdout)
         n = s.cluster.num_instances
-        console.print(f"[bold]{out.plan.command}[/bold]: {len(out.requests)} requests, {n} instance"
+        extra = f" + {len(out.sessions.followups)} session follow-ups" if out.sessions else ""
+        console.print(f"[bold]{out.plan.command}[/bold]: {len(out.requests)} requests{extra}, {n} instance"
                       f"{'s' if n != 1 else ''}, {s.latency.model}, horizon {runner.horizon_text(out.horizon_us)}")
         render_tables(out.report, console)
     sys.stdout.flush()

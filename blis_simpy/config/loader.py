@@ -293,7 +293,8 @@ def summary(s: Scenario) -> str:
     else:
         work = f"distribution workload ({w.num_requests} requests at {w.rate:g} req/s)"
     n = s.cluster.num_instances
-    horizon = f"horizon {s.horizon_us} us" if s.horizon_us is not None else "no horizon"
+    horizon = (f"horizon {s.horizon_us} us" if s.horizon_us is not None else
+               "the spec's horizon" if isinstance(w, SpecWorkload) else "no horizon")
     name = f"{s.name}: " if s.name else ""
     return (f"{name}model {s.model or '(none)'}, {s.latency.model} latency, {n} instance"
             f"{'s' if n != 1 else ''}, {s.cluster.routing.policy} routing, {work}, {horizon}")
