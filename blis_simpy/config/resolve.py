@@ -430,10 +430,10 @@ class PoolPlan:
 
     @property
     def local_routing(self) -> str:
-        """Where non-disaggregated requests go when pools exist (spec/10 A2): ``"decode"``
+        """Where non-disaggregated requests go when pools exist (spec/10 A2): ``"decode-pool"``
         (the decode pool, with the decode pool's router — seed, ours) or ``"all"`` (every
         routable instance with the main policy — checkout)."""
-        return "all" if self.checkout else "decode"
+        return "all" if self.checkout else "decode-pool"
 
     @property
     def shares_main_router(self) -> bool:
@@ -735,7 +735,7 @@ def _pool_deployment(s: Scenario, glob: Deployment, ov: PoolOverrides, role: str
 
     # which hardware calibration times this pool's steps (spec/10 quirk 4)
     lat_gpu = gpu
-    if checkout and analytical and glob.gpu is not None and gpu is not glob.gpu:
+    if checkout and analytical and glob.gpu is not None and hw != glob.hardware:
         lat_gpu = glob.gpu
         r.note(f"latency model keeps the global hardware calibration {glob.gpu.name} (compat checkout)")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 
 import pytest
@@ -230,7 +231,7 @@ def test_kv_bytes_per_token_of_qwen3_14b_is_hand_computed_and_matches_d29():
     plan = resolve_pools(sc(pools()), quiet=True)
     assert plan.kv_bytes_per_token == 163_840
     d29 = shared_or_skip("conformance", "D29_pd_transfer_contention")
-    args = __import__("json").loads((d29 / "case.json").read_text())["args"]
+    args = json.loads((d29 / "case.json").read_text())["args"]
     assert int(args[args.index("--pd-kv-bytes-per-token") + 1]) == 163_840
     assert kv_bytes_per_token(parse_hf_config(d29 / "model_config.json", name=QWEN)) == 163_840
 
@@ -302,7 +303,7 @@ def test_direct_to_decode_threshold_zero_warns():
 
 def test_unassigned_instances_warn_that_they_sit_idle_except_under_checkout(logs):
     plan = resolve_pools(sc(pools(), n=6))
-    assert plan.local_routing == "decode"
+    assert plan.local_routing == "decode-pool"
     assert any("2 unassigned instance(s) (instance_4 … instance_5) sit idle" in w for w in plan.warnings)
     assert warned(logs, "sit idle")
     plan = resolve_pools(sc(pools({"compat": "checkout"}), n=6), quiet=True)
@@ -348,5 +349,5 @@ def test_pool_routing_is_checked_and_inherits_the_main_tie_break():
 
 def test_compat_switches():
     fixed, checkout = (resolve_pools(sc(pools({"compat": c})), quiet=True) for c in ("fixed", "checkout"))
-    assert (fixed.shares_main_router, fixed.checkout_parent_timing, fixed.local_routing) == (False, False, "decode")
+    assert (fixed.shares_main_router, fixed.checkout_parent_timing, fixed.local_routing) == (False, False, "decode-pool")
     assert (checkout.shares_main_router, checkout.checkout_parent_timing, checkout.local_routing) == (True, True, "all")
