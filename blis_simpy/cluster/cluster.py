@@ -191,7 +191,10 @@ class Cluster(InstanceListener):
         request at parent completion (spec/10 D10) — sub-requests carry no session ID, so
         the manager ignores them. Rejections (admission, routing) reach the manager's
         ``on_request_rejected`` instead: BLIS invokes no callback for them, so they never
-        produce a follow-up; the session is only recorded as cancelled.
+        produce a follow-up; the session is only recorded as cancelled. No-op without a
+        session manager.
         """
+        if self.sessions is None:
+            return
         for f in self.sessions.on_request_done(req, tick_us):
             self.submit_followup(f)
