@@ -245,7 +245,8 @@ def execute(plan: Plan, progress: Callable[[int, int], None] | None = None) -> O
         raise plan.attribute(exc) from None
     result = sim.run(progress=progress)
     c = result.counters
-    report = Report(result.instances, num_instances=s.cluster.num_instances,
+    report = Report(result.instances, cluster=result.cluster, pd=result.pd,
+                    num_instances=s.cluster.num_instances,
                     rejected_by_admission=c.rejected_by_admission,
                     rejected_at_routing=c.rejected_at_routing, shed_by_tier=dict(c.shed_by_tier),
                     priority_policy=s.engine.priority_policy, is_replay=plan.command == REPLAY)

@@ -22,16 +22,21 @@ def check_instance_conservation(inst) -> None:
             f"in queueing delay {inst.in_queueing_delay}", instance=inst.id)
 
 
-def check_pipeline_conservation(counters, instances, pending_in_control_plane: int) -> None:
-    """INV-1 over the pipeline: offered = routed + rejected + not yet through the control plane."""
-    routed = sum(i.injected for i in instances)
-    if routed != counters.routed:
-        raise InvariantError(f"routed {counters.routed} but instances saw {routed} injections")
-    total = (counters.routed + counters.rejected_by_admission + counters.rejected_at_routing
+def check_pipeline_conservation(counters, instances, pending_in_control_plane: int, *,
+                                pool_routed: int = 0, decode_injected: int = 0) -> None:
+    """INV-1 over the pipeline: offered = routed + rejected + not yet through the control
+    plane. With PD pools, ``pool_routed`` prefill sub-requests were routed in place of their
+    parents and ``decode_injected`` decode sub-requests were injected after their transfer."""
+    routed = counters.routed + pool_routed
+    injected = sum(i.injected for i in instances)
+    if injected != routed + decode_injected:
+        raise InvariantError(f"routed {routed} (+{decode_injected} decode sub-requests) but "
+                             f"instances saw {injected} injections")
+    total = (routed + counters.rejected_by_admission + counters.rejected_at_routing
              + pending_in_control_plane)
     if total != counters.offered:
         raise InvariantError(
-            f"request conservation broken: offered {counters.offered} != routed {counters.routed} "
+            f"request conservation broken: offered {counters.offered} != routed {routed} "
             f"+ rejected at admission {counters.rejected_by_admission} + rejected at routing "
             f"{counters.rejected_at_routing} + still in the control plane {pending_in_control_plane}")
 
@@ -50,8 +55,10 @@ def check_causality(inst) -> None:
                 raise InvariantError(f"scheduled at {arr + sd} before enqueue {enq}",
                                      instance=inst.id, request=rid)
         e2e = m.e2e.get(rid)
-        if e2e is None:
-            continue  # unfinished or timed out: later stamps may be partial
+        if e2e is None or req.is_decode_sub:
+            # unfinished or timed out: later stamps may be partial; a PD decode sub-request
+            # has no TTFT of its own (its parent's phases are checked, INV-PD-4)
+            continue
         ttft = m.ttft.get(rid)
         if ttft is None or sd is None or not (sd < ttft <= e2e):
             raise InvariantError(

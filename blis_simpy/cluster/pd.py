@@ -28,6 +28,7 @@ from blis_simpy.des import (
     Mailbox,
 )
 from blis_simpy.disagg.parent import ParentRequest
+from blis_simpy.errors import InvariantError
 from blis_simpy.request import COMPLETED, DROPPED, Request
 from blis_simpy.units import ceil_div
 
@@ -120,8 +121,10 @@ class PDCluster(Cluster):
     def _route_prefill(self, parent: ParentRequest) -> None:
         sub = parent.prefill_sub
         chosen = self.choose(sub, self.prefill_pool, self.prefill_router, what="prefill sub-request")
-        if chosen is None:                  # like a rejection at routing: no callback
+        if chosen is None:                  # a rejection at routing (spec/06 §3.2)
             self.counters.rejected_at_routing += 1
+            if self.sessions is not None:
+                self.sessions.on_request_rejected(parent.original, self.env.now)
             return
         inst, state, decision = chosen
         now = self.env.now
@@ -143,7 +146,8 @@ class PDCluster(Cluster):
         nbytes = parent.num_kv_blocks * self.block_size * self.kv_bytes_per_token
         self.fabric.start(parent, nbytes)
 
-    def _on_transfer_complete(self, parent: ParentRequest) -> None:
+    def _on_transfer_complete(self, transfer) -> None:
+        parent: ParentRequest = transfer.parent
         now = self.env.now
         parent.transfer_complete_us = now
         req = parent.original
@@ -234,3 +238,91 @@ def _share_hashes(src, dst) -> None:
     if src._prompt_hashes is not None:
         dst._hash_bs = src._hash_bs
         dst._prompt_hashes = src._prompt_hashes
+
+
+# ---------------------------------------------------------------------------- building
+def build_pd_cluster(env, instances, admission, router, plan, scenario, rng, block_size: int,
+                     **kw) -> PDCluster:
+    """A :class:`PDCluster` for a resolved :class:`~blis_simpy.config.resolve.PoolPlan`.
+
+    Pool routers: a pool's own router config (``--prefill/--decode-routing-scorers``) with
+    RNG stream ``prefill-router`` / ``decode-router``; otherwise its own instance of the main
+    policy on that stream — or, under compat ``checkout``, the main policy object itself
+    (spec/10 quirk 3: one shared round-robin counter).
+    """
+    from blis_simpy.cluster.policies import build_router
+    from blis_simpy.disagg.deciders import make_decider
+    from blis_simpy.disagg.fabric import KVTransferFabric
+
+    def pool_router(role: str):
+        cfg = plan.routing_for(role)
+        if cfg is not None:
+            return build_router(scenario, rng, block_size, stream=f"{role}-router", cfg=cfg,
+                                field=f"disaggregation.{role}_pool.routing")
+        if plan.shares_main_router:
+            return router
+        return build_router(scenario, rng, block_size, stream=f"{role}-router")
+
+    decider = make_decider(plan.decider, dict(plan.decider_params), block_size=block_size,
+                           field="disaggregation.decider")
+    fabric = KVTransferFabric(env, bandwidth_gbps=plan.bandwidth_gbps,
+                              base_latency_ms=plan.base_latency_ms, contention=plan.contention,
+                              on_complete=None)
+    roles = ["" if r not in ("prefill", "decode") else r for r in plan.roles]
+    cluster = PDCluster(env, instances, admission, router, roles=roles, decider=decider,
+                        fabric=fabric, kv_bytes_per_token=plan.kv_bytes_per_token,
+                        block_size=block_size, prefill_router=pool_router("prefill"),
+                        decode_router=pool_router("decode"), local_routing=plan.local_routing,
+                        **kw)
+    cluster.on_parent_done = cluster.session_done
+    return cluster
+
+
+def finish_pd(cluster: PDCluster, metrics, plan):
+    """End of a PD run: check the PD invariants, then the corrected, parent-projected
+    cluster record and the PD metrics (spec/06 §8–§9)."""
+    from blis_simpy.disagg.projection import correct_and_project, pd_metrics
+    from blis_simpy.metrics.summary import aggregate
+
+    check_pd_invariants(cluster)
+    agg = aggregate(metrics)
+    parents = list(cluster.parents.values())
+    ttfts = correct_and_project(
+        agg, parents, prefill_completed=cluster.prefill_completed,
+        decode_completed=cluster.decode_completed,
+        dropped_at_decode_kv=cluster.dropped_at_decode_kv,
+        pending_decode=len(cluster.pending_decode),
+        compat="checkout" if plan.checkout_parent_timing else "fixed")
+    done = {role: sum(m.completed_requests for m, r in zip(metrics, cluster.roles, strict=True)
+                      if r == role) for role in ("prefill", "decode")}
+    fabric = cluster.fabric
+    pd = pd_metrics(parents, ttfts, prefill_done=done["prefill"], decode_done=done["decode"],
+                    sim_ended_us=agg.sim_ended_time, fabric=fabric,
+                    contention=plan.contention != "none")
+    if fabric.corrupted:
+        raise InvariantError("KV-transfer contention bookkeeping corrupted (active count went negative)")
+    if fabric.active:
+        log.warning("%d KV transfers still in flight at the end (cut by the horizon)", fabric.active)
+    return agg, pd
+
+
+def check_pd_invariants(cluster: PDCluster) -> None:
+    """INV-PD-1/2/3/4 over every parent."""
+    fabric = cluster.fabric
+    if fabric.transfers_initiated != fabric.transfers_completed + fabric.active:
+        raise InvariantError(f"INV-PD-3: {fabric.transfers_initiated} transfers started, "
+                             f"{fabric.transfers_completed} completed, {fabric.active} in flight")
+    roles = {inst.id: r for inst, r in zip(cluster.instances, cluster.roles, strict=True)}
+    for p in cluster.parents.values():
+        if p.prefill_instance and roles[p.prefill_instance] != "prefill":
+            raise InvariantError("INV-PD-2: prefill sub-request outside the prefill pool",
+                                 instance=p.prefill_instance, request=p.id)
+        if p.decode_instance and roles[p.decode_instance] != "decode":
+            raise InvariantError("INV-PD-2: decode sub-request outside the decode pool",
+                                 instance=p.decode_instance, request=p.id)
+        if p.decode_instance and p.decode_enqueue_us < p.transfer_complete_us:
+            raise InvariantError("INV-PD-1: decode enqueued before its KV arrived", request=p.id)
+        reached = [t for t in p.phase_times()[1:] if t > 0]
+        if p.completed and (reached != sorted(reached) or reached[0] < p.arrival_us):
+            raise InvariantError(f"INV-PD-4: phase times out of order {p.phase_times()}",
+                                 request=p.id)

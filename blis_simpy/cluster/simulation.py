@@ -19,23 +19,24 @@ from dataclasses import dataclass
 
 import blis_simpy.admission  # noqa: F401  (registers the built-in admission policies)
 import blis_simpy.routing  # noqa: F401  (registers the built-in routers and scorers)
-from blis_simpy.admission.base import AdmissionPolicy
 from blis_simpy.cluster.cluster import Cluster, ControlPlaneCounters
 from blis_simpy.cluster.invariants import (
     check_causality,
     check_instance_conservation,
     check_pipeline_conservation,
 )
-from blis_simpy.config.resolve import Deployment, resolve
+from blis_simpy.cluster.pd import build_pd_cluster, finish_pd
+from blis_simpy.cluster.policies import build_admission, build_router
+from blis_simpy.config.resolve import Deployment, resolve, resolve_pools
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.des import SimEnv
 from blis_simpy.engine.fast import FastInstance
 from blis_simpy.engine.instance import EngineLimits, Instance
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.errors import ConfigError, InvariantError
+from blis_simpy.latency.interference import InterferenceModel
 from blis_simpy.metrics.records import InstanceMetrics
 from blis_simpy.rng import RngStreams
-from blis_simpy.routing.base import Router
 from blis_simpy.trace import DecisionTrace
 
 log = logging.getLogger("blis_simpy")
@@ -53,6 +54,10 @@ class SimulationResult:
     wall_s: float = 0.0      # wall-clock seconds of the run (diagnostics only, never printed)
     trace: DecisionTrace | None = None   # with trace level "decisions"
     sessions: object | None = None       # SessionCounters of closed-loop sessions (spec/07 §7)
+    #: PD runs: the cluster record corrected and projected to parents (spec/06 §8), and the
+    #: PD metrics; None otherwise (the report then aggregates the instances itself)
+    cluster: InstanceMetrics | None = None
+    pd: object | None = None
 
 
 class Simulation:
@@ -71,18 +76,23 @@ class Simulation:
         self.horizon_us = horizon_us if horizon_us is not None else scenario.horizon
         self.env = SimEnv(self.horizon_us)
         eng = scenario.engine
-        limits = EngineLimits(
-            max_num_running_reqs=eng.max_num_running_reqs,
-            max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
-            long_prefill_token_threshold=eng.long_prefill_token_threshold,
-            max_model_len=dep.max_model_len)
+        self.plan = plan = resolve_pools(scenario, deployment=dep)
         sched_cls = Scheduler.lookup(eng.scheduler, field="engine.scheduler")
         prio_cls = PriorityPolicy.lookup(eng.priority_policy, field="engine.priority_policy")
         inst_cls = FastInstance if eng.implementation == "fast" else Instance
         self.instances: list[Instance] = []
         for k in range(scenario.cluster.num_instances):
-            latency = dep.new_latency_model()
-            kv = dep.new_kv_cache()
+            d = plan.deployment_for(k)
+            limits = EngineLimits(
+                max_num_running_reqs=eng.max_num_running_reqs,
+                max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
+                long_prefill_token_threshold=eng.long_prefill_token_threshold,
+                max_model_len=d.max_model_len)
+            latency = d.new_latency_model()
+            if plan.interference:          # spec/06 §6: every instance, pools or not
+                latency = InterferenceModel(latency, plan.interference_prefill,
+                                            plan.interference_decode)
+            kv = d.new_kv_cache()
             try:
                 inst = inst_cls(self.env, k, limits, latency, kv, sched_cls(), prio_cls())
             except ValueError as exc:
@@ -100,11 +110,17 @@ class Simulation:
                         tr.counterfactual_k)
         if self.trace is None and tr.summarize:
             log.warning("summarize trace has no effect without trace level decisions")
-        self.cluster = Cluster(self.env, self.instances, self.admission, self.router,
-                               admission_latency_us=cl.admission_latency_us,
-                               routing_latency_us=cl.routing_latency_us,
-                               snapshot_refresh_interval_us=cl.snapshot_refresh_interval_us,
-                               trace=self.trace)
+        common = dict(admission_latency_us=cl.admission_latency_us,
+                      routing_latency_us=cl.routing_latency_us,
+                      snapshot_refresh_interval_us=cl.snapshot_refresh_interval_us,
+                      trace=self.trace)
+        if plan.enabled:
+            self.cluster = build_pd_cluster(self.env, self.instances, self.admission,
+                                            self.router, plan, scenario, self.rng,
+                                            dep.block_size, **common)
+        else:
+            self.cluster = Cluster(self.env, self.instances, self.admission, self.router,
+                                   **common)
         self.sessions = sessions
         self.cluster.sessions = sessions
 
@@ -135,8 +151,12 @@ class Simulation:
                                               end_us=min(env.now, limit))
         self._check_invariants()
         self._check_inflight(metrics)
+        cluster_metrics = pd = None
+        if self.plan.enabled:
+            cluster_metrics, pd = finish_pd(self.cluster, metrics, self.plan)
         return SimulationResult(self.scenario, metrics, self.cluster.counters, limit, n,
-                                time.perf_counter() - t0, self.trace, sessions)
+                                time.perf_counter() - t0, self.trace, sessions,
+                                cluster=cluster_metrics, pd=pd)
 
     def _check_inflight(self, metrics) -> None:
         """spec/05 §1: in-flight ≠ still queued + running is only a warning (requests still in
@@ -170,28 +190,11 @@ class Simulation:
         not_arrived = c.offered - c.arrived
         if not_arrived != late:
             raise InvariantError(f"{not_arrived} requests never arrived, but {late} arrive after the horizon")
-        in_control_plane = c.arrived - c.routed - c.rejected_by_admission - c.rejected_at_routing
+        pool_routed = getattr(self.cluster, "prefill_routed", 0)
+        decode_injected = getattr(self.cluster, "decode_injected", 0)
+        in_control_plane = (c.arrived - c.routed - pool_routed - c.rejected_by_admission
+                            - c.rejected_at_routing)
         if in_control_plane < 0:
             raise InvariantError(f"control-plane counters inconsistent: {c}")
-        check_pipeline_conservation(c, self.instances, not_arrived + in_control_plane)
-
-
-def build_admission(scenario: Scenario) -> AdmissionPolicy:
-    """The scenario's admission policy with its validated parameters."""
-    cfg = scenario.cluster.admission
-    cls = AdmissionPolicy.lookup(cfg.policy, field="cluster.admission.policy")
-    return cls(cls.parse_params(cfg.params, field="cluster.admission.params"))
-
-
-def build_router(scenario: Scenario, rng: RngStreams, block_size: int, *,
-                 stream: str = "router") -> Router:
-    """The scenario's routing policy; it draws tie-breaks from RNG stream ``stream``."""
-    cfg = scenario.cluster.routing
-    cls = Router.lookup(cfg.policy, field="cluster.routing.policy")
-    params = cls.parse_params(cfg.params, field="cluster.routing.params")
-    try:
-        return cls(params, rng=rng.get(stream), block_size=block_size)
-    except ConfigError as exc:
-        if exc.field and not exc.field.startswith("cluster."):
-            raise ConfigError(exc.problem, field=f"cluster.routing.params.{exc.field}") from None
-        raise
+        check_pipeline_conservation(c, self.instances, not_arrived + in_control_plane,
+                                    pool_routed=pool_routed, decode_injected=decode_injected)

@@ -28,7 +28,6 @@ from tests.conftest import CONFORMANCE
 
 #: case-name prefix -> why it cannot pass yet
 PENDING = {
-    "D": "prefill/decode disaggregation arrives with issue 5",
 }
 
 #: case-name prefix -> our switches that reproduce BLIS where our default deliberately differs.
