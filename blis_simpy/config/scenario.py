@@ -218,6 +218,18 @@ class DisaggregationConfig(Strict):
         return self.prefill_instances > 0 and self.decode_instances > 0
 
 
+class Variant(Strict):
+    """One alternative of the base scenario, run side by side with the others on the same
+    workload (``blis-simpy run``, docs/disaggregation.md). ``overrides`` is a partial
+    scenario merged over the base as an RFC 7386 merge patch (mappings merge key by key,
+    ``null`` removes a key, anything else replaces); ``blis_simpy.cli.variants`` validates
+    the merged scenario in full and rejects keys that would change the workload."""
+
+    name: Annotated[str, Field(min_length=1)]
+    description: str = ""
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+
 class Scenario(Strict):
     """Everything one simulation run needs."""
 
@@ -242,6 +254,8 @@ class Scenario(Strict):
     trace: TraceConfig = Field(default_factory=TraceConfig)
     fitness_weights: dict[str, NonNegFloat] = Field(
         default_factory=dict, description="fitness key -> weight (spec/08 §7); empty = no fitness")
+    variants: list[Variant] = Field(
+        default_factory=list, description="alternatives run side by side on the same workload")
 
     @field_validator("fitness_weights")
     @classmethod
