@@ -116,6 +116,10 @@ def _simulate(command: str, scenario: Path | None, fmt: Format, raw: dict) -> No
     setup_logging(given.get("--log"))
     plan = runner.prepare(command, given, str(scenario) if scenario is not None else None)
     show_progress = fmt is Format.table and sys.stderr.isatty()
+    if plan.scenario.variants:       # one run per variant, side by side (docs/disaggregation.md)
+        from blis_simpy.cli import variants
+        variants.simulate(plan, given, fmt.value, _with_progress if show_progress else runner.execute)
+        return
     if show_progress:
         out = _with_progress(plan)
     else:
@@ -221,10 +225,16 @@ def validate_cmd(path: Path = typer.Argument(..., metavar="FILE.yaml", help="sce
     setup_logging(None)
     from blis_simpy.config.loader import summary
     plan = runner.prepare("validate", {}, str(path))
+    lines = []
+    if plan.scenario.variants:       # every merged variant must be valid too
+        from blis_simpy.cli import variants
+        lines = variants.validate_lines(plan)
     rows = ""
     if isinstance(plan.scenario.workload, TraceWorkload):
         rows = f" ({len(runner.load_trace(plan).records)} trace rows)"
     print(f"ok: {path}: {summary(plan.scenario)}{rows}")
+    for line in lines:
+        print(line)
 
 
 _register_catalog(app)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from blis_simpy.metrics.report import Report, is_idle_ratio
+from blis_simpy.metrics.report import PDMetrics, Report, is_idle_ratio
 from blis_simpy.metrics.summary import metrics_output
 
-__all__ = ["render_tables"]
+__all__ = ["pd_table", "render_tables"]
 
 
 def _f(x: float, nd: int = 2) -> str:
@@ -91,26 +91,7 @@ def render_tables(report: Report, console) -> None:
         console.print(t)
 
     if report.pd is not None:
-        pd = report.pd
-        t = Table(title="Prefill/decode disaggregation", title_justify="left")
-        t.add_column("Metric")
-        t.add_column("Value", justify="right")
-        t.add_row("Disaggregated requests", f"{pd.disaggregated_count:,}")
-        t.add_row("Dropped at decode KV", f"{pd.dropped_at_decode_kv:,}")
-        t.add_row("Prefill throughput", f"{pd.prefill_throughput:.4f} sub-req/s")
-        t.add_row("Decode throughput", f"{pd.decode_throughput:.4f} sub-req/s")
-        r = pd.load_imbalance_ratio
-        t.add_row("Load imbalance ratio", "inf (one pool idle)" if is_idle_ratio(r) else f"{r:.4f}")
-        if pd.parent_ttft.count:
-            t.add_row("Parent TTFT p50 / p99", f"{_f(pd.parent_ttft.p50 / 1000, 3)} / "
-                      f"{_f(pd.parent_ttft.p99 / 1000, 3)} ms")
-        if pd.transfer_duration.count:
-            t.add_row("KV transfer p50 / p99", f"{_f(pd.transfer_duration.p50 / 1000, 3)} / "
-                      f"{_f(pd.transfer_duration.p99 / 1000, 3)} ms")
-        if pd.contention:
-            t.add_row("Peak concurrent transfers", f"{pd.peak_concurrent_transfers:,}")
-            t.add_row("Mean transfer queue depth", f"{pd.mean_transfer_queue_depth:.4f}")
-        console.print(t)
+        console.print(pd_table(report.pd))
 
     if report.trace_summary is not None:
         ts = report.trace_summary
@@ -134,3 +115,27 @@ def render_tables(report: Report, console) -> None:
         t.add_row("score", f"{report.fitness.score:.6f}")
         console.print(t)
 
+
+def pd_table(pd: PDMetrics, title: str = "Prefill/decode disaggregation"):
+    """The PD section (spec/06 §9) as a rich table."""
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    t.add_column("Metric")
+    t.add_column("Value", justify="right")
+    t.add_row("Disaggregated requests", f"{pd.disaggregated_count:,}")
+    t.add_row("Dropped at decode KV", f"{pd.dropped_at_decode_kv:,}")
+    t.add_row("Prefill throughput", f"{pd.prefill_throughput:.4f} sub-req/s")
+    t.add_row("Decode throughput", f"{pd.decode_throughput:.4f} sub-req/s")
+    r = pd.load_imbalance_ratio
+    t.add_row("Load imbalance ratio", "inf (one pool idle)" if is_idle_ratio(r) else f"{r:.4f}")
+    if pd.parent_ttft.count:
+        t.add_row("Parent TTFT p50 / p99", f"{_f(pd.parent_ttft.p50 / 1000, 3)} / "
+                  f"{_f(pd.parent_ttft.p99 / 1000, 3)} ms")
+    if pd.transfer_duration.count:
+        t.add_row("KV transfer p50 / p99", f"{_f(pd.transfer_duration.p50 / 1000, 3)} / "
+                  f"{_f(pd.transfer_duration.p99 / 1000, 3)} ms")
+    if pd.contention:
+        t.add_row("Peak concurrent transfers", f"{pd.peak_concurrent_transfers:,}")
+        t.add_row("Mean transfer queue depth", f"{pd.mean_transfer_queue_depth:.4f}")
+    return t

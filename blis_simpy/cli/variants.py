@@ -1,0 +1,315 @@
+"""Scenario variants: one workload, several deployments, side by side.
+
+A scenario may list ``variants:``, each ``{name, description?, overrides}``. ``run`` (and
+``replay``) then simulates the base scenario once per variant with the variant's
+``overrides`` merged over it, and ``validate`` checks every merged scenario::
+
+    base keys ──merge patch(overrides)──► flags (the user's last word) ──► validate ──► run
+
+* ``overrides`` is an RFC 7386 merge patch: mappings merge key by key, ``null`` removes a
+  key (back to its default), anything else — scalars and lists — replaces.
+* The workload is the base scenario's: ``seed``, ``workload``, ``horizon_us`` (and
+  ``plugins``, ``variants``) cannot be overridden, so every variant serves the identical
+  requests (checked after the runs).
+* Flags apply to every variant, after its overrides.
+* Errors point at the variant: ``FILE:LINE: variants[i].overrides.<key>: problem`` for a
+  key the variant writes, or the variant's ``overrides`` line for a base key the merge made
+  invalid (``variants[i].overrides: <key>: problem``); flag errors name the variant.
+
+Output: ``table`` — a comparison (one row per variant), a counters comparison and each PD
+variant's PD section; ``json`` — ``{command, scenario, comparison, variants: [report...]}``;
+``blis`` — each variant's BLIS output after a ``=== Variant: <name> ===`` line.
+``--results-path`` writes ``{variant name: results}``; ``--trace-output`` is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import sys
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from blis_simpy.cli import runner
+from blis_simpy.cli.flags import REPLAY, apply_flags
+from blis_simpy.config.loader import Source, check_scenario, dotted, load_raw, undotted, validate
+from blis_simpy.config.scenario import Scenario
+from blis_simpy.errors import BlisError, ConfigError, SimulationError
+from blis_simpy.metrics.percentile import percentile_ms
+from blis_simpy.metrics.report import report_dict, write_results
+from blis_simpy.metrics.summary import metrics_output, replay_results
+
+#: width of the table output when stdout is not a terminal (files, pipes)
+TABLE_WIDTH = 140
+#: top-level keys a variant cannot override: they define the (shared) workload
+FIXED_KEYS = ("seed", "workload", "horizon_us", "plugins", "variants")
+
+
+@dataclass
+class VariantPlan:
+    index: int
+    name: str
+    description: str
+    overrides: dict
+    plan: runner.Plan
+    file_src: Source      # the scenario file's own lines (the variant's keys included)
+
+
+def merge_patch(target, patch):
+    """RFC 7386: ``patch`` applied to ``target`` (neither is modified)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def _source(src: Source, i: int) -> Source:
+    """Lines of the merged scenario: the base's, then the variant's override keys over them."""
+    pre = ("variants", i, "overrides")
+    lines = {loc: n for loc, n in src.lines.items() if loc[:1] != ("variants",)}
+    lines.update({loc[3:]: n for loc, n in src.lines.items() if loc[:3] == pre and len(loc) > 3})
+    return Source(src.path, lines)
+
+
+def _relocate(exc: BlisError, vp_index: int, name: str, src: Source) -> BlisError:
+    """Point an error of a merged scenario at the variant that caused it."""
+    if isinstance(exc, ConfigError):
+        pre = ("variants", vp_index, "overrides")
+        if exc.file == src.path and exc.field and not exc.field.startswith("--"):
+            loc = undotted(exc.field)
+            # the deepest written ancestor of the key decides: the variant's, or the base's
+            deepest = next((src.has(pre + loc[:k]) for k in range(len(loc), 0, -1)
+                            if src.has(pre + loc[:k]) or src.has(loc[:k])), False)
+            if deepest:
+                return ConfigError(exc.problem, file=src.path, line=src.line(pre + loc),
+                                   field=dotted(pre + loc))
+            return ConfigError(f"{exc.field}: {exc.problem}", file=src.path, line=src.line(pre),
+                               field=dotted(pre))
+        return ConfigError(f"{exc.problem} (variant {name!r})", file=exc.file, line=exc.line,
+                           field=exc.field)
+    exc.args = (f"{exc} (variant {name!r})",)
+    return exc
+
+
+def plan_variants(base: runner.Plan, given: dict[str, str]) -> list[VariantPlan]:
+    """Validate every variant of ``base`` (the prepared plan of a scenario file); ``given``
+    are the flags as typed (what :func:`runner.prepare` took), applied to every variant."""
+    data, src = load_raw(base.src.path)
+    data.pop("variants", None)
+    out: list[VariantPlan] = []
+    seen: dict[str, int] = {}
+    for i, v in enumerate(base.scenario.variants):
+        if v.name in seen:
+            raise src.error(f"duplicate variant name (variants[{seen[v.name]}] has it)",
+                            ("variants", i, "name"))
+        seen[v.name] = i
+        for key in v.overrides:
+            if key in FIXED_KEYS:
+                raise src.error("cannot vary: every variant runs the base scenario's workload "
+                                "(seed, workload, horizon_us) and plugins",
+                                ("variants", i, "overrides", key))
+        vsrc = _source(src, i)
+        with _named(v.name):
+            try:
+                plan = _prepare(base.command, given, merge_patch(data, v.overrides), vsrc)
+            except BlisError as exc:
+                raise _relocate(exc, i, v.name, src) from None
+        out.append(VariantPlan(i, v.name, v.description, v.overrides, plan, src))
+    return out
+
+
+def _prepare(command: str, given: dict, data: dict, src: Source) -> runner.Plan:
+    """:func:`runner.prepare` for an already-loaded (merged) scenario dict."""
+    ov = apply_flags(data, dict(given), command, presets=runner.preset)
+    plan = runner.Plan(command, Scenario(), src, ov.origin, ov.values)
+    try:
+        plan.scenario = validate(data, Source(None), semantic=False)
+        runner.check_components(plan.scenario)
+        check_scenario(plan.scenario)
+    except ConfigError as exc:
+        raise plan.attribute(exc) from None
+    return plan
+
+
+@contextmanager
+def _named(name: str):
+    """Prefix the log lines emitted meanwhile with ``[variant NAME]``."""
+    def tag(record: logging.LogRecord) -> bool:
+        if not getattr(record, "blis_variant", False):
+            label = name.replace("%", "%%") if record.args else name
+            record.msg = f"[variant {label}] {record.msg}"
+            record.blis_variant = True
+        return True
+    handlers = logging.getLogger("blis_simpy").handlers
+    for h in handlers:
+        h.addFilter(tag)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(tag)
+
+
+def execute(vps: list[VariantPlan], run: Callable = runner.execute) -> list[runner.Outcome]:
+    """Run every variant; check they served the same requests."""
+    outs = []
+    for vp in vps:
+        with _named(vp.name):
+            try:
+                outs.append(run(vp.plan))
+            except BlisError as exc:
+                raise _relocate(exc, vp.index, vp.name, vp.file_src) from None
+    sig = [_signature(o.requests) for o in outs]
+    for vp, s in zip(vps, sig, strict=True):
+        if s != sig[0]:
+            raise SimulationError(f"variant {vp.name!r} served other requests than "
+                                  f"{vps[0].name!r} (the workload must be identical)")
+    return outs
+
+
+def _signature(requests) -> list[tuple]:
+    return [(r.id, r.arrival_us, r.input_len, r.output_len, r.prefix_group, r.prefix_length)
+            for r in requests]
+
+
+# ---------------------------------------------------------------------------- output
+def deployment(s: Scenario) -> str:
+    """``4 co-located``, ``2P + 2D``, ``2P + 1D + 1 idle``, with a non-``always`` decider."""
+    n, d = s.cluster.num_instances, s.disaggregation
+    if not d.enabled:
+        return f"{n} co-located"
+    text = f"{d.prefill_instances}P + {d.decode_instances}D"
+    rest = n - d.prefill_instances - d.decode_instances
+    if rest:
+        text += f" + {rest} {'shared' if d.compat == 'checkout' else 'idle'}"
+    if d.decider.policy != "always":
+        text += f" ({d.decider.policy})"
+    return text
+
+
+def comparison_row(vp: VariantPlan, out: runner.Outcome) -> dict:
+    """The comparison-table values of one variant (times in ms)."""
+    r = out.report
+    c = metrics_output(r.cluster, include_requests=False)
+    p50 = percentile_ms(sorted(r.cluster.ttft.values()), 50) if c["completed_requests"] else 0.0
+    xfer = r.pd.transfer_duration.mean / 1000 if r.pd is not None and r.pd.transfer_duration.count else None
+    return {"variant": vp.name, "deployment": deployment(vp.plan.scenario),
+            "instances": vp.plan.scenario.cluster.num_instances,
+            "completed": c["completed_requests"], "injected": c["injected_requests"],
+            "throughput_rps": c["responses_per_sec"], "tokens_per_sec": c["tokens_per_sec"],
+            "ttft_mean_ms": c["ttft_mean_ms"], "ttft_p50_ms": p50, "ttft_p99_ms": c["ttft_p99_ms"],
+            "itl_mean_ms": c["itl_mean_ms"], "itl_p99_ms": c["itl_p99_ms"],
+            "e2e_mean_ms": c["e2e_mean_ms"], "e2e_p99_ms": c["e2e_p99_ms"],
+            "transfer_mean_ms": xfer}
+
+
+def render(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome], fmt: str) -> str | None:
+    """``json`` / ``blis`` text; ``table`` prints to stdout itself and returns None."""
+    if fmt == "blis":
+        from blis_simpy.metrics.blis_text import render_blis
+        return "".join(f"=== Variant: {vp.name} ===\n" + render_blis(o.report)
+                       for vp, o in zip(vps, outs, strict=True))
+    if fmt == "json":
+        from blis_simpy.metrics import gojson
+        doc = {"command": base.command, "scenario": base.scenario.name,
+               "comparison": [comparison_row(vp, o) for vp, o in zip(vps, outs, strict=True)],
+               "variants": [{"variant": vp.name, "description": vp.description,
+                             "overrides": vp.overrides, **report_dict(o.report)}
+                            for vp, o in zip(vps, outs, strict=True)]}
+        return gojson.dumps(doc) + "\n"
+    _tables(base, vps, outs)
+    return None
+
+
+def _tables(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from blis_simpy.metrics.tables import pd_table
+    # rich falls back to 80 columns when stdout is not a terminal: too narrow for 13 columns
+    console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else TABLE_WIDTH)
+    o0 = outs[0]
+    extra = " + session follow-ups" if o0.sessions else ""
+    title = f"{base.scenario.name}: " if base.scenario.name else ""
+    console.print(f"[bold]{base.command}[/bold]: {title}{len(o0.requests)} requests{extra}, the same "
+                  f"for each of {len(vps)} variants, horizon {runner.horizon_text(o0.horizon_us)}")
+    f = lambda x, nd=1: f"{x:,.{nd}f}"  # noqa: E731
+
+    def table(title: str, heads: tuple[str, ...], left: int) -> Table:
+        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        for k, h in enumerate(heads):
+            t.add_column(h, justify="left" if k < left else "right")
+        return t
+
+    t = table("Variants (times in ms)", ("Variant", "Instances", "Done", "req/s", "tok/s", "TTFT\nmean",
+              "TTFT\np50", "TTFT\np99", "ITL\nmean", "ITL\np99", "E2E\nmean", "E2E\np99",
+              "KV xfer\nmean"), 2)
+    for vp, o in zip(vps, outs, strict=True):
+        r = comparison_row(vp, o)
+        t.add_row(vp.name, r["deployment"], f"{r['completed']:,}", f(r["throughput_rps"], 2),
+                  f(r["tokens_per_sec"], 0), f(r["ttft_mean_ms"]), f(r["ttft_p50_ms"]),
+                  f(r["ttft_p99_ms"]), f(r["itl_mean_ms"], 2), f(r["itl_p99_ms"], 2),
+                  f(r["e2e_mean_ms"]), f(r["e2e_p99_ms"]),
+                  "-" if r["transfer_mean_ms"] is None else f(r["transfer_mean_ms"]))
+    console.print(t)
+    t = table("Counters", ("Variant", "Injected", "Still\nqueued", "Still\nrunning", "Timed\nout",
+              "Dropped", "Rejected", "Preemp-\ntions", "Peak KV\nblocks", "Duration\n(s)"), 1)
+    for vp, o in zip(vps, outs, strict=True):
+        c, a = o.report.cluster, o.report.anomalies
+        t.add_row(vp.name, f"{c.injected_requests:,}", f"{c.still_queued:,}", f"{c.still_running:,}",
+                  f"{c.timed_out_requests:,}", f"{a.dropped_unservable:,}",
+                  f"{a.rejected_requests_admission + a.rejected_requests_routing:,}",
+                  f"{c.preemption_count:,}", f"{c.peak_kv_blocks:,}", f(c.sim_ended_time / 1e6, 3))
+    console.print(t)
+    for vp, o in zip(vps, outs, strict=True):
+        if o.report.pd is not None:
+            console.print(pd_table(o.report.pd, title=f"Prefill/decode disaggregation: {vp.name}"))
+        else:
+            console.print(f"{vp.name}: no PD section (no prefill/decode pools)\n")
+    sys.stdout.flush()
+
+
+def write_results_file(vps: list[VariantPlan], outs: list[runner.Outcome], path: str) -> None:
+    """``--results-path``: ``{variant name: the results of a plain run or replay}``."""
+    obj = {vp.name: (replay_results(o.report.cluster) if vp.plan.command == REPLAY
+                     else metrics_output(o.report.cluster, include_requests=True))
+           for vp, o in zip(vps, outs, strict=True)}
+    try:
+        write_results(path, obj)
+    except OSError as exc:
+        raise ConfigError(f"cannot write results: {exc.strerror or exc}", file=path,
+                          field="--results-path") from None
+
+
+def simulate(base: runner.Plan, given: dict[str, str], fmt: str,
+             run: Callable = runner.execute) -> None:
+    """``run``/``replay`` of a scenario with variants: validate all, run all, print."""
+    if base.given.get("--trace-output"):
+        raise ConfigError("not supported with scenario variants (each variant would export its "
+                          "own timings); drop the variants or the flag", field="--trace-output")
+    vps = plan_variants(base, given)
+    outs = execute(vps, run)
+    results_path = base.given.get("--results-path")
+    if results_path:
+        write_results_file(vps, outs, results_path)
+    text = render(base, vps, outs, fmt)
+    if text is not None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def validate_lines(base: runner.Plan) -> list[str]:
+    """``validate``: one line per variant (raises on the first invalid one)."""
+    out = []
+    for vp in plan_variants(base, {}):
+        s = vp.plan.scenario
+        out.append(f"  variant {vp.name}: {deployment(s)}, {s.latency.model} latency, "
+                   f"{s.cluster.routing.policy} routing")
+    return out
