@@ -47,7 +47,7 @@ class PDCluster(Cluster):
     def __init__(self, env, instances, admission, router, *, roles, decider, fabric,
                  kv_bytes_per_token: float, block_size: int, prefill_router=None,
                  decode_router=None, local_routing: str = "decode-pool", on_parent_done=None,
-                 **kw):
+                 transfer_at_step_end: bool = True, **kw):
         super().__init__(env, instances, admission, router, **kw)
         self.roles = list(roles)
         self.prefill_pool = [inst for inst, r in zip(instances, roles, strict=True) if r == "prefill"]
@@ -61,6 +61,9 @@ class PDCluster(Cluster):
         self.decode_router = decode_router or router
         self.local_routing = local_routing
         self.on_parent_done = on_parent_done
+        #: start a KV transfer when the prefill's last step *ends* (ours) or at the start of
+        #: that step, where BLIS detects it (spec/10 quirk 13: the step is never paid for)
+        self.transfer_at_step_end = transfer_at_step_end
         self.parents: dict[str, ParentRequest] = {}
         self.pending_prefill: dict[str, ParentRequest] = {}
         self.pending_decode: dict[str, ParentRequest] = {}
@@ -195,7 +198,7 @@ class PDCluster(Cluster):
         rid = req.id
         if rid in self.pending_prefill:
             if req.state == COMPLETED:
-                self._prefill_done.append(rid)
+                self._prefill_done.append((rid, tick_us))
             else:                              # timed out or dropped on the prefill pool
                 self._parent_failed(self.pending_prefill[rid], tick_us, req.state)
         elif rid in self.pending_decode:
@@ -209,11 +212,15 @@ class PDCluster(Cluster):
         now = self.env.now
         if self._prefill_done:
             done, self._prefill_done = sorted(self._prefill_done), []
-            for rid in done:
+            for rid, tick in done:
                 parent = self.pending_prefill.pop(rid)
-                parent.prefill_complete_us = now
                 self.prefill_completed += 1
-                self.fabric_inbox.put(parent)
+                if self.transfer_at_step_end and tick > now:
+                    parent.prefill_complete_us = tick
+                    self.fabric_inbox.put_at(tick, parent)
+                else:
+                    parent.prefill_complete_us = now
+                    self.fabric_inbox.put(parent)
         if self._decode_done:
             done, self._decode_done = sorted(self._decode_done), []
             for rid, tick in done:
@@ -243,7 +250,7 @@ def _share_hashes(src, dst) -> None:
 # ---------------------------------------------------------------------------- building
 def build_pd_cluster(env, instances, admission, router, plan, scenario, rng, block_size: int,
                      **kw) -> PDCluster:
-    """A :class:`PDCluster` for a resolved :class:`~blis_simpy.config.resolve.PoolPlan`.
+    """A :class:`PDCluster` for a resolved :class:`~blis_simpy.config.pools.PoolPlan`.
 
     Pool routers: a pool's own router config (``--prefill/--decode-routing-scorers``) with
     RNG stream ``prefill-router`` / ``decode-router``; otherwise its own instance of the main
@@ -273,7 +280,7 @@ def build_pd_cluster(env, instances, admission, router, plan, scenario, rng, blo
                         fabric=fabric, kv_bytes_per_token=plan.kv_bytes_per_token,
                         block_size=block_size, prefill_router=pool_router("prefill"),
                         decode_router=pool_router("decode"), local_routing=plan.local_routing,
-                        **kw)
+                        transfer_at_step_end=not plan.checkout, **kw)
     cluster.on_parent_done = cluster.session_done
     return cluster
 
