@@ -99,7 +99,7 @@ def decider_text(value: str) -> str:
 
 
 def decider_rule(v) -> str | None:
-    from blis_simpy.config.resolve import check_decider
+    from blis_simpy.config.pools import check_decider
     try:
         check_decider(v)
     except ConfigError as exc:

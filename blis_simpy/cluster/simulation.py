@@ -27,7 +27,8 @@ from blis_simpy.cluster.invariants import (
 )
 from blis_simpy.cluster.pd import build_pd_cluster, finish_pd
 from blis_simpy.cluster.policies import build_admission, build_router
-from blis_simpy.config.resolve import Deployment, resolve, resolve_pools
+from blis_simpy.config.pools import resolve_pools
+from blis_simpy.config.resolve import Deployment, resolve
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.des import SimEnv
 from blis_simpy.engine.fast import FastInstance
