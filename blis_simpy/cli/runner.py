@@ -297,10 +297,11 @@ def export_trace(out: Outcome, prefix: str) -> None:
         reqs += out.sessions.followups
     for i, r in enumerate(sorted(reqs, key=lambda q: q.arrival_us)):
         first = last = 0
-        if r.ttft_set:
-            first = r.arrival_us + r.first_token_us
+        ttft = cluster.ttft.get(r.id)     # the cluster record: PD parents are projected there
+        if ttft is not None:
+            first = r.arrival_us + ttft
             e2e = cluster.e2e.get(r.id)
-            itl_sum = (e2e - r.first_token_us - (post if r.output_len > 0 else 0)
+            itl_sum = (e2e - ttft - (post if r.output_len > 0 else 0)
                        if e2e is not None else sum(r.itl))  # itl: set for unfinished requests
             last = first + itl_sum
         status = {COMPLETED: "ok", TIMED_OUT: "timeout"}.get(r.state, "incomplete")

@@ -225,7 +225,8 @@ class PDCluster(Cluster):
             done, self._decode_done = sorted(self._decode_done), []
             for rid, tick in done:
                 parent = self.pending_decode.pop(rid)
-                parent.completion_us = now
+                # BLIS: detection time = start of the last decode step; ours: its end
+                parent.completion_us = tick if self.transfer_at_step_end else now
                 self.decode_completed += 1
                 if self.on_parent_done is not None:
                     orig = parent.original

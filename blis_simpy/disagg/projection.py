@@ -62,8 +62,15 @@ def correct_and_project(agg: InstanceMetrics, parents: list[ParentRequest], *,
         else:
             sd = dec["scheduling_delay"] or 0
             sub = parent.decode_sub
-            ttft = sd + sub.first_itl_us
-            e2e = sd + (dec["e2e"] or 0)
+            if sub.ttft_set:
+                # it recorded an arrival-relative TTFT of its own: no output (its tokenless
+                # step's end), or recomputed from scratch after a preemption on the decode
+                # instance; its engine E2E is then the parent's
+                ttft = dec["ttft"] if dec["ttft"] is not None else dec["e2e"]
+                e2e = dec["e2e"] or 0
+            else:
+                ttft = sd + sub.first_itl_us
+                e2e = sd + (dec["e2e"] or 0)      # its ITLs and post-decode overhead
             completion = parent.arrival_us + e2e
         agg.e2e[parent.id] = e2e
         if ttft is not None:

@@ -99,6 +99,13 @@ class BatchFormation:
                     n = 0                     # (spec/06 §3.7 REC; BLIS would crash)
                 elif kv.allocate(nxt, nxt.pi, nxt.pi + 1):
                     n = 1
+                elif not self.running and self._unblock_queue(nxt):
+                    continue
+                elif not self.running and nxt.kv_blocks:
+                    waitq.popleft()           # alone with its prompt it still cannot fit
+                    kv.release(nxt)
+                    self._drop_hopeless(nxt)
+                    continue
                 else:
                     break
                 waitq.popleft()
@@ -114,6 +121,8 @@ class BatchFormation:
             start = len(cached) * bs
             n = self._chunk(nxt.input_len - start, start, self._budget)
             if not kv.allocate(nxt, start, start + n, cached):
+                if not self.running and self._unblock_queue(nxt):
+                    continue
                 break
             waitq.popleft()
             self._admit(nxt, n)
@@ -121,6 +130,22 @@ class BatchFormation:
             self._admitted_prefill(nxt)
             scheduled.append(nxt)
         return scheduled
+
+    def _unblock_queue(self, head) -> bool:
+        """The batch is empty and ``head`` cannot get KV because *queued* requests hold it
+        (PD decode sub-requests with pre-allocated prompts, CPU-tier commits). Nothing
+        running could ever free it — BLIS steps forever here — so recompute-preempt the
+        last queued holder, as vLLM preempts. Returns False if there is none."""
+        for r in reversed(self.waitq):
+            if r is not head and r.kv_blocks:
+                log.debug("[tick %d] releasing the KV of queued %s to admit %s",
+                          self.env.now, r.id, head.id)
+                self.kv.release(r)
+                r.pi = 0
+                r.computed_tokens = 0
+                self.metrics.preemption_count += 1
+                return True
+        return False
 
     def _admit(self, req, n: int) -> None:
         self._add_running(req)

@@ -88,6 +88,7 @@ class Instance(BatchFormation):
         self.waitq: deque = deque()
         self.running: list = []
         self.step_pending = False
+        self._steps_scheduled = 0   # Step events in the heap (stale ones included)
         self.step_count = 0
         self.clock_us = 0          # time of the last instance event (BLIS's instance clock)
         self.in_queueing_delay = 0  # injected, Queued event not yet processed
@@ -117,11 +118,13 @@ class Instance(BatchFormation):
             self.listener.on_event_end(self)
             if nxt is None:
                 return
+            self._steps_scheduled += 1
             yield env.wake_at(nxt, self.key_step)
 
     def _push_step(self, t_us: int) -> None:
         """Schedule a Step at ``t_us`` that no running step pushed (starts a chain)."""
         self.step_pending = True
+        self._steps_scheduled += 1
         bell = self._doorbell
         if bell is not None:
             self._doorbell = None
@@ -245,8 +248,14 @@ class Instance(BatchFormation):
     def step(self, now: int) -> int | None:
         """One engine iteration at ``now``; returns the time of the next step, or None."""
         self._touch(now)
+        self._steps_scheduled -= 1
         if not self.running and not self.waitq:
-            return None     # a stale step: nothing to do
+            # A stale step: nothing to do. If no other step event is scheduled, nothing is
+            # pending any more (BLIS keeps its stale pointer here, which would strand work
+            # arriving later with no step to run it: INV-8).
+            if self._steps_scheduled == 0:
+                self.step_pending = False
+            return None
         self.step_count += 1
         self.reorder_queue(now)
         scheduled = self.form_batch(now)

@@ -1,6 +1,7 @@
 """Hand-checked prefill/decode disaggregation paths (spec/06, spec/10), closed-loop sessions
 through the pools (spec/10 quirk 10), a decider plugin loaded through the CLI, and the PD
-bugs found by the property tests (strict xfails).
+regressions for the PD bugs the property tests found (a stale step stranding work, a
+decode-pool KV deadlock, a zero-output parent's E2E, trace export of parents).
 
 Unless stated otherwise: blackbox latency with alpha = (1000, 0, 0) — a 1000 µs queueing
 delay, no output-token overhead — and beta = (5000, 10, 100), so a step takes
@@ -91,7 +92,7 @@ def test_1p1d_fixed_timing_by_hand(impl):
     decode scheduling delay + decode ITLs (+ post-decode overhead)."""
     sim, res = run(pd_scenario(impl=impl), [req("r", 0, 100, 5)])
     p = sim.cluster.parents["r"]
-    assert p.phase_times() == (0, 0, 7000, 7000, 7000 + TRANSFER, 7053, 7053 + 3 * 5100)
+    assert p.phase_times() == (0, 0, 7000, 7000, 7000 + TRANSFER, 7053, 7053 + 4 * 5100)
     assert (p.prefill_instance, p.decode_instance) == ("instance_0", "instance_1")
     (tr,) = sim.cluster.fabric.transfers
     assert (tr.nbytes, tr.start_us, tr.complete_us) == (57_344.0, 7000, 7053)
@@ -252,28 +253,21 @@ def test_zero_output_disaggregated_request_completes(impl, compat):
     assert agg.itl["z"] == 0.0
     assert res.instances[1].completed_requests == 1 and res.instances[1].total_output_tokens == 0
     if compat == "fixed":
-        assert p.phase_times() == (0, 0, 6400, 6400, 6451, 6451, 6451)
-        assert agg.ttft["z"] == 6451                # decode scheduling delay + no ITL
-        # (its E2E: see test_zero_output_parent_e2e_is_not_double_counted)
+        assert p.phase_times() == (0, 0, 6400, 6400, 6451, 6451, 11_451)
+        assert agg.ttft["z"] == agg.e2e["z"] == 11_451   # the end of its (tokenless) decode step
     else:
         assert p.phase_times() == (0, 0, 1000, 1000, 1051, 1051, 1051)
         assert (agg.ttft["z"], agg.e2e["z"]) == (6400, 1051)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: fixed-mode projection double-counts a zero-output parent's "
-                   "E2E: its decode sub-request (PI = len(input), 0 new tokens) records a TTFT measured "
-                   "from the *original* arrival (11,451), which becomes its 'own E2E' and is added to the "
-                   "decode scheduling delay (6451): E2E = completion time = 17,902 µs, after the run "
-                   "ended at 11,451")
 @pytest.mark.parametrize("impl", IMPLS)
 def test_zero_output_parent_e2e_is_not_double_counted(impl):
     """Same request as above (fixed): the decode step runs 6451 → 11,451 (5000 µs, no token).
-    Its E2E is the decode scheduling delay (6451, the decode E2E of a request that produces
-    nothing being 0) or at most the end of its decode step — never beyond it."""
+    Its E2E is the end of that step, never beyond it (it once was 6451 + 11,451)."""
     sim, res = run(pd_scenario(impl=impl), [req("z", 0, 40, 0)])
     agg = res.cluster
     assert agg.sim_ended_time == 11_451
-    assert agg.e2e["z"] in (6451, 11_451)
+    assert agg.e2e["z"] == 11_451
     assert agg.ttft["z"] <= agg.e2e["z"] == agg.completion_time["z"] <= agg.sim_ended_time
 
 
@@ -548,10 +542,6 @@ def test_decider_plugin_params_and_flag_override(tmp_path):
 
 
 # ---------------------------------------------------------------------------- known bugs
-@pytest.mark.xfail(strict=True, reason="BUG: a stale Step leaves Instance.step_pending True (Instance.step "
-                   "returns None at 'step 0' without clearing it), so work injected later on that "
-                   "instance is never stepped: here a disaggregated request's decode sub-request stays "
-                   "queued forever and the run drains with it unserved (INV-8)")
 @pytest.mark.parametrize("impl", IMPLS)
 def test_stale_step_after_queued_timeout_strands_later_work(impl):
     """Decode instance (max 1 running): local a completes in its first step (0 → 1100) while
@@ -567,10 +557,6 @@ def test_stale_step_after_queued_timeout_strands_later_work(impl):
     assert p.completed and res.cluster.completed_requests == 2 and res.cluster.still_queued == 0
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: decode sub-requests waiting with pre-allocated prompt KV can "
-                   "deadlock a decode instance: Phase 2 cannot allocate the next token's block, nothing "
-                   "runs to be preempted, and the instance steps forever doing nothing (an unbounded run "
-                   "never ends)")
 @pytest.mark.parametrize("impl", IMPLS)
 def test_queued_decode_subrequests_holding_all_kv_deadlock(impl):
     """Two 80-token prompts (4 output tokens) reach a 10-block decode instance at the same
@@ -586,10 +572,6 @@ def test_queued_decode_subrequests_holding_all_kv_deadlock(impl):
     assert res.cluster.still_queued == 0 and sim.instances[2].step_count < 100
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: --trace-output exports a completed disaggregated request with "
-                   "first_chunk_time_us = last_chunk_time_us = 0 (export_trace reads r.ttft_set / "
-                   "r.first_token_us of the parent Request, which never runs; its TTFT is in the "
-                   "projected cluster record)")
 def test_trace_export_of_disaggregated_requests_has_chunk_times(tmp_path):
     sc = _plugin_scenario(tmp_path)
     runner = CliRunner()
