@@ -159,15 +159,8 @@ class Instance(BatchFormation):
         self._touch(now_us)
         if 0 < req.deadline_us <= now_us:    # its deadline passed during the transfer
             self.kv.release(req)              # (BLIS schedules a timeout in the past)
-            req.state = TIMED_OUT
-            self.metrics.timed_out_requests += 1
-            self.listener.on_request_done(self, req, now_us)
-            return
-        req.enqueue_us = now_us
-        self.waitq.append(req)
-        if 0 < req.deadline_us <= self.horizon_us:
-            self.env.call_at(req.deadline_us, self.key_timeout, self._on_timeout, req)
-        if not self.running and not self.step_pending:
+        self._admit_to_queue(req, now_us)
+        if req.state != TIMED_OUT and not self.running and not self.step_pending:
             self._push_step(max(self.clock_us, now_us))
 
     def _on_queued(self, req) -> None:
@@ -199,6 +192,10 @@ class Instance(BatchFormation):
         if ceil_div(n_in, self.kv.block_size) > self.kv.total_blocks:
             return self._drop(req, now_us, f"input needs more KV blocks than the {self.kv.total_blocks} available")
         self.metrics.total_input_tokens += n_in
+        self._admit_to_queue(req, now_us)
+
+    def _admit_to_queue(self, req, now_us: int) -> None:
+        """Past its deadline: timed out now. Else into the wait queue with its Timeout."""
         if 0 < req.deadline_us <= now_us:
             req.state = TIMED_OUT
             self.metrics.timed_out_requests += 1
