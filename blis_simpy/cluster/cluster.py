@@ -55,6 +55,10 @@ class Cluster(InstanceListener):
         self.trace = trace
         self.inflight = [0] * len(instances)
         self.counters = ControlPlaneCounters()
+        #: with PD pools: prefill sub-requests routed in place of their parents, and decode
+        #: sub-requests injected after their transfer (always 0 here; see PDCluster)
+        self.prefill_routed = 0
+        self.decode_injected = 0
         self._n = len(instances)
         #: closed-loop sessions (spec/07 §7): a SessionManager or None; see :meth:`session_done`
         self.sessions = None

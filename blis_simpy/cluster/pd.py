@@ -70,8 +70,6 @@ class PDCluster(Cluster):
         self.prefill_completed = 0
         self.decode_completed = 0
         self.dropped_at_decode_kv = 0
-        self.prefill_routed = 0
-        self.decode_injected = 0
         self._prefill_done: list = []
         self._decode_done: list = []
         self.prefill_inbox = Mailbox(env, PREFILL_ROUTING)

@@ -191,8 +191,8 @@ class Simulation:
         not_arrived = c.offered - c.arrived
         if not_arrived != late:
             raise InvariantError(f"{not_arrived} requests never arrived, but {late} arrive after the horizon")
-        pool_routed = getattr(self.cluster, "prefill_routed", 0)
-        decode_injected = getattr(self.cluster, "decode_injected", 0)
+        pool_routed = self.cluster.prefill_routed
+        decode_injected = self.cluster.decode_injected
         in_control_plane = (c.arrived - c.routed - pool_routed - c.rejected_by_admission
                             - c.rejected_at_routing)
         if in_control_plane < 0:
