@@ -179,6 +179,8 @@ FLAGS: tuple[Flag, ...] = (
     # (3) deployment identity
     F("--hardware", text, "hardware", None, "GPU key (e.g. H100)"),
     F("--tp", integer, "tp", non_negative, "tensor parallelism"),
+    F("--dp", integer, "dp", positive, "data-parallel ranks per instance (default 1)"),
+    F("--enable-expert-parallel", P.boolean, "enable_expert_parallel", None, "shard MoE experts over the TP x DP ranks (all-to-all dispatch/combine)"),
     F("--vllm-version", text, "vllm_version", None, "vLLM version (coefficient lookup)"),
     # (4) where architectures, GPUs and coefficients come from (built-in catalogs otherwise)
     F("--model-config-folder", text, "model_config_folder", None, "folder with a HuggingFace config.json for --model (default: the built-in model catalog; never downloaded)"),

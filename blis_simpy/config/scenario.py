@@ -240,6 +240,10 @@ class Scenario(Strict):
     model: str = Field("", description="model ID, lower-cased for every lookup")
     hardware: str = ""
     tp: NonNegInt = 0
+    dp: PosInt = Field(1, description="data-parallel ranks per engine instance (vLLM --data-parallel-size); "
+                                       "each rank has its own scheduler, limits and KV pool")
+    enable_expert_parallel: bool = Field(
+        False, description="shard MoE experts over the TP x DP ranks (vLLM --enable-expert-parallel)")
     vllm_version: str = ""
     model_config_folder: str = Field("", description="folder with a HuggingFace config.json")
     hardware_config: str = Field("", description="BLIS hardware_config.json with extra GPUs")

@@ -47,6 +47,15 @@ class BatchView:
         return sum(r.num_new_tokens for r in self.prefill)
 
     @classmethod
+    def dummy(cls) -> BatchView:
+        """The 1-token dummy decode an idle data-parallel rank runs in a lockstep step
+        (vLLM pads idle DP ranks of an MoE model with a dummy batch): one decode request at
+        context 0."""
+        v = cls(decode_count=1, decode_tokens=1, decode_pi_sum=0, size=1)
+        v.entries_fn = lambda: iter(((False, 0, 1, 0),))
+        return v
+
+    @classmethod
     def of(cls, batch) -> BatchView:
         """Classify an iterable of requests (the literal, per-request way)."""
         v = cls()
@@ -82,6 +91,26 @@ class LatencyModel(Pluggable, family="latency model"):
     def step_time(self, batch: BatchView) -> int:
         """Duration of one engine step, ≥ 1 µs."""
         raise NotImplementedError
+
+    def lockstep_step_time(self, views: list[BatchView]) -> int:
+        """Duration (µs) of one lockstep step of the data-parallel ranks of one engine.
+
+        ``views[r]`` is rank r's batch; an idle rank has ``size == 0`` and runs the dummy
+        batch (:meth:`BatchView.dummy`). Every rank waits for the slowest, so the default is
+        the maximum of the per-rank step times. Models with cross-rank terms (MoE expert
+        reads of the tokens gathered from every rank, EP dispatch/combine) override it.
+        """
+        dummy = None
+        worst = 1
+        for v in views:
+            if v.size == 0:
+                if dummy is None:
+                    dummy = BatchView.dummy()
+                v = dummy
+            t = self.step_time(v)
+            if t > worst:
+                worst = t
+        return worst
 
     def queueing_time(self, req) -> int:
         """Arrival → Queued delay (API / pre-scheduling overhead), µs."""
