@@ -34,8 +34,9 @@ from blis_simpy.units import MAX_INT64
 
 log = logging.getLogger("blis_simpy.cli")
 
-#: BLIS's default backend when neither --latency-model nor coefficients are given.
-BLIS_DEFAULT_LATENCY_MODEL = "roofline"
+#: The backend when neither --latency-model nor coefficients are given: ``physics`` (BLIS
+#: 89bece82 used roofline, BLIS HEAD trained-physics; both stay one flag away).
+BLIS_DEFAULT_LATENCY_MODEL = "physics"
 
 
 def preset(name: str) -> dict | None:

@@ -15,6 +15,7 @@ from blis_simpy.config.resolve import (
     ANALYTICAL,
     Deployment,
     Resolution,
+    backend_options,
     blackbox_coefficients,
     build_backend,
     global_coefficients,
@@ -59,7 +60,7 @@ def resolve_pool_deployment(s: Scenario, glob: Deployment, ov: PoolOverrides, ro
     for k, v in given.items():
         r.note(f"{k} {v}: pool override")
     eng = ps.engine
-    backend = ps.latency.model or "roofline"
+    backend = ps.latency.model or "physics"
     LatencyModel.lookup(backend, field=f"{key}.latency_model")
     analytical = backend in ANALYTICAL
     tp = ov.tp if ov.tp is not None else glob.tp
@@ -124,7 +125,8 @@ def resolve_pool_deployment(s: Scenario, glob: Deployment, ov: PoolOverrides, ro
         r.note(f"max_model_len {total * bs}: lowered to the pool's KV capacity ({total} blocks x {bs} tokens)")
         max_len = total * bs
 
-    build = partial(build_backend, backend, model_cfg, lat_gpu, tp, alpha, beta, s.latency.compat)
+    build = partial(build_backend, backend, model_cfg, lat_gpu, tp, alpha, beta, s.latency.compat,
+                    backend_options(s))
     try:
         build()
     except ConfigError as exc:

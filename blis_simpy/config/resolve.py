@@ -46,7 +46,18 @@ from blis_simpy.latency.base import LatencyModel
 log = logging.getLogger("blis_simpy")
 
 DEFAULT_TOTAL_KV_BLOCKS = 1_000_000
-ANALYTICAL = ("roofline", "crossmodel", "trained-roofline")
+ANALYTICAL = ("physics", "trained-physics", "roofline", "crossmodel", "trained-roofline")
+#: backends timed by coefficient-set files or fixed formulas: no --alpha/--beta coefficients
+NO_COEFFICIENTS = ("roofline", "physics")
+#: KV element bytes of ``engine.kv_cache_dtype`` (``auto`` = the model dtype)
+KV_DTYPE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0}
+
+
+def backend_options(s: Scenario) -> dict:
+    """Deployment facts the parallelism-aware backends take (ignored by BLIS's backends)."""
+    return {"dp": s.dp, "expert_parallel": s.enable_expert_parallel,
+            "coefficients_file": s.latency.coefficients_file,
+            "kv_bytes_per_element": KV_DTYPE_BYTES.get(s.engine.kv_cache_dtype, 0.0)}
 
 
 @dataclass
@@ -259,13 +270,20 @@ def _kv_factory(r: Resolution) -> Callable[[int, int], KVCache]:
         raise ConfigError(str(exc), field="engine.kv_cpu_blocks") from None
 
 
-def build_backend(backend: str, model_cfg, gpu, tp, alpha, beta, compat: str) -> LatencyModel:
+def build_backend(backend: str, model_cfg, gpu, tp, alpha, beta, compat: str,
+                  extra: dict | None = None) -> LatencyModel:
+    """Build one latency model; ``extra`` (:func:`backend_options`) goes to ``physics`` and
+    ``trained-physics`` only."""
     cls = LatencyModel.lookup(backend, field="latency.model")
     try:
         if backend == "blackbox":
             return cls(alpha, beta)
         opts = {}
-        if compat == "checkout":
+        if backend == "physics":
+            opts = dict(extra or {})
+        elif backend == "trained-physics":
+            opts = {"dp": (extra or {}).get("dp", 1)}
+        elif compat == "checkout":
             opts = {"moe_weight_batch_zero": True} if backend == "roofline" else {"checkout_moe_threshold": True}
         return cls.from_config(model_cfg, gpu, tp, alpha, beta, **opts)
     except ValueError as exc:
@@ -277,11 +295,11 @@ def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:
     import blis_simpy.latency  # noqa: F401  (registers every built-in backend)
     r = Resolution(scenario, quiet)
     s, eng, cfg = scenario, scenario.engine, scenario.latency
-    backend = cfg.model or "roofline"
+    backend = cfg.model or "physics"
     LatencyModel.lookup(backend, field="latency.model")
-    if backend == "roofline" and (cfg.alpha_coeffs is not None or cfg.beta_coeffs is not None):
-        raise ConfigError("roofline takes no alpha/beta coefficients (use blackbox, crossmodel or "
-                          "trained-roofline, or drop them)", field="latency.model")
+    if backend in NO_COEFFICIENTS and (cfg.alpha_coeffs is not None or cfg.beta_coeffs is not None):
+        raise ConfigError(f"{backend} takes no alpha/beta coefficients (use blackbox, trained-physics, "
+                          "crossmodel or trained-roofline, or drop them)", field="latency.model")
     cat = r.coefficients()
     hw, tp, vllm = _deployment_identity(r, cat)
     analytical = backend in ANALYTICAL
@@ -303,6 +321,8 @@ def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:
         alpha, beta = blackbox_coefficients(r, cat, hw, tp, vllm)
     elif backend in ("crossmodel", "trained-roofline"):
         alpha, beta = global_coefficients(r, cat, backend)
+    elif backend == "trained-physics":
+        alpha, beta = cfg.alpha_coeffs, cfg.beta_coeffs    # None: BLIS HEAD's defaults
     model_cfg = None
     if analytical:
         model_cfg, tried = r.model_config(s.model)
@@ -313,7 +333,8 @@ def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:
                               field="model_config_folder")
     total = _kv_blocks(r, cat, backend, hw, tp, vllm, model_cfg, gpu)
     max_len = _max_model_len(r, backend, model_cfg, total)
-    build = partial(build_backend, backend, model_cfg, gpu, tp, alpha, beta, cfg.compat)
+    build = partial(build_backend, backend, model_cfg, gpu, tp, alpha, beta, cfg.compat,
+                    backend_options(s))
     build()                     # validate now: errors before anything runs
     return Deployment(total_kv_blocks=total, block_size=eng.block_size, max_model_len=max_len,
                       latency_factory=build, kv_factory=_kv_factory(r), notes=r.notes, backend=backend,

@@ -1,0 +1,286 @@
+"""The ``physics`` latency backend: a step's time from the bytes and FLOPs it moves.
+
+Each basis of :mod:`blis_simpy.latency.physics_terms` is multiplied by its coefficient; the
+bases are grouped by the GPU kernels that execute them, and a kernel group takes the longer
+of its compute and its memory time (a roofline per kernel group, so a weight-bound decode
+GEMM is not also charged its FLOPs)::
+
+    linear    = max(c.prefill_compute·prefill_compute + c.decode_compute·decode_compute,
+                    c.weight_reads·weight_reads)
+    attention = max(c.attention_compute·attention_compute,
+                    c.prefill_memory·prefill_memory + c.decode_kv_reads·decode_kv_reads)
+    experts   = max(c.moe_compute·moe_compute, c.moe_expert_reads·moe_expert_reads)
+    step_us   = linear + attention + experts
+              + c.tp_allreduce·tp_allreduce + c.ep_dispatch_combine·ep_dispatch_combine
+              + c.sampling·sampling
+              + c.layer_launch_us·L + c.request_cpu_us·B + c.step_cpu_us
+
+then ``max(1, int(step_us))`` (truncation, BLIS's rule). ``B`` is the number of requests in
+the batch; prefill chunks attend to their cached context (``pi``) plus themselves, causally.
+
+Data parallelism: each DP rank times its own batch; for an MoE model the ranks step in
+lockstep and the expert layers see the tokens of every rank, padded to the busiest
+(:meth:`PhysicsModel.lockstep_step_time`).
+
+Coefficients come from a coefficient set (:class:`PhysicsCoefficients`, one YAML file):
+``catalog/data/physics/<GPU>.yaml`` if shipped, else ``default.yaml`` (the physical set:
+every multiplier 1). Pure code: no SimPy.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from blis_simpy.catalog.types import GPUSpec, ModelConfig
+from blis_simpy.errors import ConfigError
+from blis_simpy.latency import physics_terms as P
+from blis_simpy.latency.base import BatchView, LatencyModel
+from blis_simpy.units import to_int64
+
+_Mult = Field(1.0, ge=0, allow_inf_nan=False)
+_Cost = Field(0.0, ge=0, le=1e9, allow_inf_nan=False)
+
+
+class PhysicsCoefficients(BaseModel):
+    """One coefficient set of the ``physics`` backend (a YAML file; see default.yaml)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = ""
+    description: str = ""
+    prefill_compute: float = _Mult
+    decode_compute: float = _Mult
+    attention_compute: float = _Mult
+    weight_reads: float = _Mult
+    prefill_memory: float = _Mult
+    decode_kv_reads: float = _Mult
+    moe_compute: float = _Mult
+    moe_expert_reads: float = _Mult
+    tp_allreduce: float = _Mult
+    ep_dispatch_combine: float = _Mult
+    sampling: float = _Mult
+    layer_launch_us: float = _Cost
+    request_cpu_us: float = _Cost
+    step_cpu_us: float = _Cost
+    queueing_us: float = _Cost
+    queueing_per_input_token_us: float = _Cost
+    output_token_us: float = _Cost
+    post_decode_us: float = _Cost
+
+
+def _parse_set(text: str, where: str) -> PhysicsCoefficients:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise ConfigError(f"invalid YAML: {getattr(exc, 'problem', exc)}", file=where,
+                          line=mark.line + 1 if mark else None) from None
+    if not isinstance(raw, dict):
+        raise ConfigError("a physics coefficient set must be a mapping of coefficient: value", file=where)
+    try:
+        return PhysicsCoefficients(**raw)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        loc = ".".join(str(p) for p in e["loc"])
+        raise ConfigError(e["msg"], file=where, field=loc) from None
+
+
+@lru_cache(maxsize=32)
+def _builtin_set(stem: str) -> PhysicsCoefficients | None:
+    res = resources.files("blis_simpy.catalog").joinpath(f"data/physics/{stem}.yaml")
+    if not res.is_file():
+        return None
+    return _parse_set(res.read_text("utf-8"), f"catalog/data/physics/{stem}.yaml")
+
+
+def load_coefficient_set(gpu: str = "", path: str = "") -> tuple[PhysicsCoefficients, str]:
+    """The coefficient set for ``gpu``: ``path`` if given, else the built-in set named after
+    the GPU, else the built-in default. Returns the set and where it came from."""
+    if path:
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError("no such file", file=path, field="latency.coefficients_file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read: {exc}", file=path, field="latency.coefficients_file") from None
+        return _parse_set(text, path), path
+    if gpu:
+        got = _builtin_set(gpu)
+        if got is not None:
+            return got, f"built-in set {gpu}"
+    return _builtin_set("default"), "built-in set default"
+
+
+class PhysicsModel(LatencyModel, name="physics"):
+    """Bytes and FLOPs from the model config at the GPU's peak rates, times coefficients."""
+
+    needs_model_config = True
+
+    def __init__(self, model: ModelConfig, gpu: GPUSpec, tp: int = 1, *, dp: int = 1,
+                 expert_parallel: bool = False, coefficients: PhysicsCoefficients | None = None,
+                 kv_bytes_per_element: float = 0.0):
+        _validate(model, gpu, tp, dp)
+        self.model = model
+        self.gpu = gpu
+        self.tp = tp
+        self.dp = dp
+        self.coeffs = c = coefficients if coefficients is not None else load_coefficient_set(gpu.name)[0]
+        self.shape = s = P.build_shape(model, tp, dp, expert_parallel, kv_bytes_per_element)
+        self.rates = r = P.gpu_rates(gpu, s.weight_bytes)
+        self.is_moe = s.moe_layers > 0
+        # per-unit constants, coefficients folded in (µs per token / per pair / per byte)
+        self._pf_tok = c.prefill_compute * P.prefill_compute_us(s, r, 1, 0)
+        self._pf_row = c.prefill_compute * P.prefill_compute_us(s, r, 0, 1)
+        self._dc_req = c.decode_compute * P.decode_compute_us(s, r, 1)
+        self._attn_pair = c.attention_compute * P.attention_compute_us(s, r, 1.0)
+        self._pf_mem_tok = c.prefill_memory * P.prefill_memory_us(s, r, 1, 0)
+        self._dc_kv_tok = c.decode_kv_reads * P.decode_kv_reads_us(s, r, 1, 0)
+        self._weights = c.weight_reads * P.weight_reads_us(s, r)
+        self._sample_row = c.sampling * P.sampling_us(s, r, 1)
+        self._fixed = c.layer_launch_us * s.layers + c.step_cpu_us
+        self._per_req = c.request_cpu_us
+        self._queue = c.queueing_us
+        self._queue_tok = c.queueing_per_input_token_us
+        self._otpt = to_int64(c.output_token_us)
+        self._post = to_int64(c.post_decode_us)
+
+    @classmethod
+    def from_config(cls, model: ModelConfig, gpu: GPUSpec, tp: int, alpha=None, beta=None, *,
+                    dp: int = 1, expert_parallel: bool = False, coefficients_file: str = "",
+                    kv_bytes_per_element: float = 0.0, **_ignored) -> PhysicsModel:
+        """Build from catalog records; ``alpha``/``beta`` are not used (coefficient sets are)."""
+        coeffs, _ = load_coefficient_set(gpu.name, coefficients_file)
+        return cls(model, gpu, tp, dp=dp, expert_parallel=expert_parallel, coefficients=coeffs,
+                   kv_bytes_per_element=kv_bytes_per_element)
+
+    # ------------------------------------------------------------------ the step
+    def terms(self, batch: BatchView, routed_tokens: float | None = None) -> dict[str, float]:
+        """Every coefficient-weighted term of one step (µs), by name. ``routed_tokens``:
+        tokens the MoE layers see (default: this batch's tokens x DP, as if every rank were
+        equally busy)."""
+        s, r, c = self.shape, self.rates, self.coeffs
+        pf_tokens = pf_ctx = 0
+        pairs = 0.0
+        for req in batch.prefill:
+            t = req.num_new_tokens
+            pf_tokens += t
+            pf_ctx += req.pi
+            pairs += P.attention_pairs(req.pi, t)
+        n_pf = len(batch.prefill)
+        n_dc = batch.decode_count
+        ctx = batch.decode_pi_sum
+        pairs += ctx + n_dc                    # each decode query attends to its context + itself
+        tokens = pf_tokens + n_dc
+        routed = tokens * s.dp if routed_tokens is None else routed_tokens
+        return {
+            "prefill_compute": c.prefill_compute * P.prefill_compute_us(s, r, pf_tokens, n_pf),
+            "decode_compute": c.decode_compute * P.decode_compute_us(s, r, n_dc),
+            "weight_reads": c.weight_reads * P.weight_reads_us(s, r) if tokens else 0.0,
+            "attention_compute": c.attention_compute * P.attention_compute_us(s, r, pairs),
+            "prefill_memory": c.prefill_memory * P.prefill_memory_us(s, r, pf_ctx, pf_tokens),
+            "decode_kv_reads": c.decode_kv_reads * P.decode_kv_reads_us(s, r, ctx, n_dc),
+            "moe_compute": c.moe_compute * P.moe_compute_us(s, r, routed),
+            "moe_expert_reads": c.moe_expert_reads * P.moe_expert_reads_us(s, r, routed),
+            "tp_allreduce": c.tp_allreduce * P.tp_allreduce_us(s, r, tokens),
+            "ep_dispatch_combine": c.ep_dispatch_combine * P.ep_dispatch_combine_us(s, r, routed),
+            "sampling": c.sampling * P.sampling_us(s, r, batch.size),
+            "layer_launch": c.layer_launch_us * s.layers,
+            "request_cpu": c.request_cpu_us * batch.size,
+            "step_cpu": c.step_cpu_us,
+        }
+
+    @staticmethod
+    def combine(t: dict[str, float]) -> float:
+        """The kernel-group roofline over the terms (see the module docstring), µs."""
+        linear = max(t["prefill_compute"] + t["decode_compute"], t["weight_reads"])
+        attention = max(t["attention_compute"], t["prefill_memory"] + t["decode_kv_reads"])
+        experts = max(t["moe_compute"], t["moe_expert_reads"])
+        return (linear + attention + experts + t["tp_allreduce"] + t["ep_dispatch_combine"]
+                + t["sampling"] + t["layer_launch"] + t["request_cpu"] + t["step_cpu"])
+
+    def step_time(self, batch: BatchView) -> int:
+        if batch.size == 0 and not batch.prefill and batch.decode_count == 0:
+            return 1
+        if self.is_moe or self.tp > 1:
+            return _clamp(self.combine(self.terms(batch)))
+        # dense, TP 1: the same arithmetic with the per-unit constants (O(prefill requests))
+        pf_tokens = pf_ctx = 0
+        pairs = 0.0
+        for req in batch.prefill:
+            t = req.num_new_tokens
+            pf_tokens += t
+            pf_ctx += req.pi
+            pairs += t * req.pi + t * (t + 1) / 2.0
+        n_dc = batch.decode_count
+        ctx = batch.decode_pi_sum
+        pairs += ctx + n_dc
+        compute = self._pf_tok * pf_tokens + self._pf_row * len(batch.prefill) + self._dc_req * n_dc
+        weights = self._weights if pf_tokens + n_dc else 0.0
+        kv = self._pf_mem_tok * (pf_ctx + pf_tokens) + self._dc_kv_tok * (ctx + n_dc)
+        attn = self._attn_pair * pairs
+        step = ((compute if compute > weights else weights) + (attn if attn > kv else kv)
+                + self._sample_row * batch.size + self._fixed + self._per_req * batch.size)
+        return _clamp(step)
+
+    def lockstep_step_time(self, views: list[BatchView]) -> int:
+        """DP ranks in lockstep: the MoE layers of every rank see the tokens of all ranks,
+        padded to the busiest rank (vLLM pads DP ranks to the group's max token count); an
+        idle rank runs the 1-token dummy batch. The step lasts as long as the slowest rank."""
+        dummy = BatchView.dummy()
+        views = [v if v.size else dummy for v in views]
+        most = max(sum(q.num_new_tokens for q in v.prefill) + v.decode_count for v in views)
+        routed = float(most * len(views))
+        return max(_clamp(self.combine(self.terms(v, routed))) for v in views)
+
+    # ------------------------------------------------------------------ overheads
+    def queueing_time(self, req) -> int:
+        return to_int64(self._queue + self._queue_tok * req.input_len)
+
+    def output_token_processing_time(self) -> int:
+        return self._otpt
+
+    def post_decode_fixed_overhead(self) -> int:
+        return self._post
+
+    def decode_step_us(self, batch_size: int, context_tokens: int) -> int:
+        """A pure decode step of ``batch_size`` requests at ``context_tokens`` each (µs)."""
+        v = BatchView(decode_count=batch_size, decode_tokens=batch_size,
+                      decode_pi_sum=batch_size * context_tokens, size=batch_size)
+        return self.step_time(v)
+
+
+def _clamp(step_us: float) -> int:
+    t = to_int64(step_us)
+    return t if t > 1 else 1
+
+
+def _validate(model: ModelConfig, gpu: GPUSpec, tp: int, dp: int) -> None:
+    for label, v in (("tensor parallelism", tp), ("data parallelism", dp)):
+        if not isinstance(v, int) or v <= 0:
+            raise ValueError(f"physics: {label} must be > 0, got {v}")
+    for label, v in (("num_hidden_layers", model.num_layers), ("hidden_size", model.hidden_size),
+                     ("num_attention_heads", model.num_heads), ("vocab_size", model.vocab_size),
+                     ("intermediate_size", model.intermediate_size or model.moe_intermediate_size)):
+        if v <= 0:
+            raise ValueError(f"physics: model {label} must be > 0, got {v}")
+    if model.num_heads % tp:
+        raise ValueError(f"physics: num_attention_heads ({model.num_heads}) must be divisible by TP ({tp})")
+    for label, v in (("TFlopsPeak", gpu.tflops_peak), ("BwPeakTBs", gpu.bw_peak_tbs)):
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"physics: GPU {gpu.name} {label} must be finite and > 0, got {v}")
+    if (tp > 1 or dp > 1) and not (math.isfinite(gpu.link_bw_gbps) and gpu.link_bw_gbps > 0):
+        raise ValueError(f"physics: GPU {gpu.name} needs an interconnect bandwidth (link_bw_gbps) "
+                         f"for TP {tp} x DP {dp}")
+    if model.is_moe and not 0 < model.num_experts_per_tok <= model.num_local_experts:
+        raise ValueError(f"physics: num_experts_per_tok must be in (0, {model.num_local_experts}] "
+                         f"for an MoE model, got {model.num_experts_per_tok}")
+
+
+__all__ = ["PhysicsCoefficients", "PhysicsModel", "load_coefficient_set"]

@@ -1,0 +1,250 @@
+"""The physical bases of the ``physics`` backend: bytes and FLOPs of one engine step.
+
+Everything here is counted from the model's config.json and the deployment, per GPU, and
+turned into µs at the GPU's peak rates. No coefficient, no SimPy: :mod:`physics` combines
+these bases with a coefficient set. Each basis is a small named function so it can be
+checked alone on a tiny config (tests/latency/test_physics_terms.py).
+
+Conventions (see docs/latency-models.md, "physics"):
+
+* ``d`` hidden size, ``L`` layers, ``H``/``H_kv`` query/KV heads, ``hd`` the *declared*
+  ``head_dim`` (hidden/heads when absent), ``V`` vocabulary, ``f`` FFN dims; FLOPs count
+  2 per multiply-accumulate.
+* Tensor parallelism (TP) shards the Q/O projections, the MLP, the shared experts and the
+  vocabulary (embedding and lm_head) TP ways; K/V heads are sharded ``max(1, H_kv // TP)``
+  per GPU (replicated when ``H_kv < TP``, as vLLM does).
+* Routed experts are spread over the MoE group ``G = TP x DP`` (vLLM: expert parallel
+  places whole experts, otherwise each expert is tensor-sharded G ways; the bytes per GPU are
+  the same). A batch of ``T`` routed tokens touches ``E·(1 − (1 − k/E)^T)`` distinct experts
+  in expectation (uniform top-k routing).
+* Gated MLPs (SwiGLU/GeGLU, every catalog model) have three matrices, others two.
+* Rates: ``F`` FLOP/µs = TFLOPS·1e6 (the FP8 peak when weights are 1 byte and the GPU has
+  FP8 tensor cores), ``W`` B/µs = TB/s·1e6, a link's B/µs = GB/s·1e3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from blis_simpy.catalog.types import GPUSpec, ModelConfig
+
+#: activations with a non-gated (two-matrix) MLP
+UNGATED_ACTIVATIONS = frozenset({"gelu_new", "gelu_fast", "quick_gelu", "relu", "relu2"})
+#: bytes of one fp32 logit (the sampler works on fp32 logits)
+LOGIT_BYTES = 4.0
+
+
+def expected_experts(num_experts: int, top_k: int, tokens: float) -> float:
+    """Expected distinct experts touched by ``tokens`` tokens routed top-``top_k`` of
+    ``num_experts`` uniformly and independently: ``E·(1 − (1 − k/E)^T)``."""
+    if num_experts <= 0 or tokens <= 0:
+        return 0.0
+    k = min(max(top_k, 1), num_experts)
+    return num_experts * (1.0 - (1.0 - k / num_experts) ** tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """Per-GPU parameter and byte counts of one deployment of one model (frozen)."""
+
+    layers: int
+    moe_layers: int
+    dense_layers: int
+    hidden: int
+    vocab: int
+    heads_local: float            # query heads per GPU
+    head_dim: int
+    kv_bytes_per_token: float     # KV bytes per token per GPU, all layers (K and V)
+    act_bytes: float              # bytes per activation element
+    weight_bytes: float           # bytes per weight parameter (quantised)
+    nonexpert_macs_per_token: float   # per GPU: attention projections, dense MLP, shared experts, router
+    lm_head_macs_per_row: float   # per GPU: d·V/TP
+    nonexpert_weight_bytes: float     # per GPU, read once per step (includes lm_head)
+    num_experts: int
+    top_k: int
+    expert_params: float          # one routed expert, all matrices
+    moe_group: int                # G = TP x DP
+    tp: int
+    dp: int
+    expert_parallel: bool
+
+
+def build_shape(model: ModelConfig, tp: int, dp: int = 1, expert_parallel: bool = False,
+                kv_bytes_per_element: float = 0.0) -> Shape:
+    """Count a model's per-GPU parameters and bytes for a TP x DP deployment."""
+    d = model.hidden_size
+    L = model.num_layers
+    H = model.num_heads
+    hd = model.real_head_dim
+    hkv = model.num_kv_heads or H
+    V = model.vocab_size
+    n_mat = 2 if model.hidden_act in UNGATED_ACTIVATIONS else 3
+    act = model.bytes_per_param or 2.0
+    wb = model.effective_weight_bytes_per_param or act
+    kvb = kv_bytes_per_element or act
+    hkv_local = max(1, hkv // tp)
+    # attention: Q (d x H·hd) and O (H·hd x d) sharded by TP; K, V per local KV head
+    attn = 2.0 * d * H * hd / tp + 2.0 * d * hkv_local * hd
+    if model.kv_lora_rank > 0:       # MLA: KV compressed to kv_lora_rank + rope dims per token
+        kv_tok = float(L * (model.kv_lora_rank + model.qk_rope_head_dim)) * kvb
+    else:
+        kv_tok = float(L * 2 * hkv_local * hd) * kvb
+    n_moe = model.num_moe_layers
+    n_dense = L - n_moe
+    f_dense = model.dense_intermediate_size or model.intermediate_size
+    dense_mlp = n_mat * d * f_dense / tp
+    E = model.num_local_experts if model.is_moe else 0
+    f_exp = model.moe_intermediate_size or model.intermediate_size
+    shared = n_mat * d * model.shared_expert_intermediate_size / tp
+    router = float(d * E)
+    macs = L * attn + n_dense * dense_mlp + n_moe * (shared + router)
+    lm_head = float(d) * V / tp
+    norms = float(2 * L * d + d)
+    return Shape(
+        layers=L, moe_layers=n_moe, dense_layers=n_dense, hidden=d, vocab=V,
+        heads_local=H / tp, head_dim=hd, kv_bytes_per_token=kv_tok, act_bytes=act, weight_bytes=wb,
+        nonexpert_macs_per_token=macs, lm_head_macs_per_row=lm_head,
+        nonexpert_weight_bytes=(macs + lm_head + norms) * wb,
+        num_experts=E, top_k=model.num_experts_per_tok, expert_params=float(n_mat * d * f_exp),
+        moe_group=tp * dp, tp=tp, dp=dp, expert_parallel=expert_parallel)
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """Peak rates of one GPU in per-µs units."""
+
+    flops_per_us: float
+    hbm_bytes_per_us: float
+    link_bytes_per_us: float      # GPU-GPU bus bandwidth per direction (halved without P2P)
+    collective_us: float          # fixed cost of one collective
+
+
+def gpu_rates(gpu: GPUSpec, weight_bytes: float) -> Rates:
+    """Peak FLOP/µs (FP8 when weights are 1 byte and the GPU has FP8), HBM B/µs, link B/µs.
+
+    Without peer-to-peer access NCCL stages every transfer through host memory: each byte
+    crosses PCIe twice, so the usable bus bandwidth is half the link's.
+    """
+    fp8 = weight_bytes == 1.0 and gpu.tflops_fp8 > 0
+    tflops = gpu.tflops_fp8 if fp8 else gpu.tflops_peak
+    link = gpu.link_bw_gbps * 1e3 * (1.0 if gpu.p2p else 0.5)
+    return Rates(tflops * 1e6, gpu.bw_peak_tbs * 1e6, link, gpu.collective_latency_us)
+
+
+# ------------------------------------------------------------------------ the bases (µs)
+def prefill_compute_us(s: Shape, r: Rates, prefill_tokens: int, prefill_requests: int) -> float:
+    """Dense GEMMs of the prefill chunk tokens, plus lm_head for each prefill request's last
+    position (vLLM samples one row per scheduled request)."""
+    macs = prefill_tokens * s.nonexpert_macs_per_token + prefill_requests * s.lm_head_macs_per_row
+    return 2.0 * macs / r.flops_per_us
+
+
+def decode_compute_us(s: Shape, r: Rates, decode_requests: int) -> float:
+    """Dense GEMMs and lm_head of the decode tokens (one per decode request)."""
+    macs = decode_requests * (s.nonexpert_macs_per_token + s.lm_head_macs_per_row)
+    return 2.0 * macs / r.flops_per_us
+
+
+def attention_pairs(context_tokens: int, new_tokens: int) -> float:
+    """(query, key) pairs of a causal chunk of ``new_tokens`` after ``context_tokens`` cached
+    ones: ``t·c + t(t+1)/2``."""
+    t = new_tokens
+    return t * context_tokens + t * (t + 1) / 2.0
+
+
+def attention_compute_us(s: Shape, r: Rates, pairs: float) -> float:
+    """QKᵀ and PV of ``pairs`` (query, key) pairs over every layer: ``4·(H/TP)·hd`` FLOPs each."""
+    return 4.0 * s.heads_local * s.head_dim * pairs * s.layers / r.flops_per_us
+
+
+def prefill_memory_us(s: Shape, r: Rates, context_tokens: int, prefill_tokens: int) -> float:
+    """KV traffic of prefill chunks: read the cached context, write the chunk's K and V."""
+    return (context_tokens + prefill_tokens) * s.kv_bytes_per_token / r.hbm_bytes_per_us
+
+
+def decode_kv_reads_us(s: Shape, r: Rates, context_sum: int, decode_requests: int) -> float:
+    """Decode attention: read every decode request's context K/V, write one new token each."""
+    return (context_sum + decode_requests) * s.kv_bytes_per_token / r.hbm_bytes_per_us
+
+
+def weight_reads_us(s: Shape, r: Rates) -> float:
+    """Stream every non-expert weight once (attention, dense MLP, shared experts, router,
+    norms and the lm_head; the embedding is gathered, not streamed)."""
+    return s.nonexpert_weight_bytes / r.hbm_bytes_per_us
+
+
+def moe_tokens_touched(s: Shape, routed_tokens: float) -> float:
+    """Expected distinct experts one MoE layer reads for ``routed_tokens`` tokens."""
+    return expected_experts(s.num_experts, s.top_k, routed_tokens)
+
+
+def moe_expert_reads_us(s: Shape, r: Rates, routed_tokens: float) -> float:
+    """Bytes of the distinct experts touched, every MoE layer, this GPU's 1/G share."""
+    if s.moe_layers == 0 or routed_tokens <= 0:
+        return 0.0
+    n = moe_tokens_touched(s, routed_tokens)
+    return s.moe_layers * n * s.expert_params * s.weight_bytes / s.moe_group / r.hbm_bytes_per_us
+
+
+def moe_compute_us(s: Shape, r: Rates, routed_tokens: float) -> float:
+    """Expert GEMMs: each routed token runs ``k`` experts; this GPU does 1/G of the work."""
+    if s.moe_layers == 0 or routed_tokens <= 0:
+        return 0.0
+    k = max(1, s.top_k)
+    return 2.0 * s.moe_layers * routed_tokens * k * s.expert_params / s.moe_group / r.flops_per_us
+
+
+def ring_allreduce_us(r: Rates, nbytes: float, ranks: int) -> float:
+    """One ring all-reduce of ``nbytes`` over ``ranks`` GPUs: ``2(n−1)/n·bytes/bus + latency``."""
+    if ranks <= 1:
+        return 0.0
+    return r.collective_us + 2.0 * (ranks - 1) / ranks * nbytes / r.link_bytes_per_us
+
+
+def ring_gather_us(r: Rates, nbytes: float, ranks: int) -> float:
+    """One all-gather or reduce-scatter whose full result is ``nbytes``: ``(n−1)/n·bytes/bus``."""
+    if ranks <= 1:
+        return 0.0
+    return r.collective_us + (ranks - 1) / ranks * nbytes / r.link_bytes_per_us
+
+
+def tp_allreduce_us(s: Shape, r: Rates, tokens: int) -> float:
+    """Tensor-parallel all-reduces of the step's hidden states: after attention (every layer),
+    after the dense MLPs, and after the MoE layers when their output is all-reduced over TP
+    (DP = 1 without expert parallel; otherwise :func:`ep_dispatch_combine_us` moves it)."""
+    if s.tp <= 1 or tokens <= 0:
+        return 0.0
+    n = s.layers + s.dense_layers
+    if s.moe_layers and s.dp == 1 and not s.expert_parallel:
+        n += s.moe_layers
+    return n * ring_allreduce_us(r, tokens * s.hidden * s.act_bytes, s.tp)
+
+
+def ep_dispatch_combine_us(s: Shape, r: Rates, gathered_tokens: float) -> float:
+    """MoE dispatch (all-gather of the hidden states of every rank's tokens) and combine
+    (reduce-scatter) over the MoE group, per MoE layer — vLLM's default
+    ``allgather_reducescatter`` backend, used with expert parallel or DP > 1."""
+    if s.moe_layers == 0 or s.moe_group <= 1 or not (s.expert_parallel or s.dp > 1):
+        return 0.0
+    nbytes = gathered_tokens * s.hidden * s.act_bytes
+    return s.moe_layers * 2.0 * ring_gather_us(r, nbytes, s.moe_group)
+
+
+def sampling_us(s: Shape, r: Rates, rows: int) -> float:
+    """The sampler over one fp32 logit row per scheduled request: written by the lm_head and
+    read back by softmax/top-k (``2·rows·V/TP·4`` bytes)."""
+    return 2.0 * rows * s.vocab / s.tp * LOGIT_BYTES / r.hbm_bytes_per_us
+
+
+def weight_streaming_floor_us(s: Shape, r: Rates) -> float:
+    """The least time any decode step can take: streaming the non-expert weights once."""
+    return weight_reads_us(s, r)
+
+
+__all__ = [
+    "LOGIT_BYTES", "Rates", "Shape", "UNGATED_ACTIVATIONS", "attention_compute_us", "attention_pairs",
+    "build_shape", "decode_compute_us", "decode_kv_reads_us", "ep_dispatch_combine_us",
+    "expected_experts", "gpu_rates", "moe_compute_us", "moe_expert_reads_us", "moe_tokens_touched",
+    "prefill_compute_us", "prefill_memory_us", "ring_allreduce_us", "ring_gather_us",
+    "sampling_us", "tp_allreduce_us", "weight_reads_us", "weight_streaming_floor_us",
+]
