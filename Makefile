@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench bench-accuracy clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_replay.py
+
+# accuracy against real vLLM runs (docs/accuracy.md): make bench-accuracy DATA=DIR [ARGS="--format markdown"]
+bench-accuracy: $(STAMP)
+	@test -n "$(DATA)" || { echo "usage: make bench-accuracy DATA=DIR [ARGS=...]" >&2; exit 2; }
+	$(BIN)/python bench/realdata.py --data $(DATA) $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,719 @@
+"""Accuracy against real vLLM: replay measured runs and compare every request's latencies.
+
+``DIR`` holds one folder per measured run (``meta.json`` engine settings, ``requests.jsonl``
+per-request timestamps, ``timeseries.csv`` 1 s ticks) and the workload JSONL the runs were
+sent (real prompt and output token IDs). For every run and every analytical latency backend
+this script builds the scenario with the run's exact engine settings, replays the requests
+(arrivals at the server's ``queued_ts`` offsets, real token IDs, so prefix sharing is the
+real one) and compares TTFT, TPOT and E2E with the log: mean / p50 / p90 with signed error,
+per-request E2E MAPE, and the low-load decode step time against the one the ticks show.
+
+Usage::
+
+    python bench/realdata.py --data DIR [--runs NAME ...] [--backends physics,roofline]
+                             [--format table|json|markdown] [--no-timing]
+
+Output is deterministic except the wall-time figures (``--no-timing`` leaves them out).
+A missing or malformed input file is one line on stderr and exit status 2.
+docs/accuracy.md describes the method of every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from blis_simpy.errors import BlisError, ConfigError  # noqa: E402
+from blis_simpy.metrics.percentile import mean, percentile  # noqa: E402
+
+#: backends tried first, in this order, when registered; then every other analytical one
+PREFERRED = ("physics", "trained-physics", "roofline", "trained-roofline", "crossmodel")
+LOW_LOAD_MAX_RUNNING = 4
+STATS = ("mean", "p50", "p90")
+METRICS = ("ttft", "tpot", "e2e")
+
+
+# ============================================================================ loading
+@dataclass(frozen=True)
+class RealRequest:
+    """One measured request. ``arrival_us``: its ``queued_ts`` minus the earliest one (µs);
+    latencies in ms (``tpot_ms`` is None for a single output token)."""
+
+    id: str
+    arrival_us: int
+    input_toks: int
+    output_toks: int
+    first_token_s: float     # monotonic clock of the log, s
+    last_token_s: float
+    ttft_ms: float
+    e2e_ms: float
+    tpot_ms: float | None
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One row of timeseries.csv: throughputs in tokens/s over the tick, gauges at its end."""
+
+    t_s: float
+    prompt_tps: float
+    gen_tps: float
+    running: int
+    waiting: int
+
+
+@dataclass
+class Settings:
+    """The engine settings of a run, as the simulator takes them; ``*_from`` say where each
+    value came from."""
+
+    model: str
+    model_from: str
+    hardware: str
+    hardware_from: str
+    tp: int
+    dp: int
+    expert_parallel: bool
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int            # 0 = the model's own
+    block_size: int
+    kv_blocks: int | None         # None = the simulator's capacity model
+    gpu_memory_utilization: float
+    prefix_caching: bool
+    seed: int
+
+
+@dataclass
+class Run:
+    name: str
+    settings: Settings
+    requests: list[RealRequest]
+    prompts: list[list[int]]      # token IDs, same order as requests
+    outputs: list[list[int]]
+    ticks: list[Tick]
+    q0_s: float                   # earliest queued_ts of the log, s
+    notes: list[str] = field(default_factory=list)
+
+
+def _number(v, *, integer: bool = False) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    if integer:
+        return isinstance(v, int) or (float(v).is_integer() and math.isfinite(v))
+    return math.isfinite(v)
+
+
+def read_jsonl(path: Path, numbers: tuple[str, ...] = (), integers: tuple[str, ...] = (),
+               id_lists: tuple[str, ...] = ()) -> list[dict]:
+    """The rows of a JSONL file; each named key must be present with the right type."""
+    if not path.is_file():
+        raise ConfigError("missing file", file=str(path))
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for ln, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"not JSON: {exc.msg}", file=str(path), line=ln) from None
+            if not isinstance(row, dict):
+                raise ConfigError("not a JSON object", file=str(path), line=ln)
+            for key in numbers + integers:
+                if not _number(row.get(key), integer=key in integers):
+                    kind = "an integer" if key in integers else "a finite number"
+                    raise ConfigError(f"missing or not {kind}", file=str(path), line=ln, field=key)
+            for key in id_lists:
+                ids = row.get(key)
+                if not isinstance(ids, list) or not all(type(x) is int and x >= 0 for x in ids):
+                    raise ConfigError("missing or not a list of token IDs (integers >= 0)",
+                                      file=str(path), line=ln, field=key)
+            rows.append(row)
+    if not rows:
+        raise ConfigError("no rows", file=str(path))
+    return rows
+
+
+def read_meta(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError("missing file", file=str(path))
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"not JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("engine_kwargs"), dict):
+        raise ConfigError("no engine_kwargs object", file=str(path), field="engine_kwargs")
+    return meta
+
+
+def read_ticks(path: Path) -> list[Tick]:
+    """timeseries.csv: ``t,prompt_throughput,gen_throughput,running,waiting,...``."""
+    if not path.is_file():
+        raise ConfigError("missing file", file=str(path))
+    need = ("t", "prompt_throughput", "gen_throughput", "running", "waiting")
+    ticks = []
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in need if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ConfigError(f"missing column(s) {', '.join(missing)}", file=str(path), line=1)
+        for ln, row in enumerate(reader, 2):
+            try:
+                vals = [float(row[c]) for c in need]
+            except (TypeError, ValueError):
+                raise ConfigError("not a number in a needed column", file=str(path), line=ln) from None
+            if not all(math.isfinite(v) and v >= 0 for v in vals) or not all(
+                    v.is_integer() for v in vals[3:]):
+                raise ConfigError("values must be finite, >= 0, gauges integers", file=str(path), line=ln)
+            ticks.append(Tick(vals[0], vals[1], vals[2], int(vals[3]), int(vals[4])))
+    if not ticks:
+        raise ConfigError("no rows", file=str(path))
+    return ticks
+
+
+def real_requests(rows: list[dict], *, file: str = "requests.jsonl") -> list[RealRequest]:
+    """Per-request latencies of the log: TTFT = first_token_ts − queued_ts, E2E =
+    last_token_ts − queued_ts, TPOT = (last − first)/(output_toks − 1); arrival = queued_ts
+    minus the earliest queued_ts, rounded to integer µs."""
+    q0 = min(float(r["queued_ts"]) for r in rows)
+    out = []
+    for ln, r in enumerate(rows, 1):
+        q, first, last = float(r["queued_ts"]), float(r["first_token_ts"]), float(r["last_token_ts"])
+        n_out = int(r["output_toks"])
+        if not q <= first <= last or n_out < 1 or int(r["input_toks"]) < 1:
+            raise ConfigError("needs queued_ts <= first_token_ts <= last_token_ts and at least one "
+                              "input and one output token", file=file, line=ln)
+        out.append(RealRequest(
+            id=str(r.get("request_id", f"bench-{ln - 1}")), arrival_us=round((q - q0) * 1e6),
+            input_toks=int(r["input_toks"]), output_toks=n_out, first_token_s=first,
+            last_token_s=last, ttft_ms=(first - q) * 1000.0, e2e_ms=(last - q) * 1000.0,
+            tpot_ms=(last - first) * 1000.0 / (n_out - 1) if n_out > 1 else None))
+    return out
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower().replace("nvidia", "").replace("geforce", ""))
+
+
+def find_gpu(meta: dict, run_name: str) -> tuple[str, str]:
+    """The catalog GPU of a run: meta.json ``hardware.device_name`` (longest catalog name or
+    alias it starts with), else the longest catalog name or alias in the run folder's name."""
+    from blis_simpy.catalog.hardware import builtin_gpus
+    names = {}
+    for key, e in builtin_gpus().entries.items():
+        for n in (key, *e.aliases):
+            names[_norm(n)] = key
+    dev = (meta.get("hardware") or {}).get("device_name")
+    if isinstance(dev, str) and dev:
+        hits = [n for n in names if n and _norm(dev).startswith(n)]
+        if hits:
+            return names[max(hits, key=len)], f"meta.json hardware.device_name {dev!r}"
+        raise ConfigError(f"device {dev!r} is not in the GPU catalog", field="hardware.device_name")
+    hits = [n for n in names if n and n in _norm(run_name)]
+    if not hits:
+        raise ConfigError(f"run {run_name}: meta.json has no hardware.device_name and the folder name "
+                          "names no catalog GPU", field="hardware")
+    return names[max(hits, key=len)], "run folder name (meta.json has no hardware record)"
+
+
+def find_model(name: str) -> tuple[str, str]:
+    """The catalog model: the run's own name, else its ``-instruct`` variant (same shape)."""
+    from blis_simpy.catalog.models import builtin_models
+    cat = builtin_models()
+    m = name.lower()
+    if cat.find(m) is not None:
+        return m, "meta.json model"
+    if cat.find(m + "-instruct") is not None:
+        return m + "-instruct", f"{m} is not in the model catalog; its -instruct variant has the same shape"
+    raise ConfigError(f"model {m!r} (nor {m}-instruct) is not in the model catalog", field="model")
+
+
+def engine_settings(meta: dict, run_name: str, path: Path) -> Settings:
+    kw = meta["engine_kwargs"]
+    kv = meta.get("kv_cache") or {}
+
+    def need_int(key: str, default=None, positive=True) -> int:
+        v = kw.get(key, default)
+        if v is None or not _number(v, integer=True) or (positive and v < 1):
+            raise ConfigError("missing or not a positive integer", file=str(path), field=f"engine_kwargs.{key}")
+        return int(v)
+
+    model, model_from = find_model(str(meta.get("model") or kw.get("model") or ""))
+    hw, hw_from = find_gpu(meta, run_name)
+    mml = kw.get("max_model_len")
+    blocks = kv.get("num_gpu_blocks")
+    return Settings(
+        model=model, model_from=model_from, hardware=hw, hardware_from=hw_from,
+        tp=need_int("tensor_parallel_size", 1), dp=need_int("data_parallel_size", 1),
+        expert_parallel=bool(kw.get("enable_expert_parallel", False)),
+        max_num_seqs=need_int("max_num_seqs"), max_num_batched_tokens=need_int("max_num_batched_tokens"),
+        max_model_len=need_int("max_model_len") if mml is not None else 0,
+        block_size=int(kv.get("block_size") or 16),
+        kv_blocks=int(blocks) if _number(blocks, integer=True) and blocks > 0 else None,
+        gpu_memory_utilization=float(kv.get("gpu_memory_utilization") or 0.9),
+        prefix_caching=bool(kv.get("enable_prefix_caching", True)),
+        seed=int(kw.get("seed") or 0))
+
+
+def workload_path(data: Path, meta: dict) -> Path:
+    """The workload file named by meta.json ``dataset_path``: ``DIR/<name>`` or
+    ``DIR/workload-<name>``; checked against ``dataset_hash`` (SHA-256) when recorded."""
+    name = os.path.basename(str(meta.get("dataset_path") or ""))
+    if not name:
+        raise ConfigError("meta.json has no dataset_path", field="dataset_path")
+    for cand in (data / name, data / f"workload-{name}"):
+        if cand.is_file():
+            want = meta.get("dataset_hash")
+            if isinstance(want, str) and want:
+                got = hashlib.sha256(cand.read_bytes()).hexdigest()
+                if got != want:
+                    raise ConfigError(f"SHA-256 {got} is not the run's dataset_hash {want}", file=str(cand))
+            return cand
+    raise ConfigError(f"missing file: workload {name} (looked for {name} and workload-{name})",
+                      file=str(data))
+
+
+_workloads: dict[Path, list[dict]] = {}
+
+
+def load_run(data: Path, name: str) -> Run:
+    """Read and check one run folder and its workload."""
+    folder = data / name
+    meta = read_meta(folder / "meta.json")
+    st = engine_settings(meta, name, folder / "meta.json")
+    wpath = workload_path(data, meta)
+    if wpath not in _workloads:
+        _workloads[wpath] = read_jsonl(wpath, integers=("input_toks", "output_toks"),
+                                       id_lists=("input_tok_ids",))
+    work = _workloads[wpath]
+    rpath = folder / "requests.jsonl"
+    rows = read_jsonl(rpath, numbers=("queued_ts", "first_token_ts", "last_token_ts"),
+                      integers=("input_toks", "output_toks"))
+    reqs = real_requests(rows, file=str(rpath))
+    prompts, outputs, notes = [], [], []
+    synth = 0
+    from blis_simpy.rng import numpy_rng
+    from blis_simpy.workload.replay import VOCAB_SIZE
+    rng = numpy_rng(st.seed)
+    for ln, r in enumerate(reqs, 1):
+        m = re.fullmatch(r"[A-Za-z_-]*?(\d+)", r.id)
+        i = int(m.group(1)) if m else ln - 1
+        if i >= len(work):
+            raise ConfigError(f"request {r.id} has no workload line {i + 1}", file=str(rpath), line=ln)
+        w = work[i]
+        if (w["input_toks"], w["output_toks"]) != (r.input_toks, r.output_toks) or \
+                len(w["input_tok_ids"]) != r.input_toks:
+            raise ConfigError(f"token counts differ from workload line {i + 1}", file=str(rpath), line=ln)
+        prompts.append(w["input_tok_ids"])
+        outs = w.get("output_tok_ids")
+        if isinstance(outs, list) and len(outs) == r.output_toks:
+            outputs.append(outs)
+        else:
+            synth += 1
+            outputs.append(rng.integers(0, VOCAB_SIZE, size=r.output_toks).tolist())
+    if synth:
+        notes.append(f"{synth} requests have no output token IDs: drawn uniformly (seed {st.seed})")
+    ticks = read_ticks(folder / "timeseries.csv")
+    q0 = min(float(r["queued_ts"]) for r in rows)
+    return Run(name, st, reqs, prompts, outputs, ticks, q0, notes)
+
+
+def run_names(data: Path) -> list[str]:
+    if not data.is_dir():
+        raise ConfigError("missing folder", file=str(data))
+    names = sorted(p.name for p in data.iterdir() if (p / "meta.json").is_file())
+    if not names:
+        raise ConfigError("no run folder (a folder with a meta.json)", file=str(data))
+    return names
+
+
+# ============================================================================ comparison
+@dataclass(frozen=True)
+class Stats:
+    mean: float
+    p50: float
+    p90: float
+
+
+def stats(values: list[float]) -> Stats:
+    v = sorted(values)
+    return Stats(mean(v), percentile(v, 50), percentile(v, 90))
+
+
+def signed_error_pct(sim: float, real: float) -> float:
+    """(sim − real) / real × 100; NaN when real is 0."""
+    return (sim - real) / real * 100.0 if real else float("nan")
+
+
+def mape_pct(sim: dict[str, float], real: dict[str, float]) -> float:
+    """Mean over the requests in both of |sim − real| / real × 100."""
+    ids = [k for k in real if k in sim and real[k] > 0]
+    return mean([abs(sim[k] - real[k]) / real[k] * 100.0 for k in ids]) if ids else float("nan")
+
+
+def real_metric(reqs: list[RealRequest], metric: str) -> dict[str, float]:
+    vals = {r.id: getattr(r, f"{metric}_ms") for r in reqs}
+    return {k: v for k, v in vals.items() if v is not None}
+
+
+@dataclass
+class RealStep:
+    """The real decode step at low load: ``batch`` running, ``step_ms`` from ``ticks``."""
+
+    batch: int
+    step_ms: float
+    ticks: list[float]
+    low_load: bool               # False: no steady tick with running <= the limit
+    context: int = 0             # mean context (tokens) of the requests decoding then
+    context_from: str = ""
+    log_running: float = 0.0     # mean number of requests the log shows decoding then
+
+
+def steady_decode_ticks(ticks: list[Tick]) -> list[Tick]:
+    """Ticks with no prefill (prompt throughput 0), nothing waiting, tokens generated, and
+    the same running count at the start (previous tick) and end: the batch did not change
+    during the second, so running / gen_throughput is its step time."""
+    return [cur for prev, cur in zip(ticks, ticks[1:], strict=False)
+            if cur.prompt_tps == 0 and cur.waiting == 0 and cur.gen_tps > 0
+            and cur.running >= 1 and prev.running == cur.running]
+
+
+def real_decode_step(ticks: list[Tick], max_running: int = LOW_LOAD_MAX_RUNNING) -> RealStep | None:
+    """The smallest steady batch (running <= ``max_running``, else the smallest steady batch
+    at all); step = batch × ticks / Σ gen_throughput (steps per second inverted)."""
+    steady = steady_decode_ticks(ticks)
+    low = [t for t in steady if t.running <= max_running]
+    pool = low or steady
+    if not pool:
+        return None
+    n = min(t.running for t in pool)
+    chosen = [t for t in pool if t.running == n]
+    step_ms = n * len(chosen) / sum(t.gen_tps for t in chosen) * 1000.0
+    return RealStep(n, step_ms, [t.t_s for t in chosen], bool(low))
+
+
+def decode_context(run: Run, step: RealStep) -> None:
+    """Fill ``step.context``: the mean context of the requests the log shows decoding at the
+    middle of the chosen ticks (tick t = the second ending t s after the earliest queued_ts;
+    context = input + tokens generated so far at the request's own TPOT); if the log shows
+    none, the token-weighted mean decode context of the whole run."""
+    ctx, seen = [], 0
+    for t in step.ticks:
+        now = run.q0_s + t - 0.5
+        for r in run.requests:
+            if r.tpot_ms and r.first_token_s <= now < r.last_token_s:
+                made = 1 + int((now - r.first_token_s) * 1000.0 / r.tpot_ms)
+                ctx.append(r.input_toks + min(made, r.output_toks - 1))
+                seen += 1
+    if ctx:
+        step.context = round(mean(ctx))
+        step.context_from = "mean context of the requests decoding at those ticks in the log"
+        step.log_running = seen / len(step.ticks)
+        return
+    num = sum(r.output_toks * r.input_toks + r.output_toks * (r.output_toks - 1) / 2 for r in run.requests)
+    step.context = round(num / sum(r.output_toks for r in run.requests))
+    step.context_from = "token-weighted mean decode context of the run (no request decoding in the log then)"
+
+
+def model_decode_step_ms(latency, batch: int, context: int, dp: int = 1) -> float:
+    """The model's time for one decode step of ``batch`` requests at ``context`` tokens each,
+    plus its per-token output processing (what one simulated inter-token gap is), ms. With
+    ``dp`` > 1 the requests are spread round-robin over the lockstep ranks."""
+    from blis_simpy.latency.base import BatchView
+
+    def view(k: int) -> BatchView:
+        v = BatchView(decode_count=k, decode_tokens=k, decode_pi_sum=k * context, size=k)
+        v.entries_fn = lambda: iter([(False, context, 1, context)] * k)
+        return v
+    if dp == 1:
+        us = latency.step_time(view(batch))
+    else:
+        us = latency.lockstep_step_time([view(batch // dp + (r < batch % dp)) for r in range(dp)])
+    return (us + latency.output_token_processing_time()) / 1000.0
+
+
+# ============================================================================ simulation
+@dataclass
+class BackendResult:
+    backend: str
+    sim: dict[str, dict[str, float]] = field(default_factory=dict)   # metric -> id -> ms
+    kv_blocks: int = 0
+    kv_from: str = ""
+    max_model_len: int = 0
+    step_ms: float = float("nan")        # at the real step's batch and context
+    batch1_ms: float = float("nan")
+    wall_s: float = 0.0
+    completed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def build_scenario(st: Settings, backend: str):
+    from blis_simpy.config.scenario import EngineConfig, LatencyConfig, Scenario
+    eng = EngineConfig(block_size=st.block_size, max_num_running_reqs=st.max_num_seqs,
+                       max_num_scheduled_tokens=st.max_num_batched_tokens,
+                       max_model_len=st.max_model_len, total_kv_blocks=st.kv_blocks,
+                       gpu_memory_utilization=st.gpu_memory_utilization)
+    return Scenario(name="realdata", seed=st.seed, model=st.model, hardware=st.hardware, tp=st.tp,
+                    dp=st.dp, enable_expert_parallel=st.expert_parallel,
+                    latency=LatencyConfig(model=backend), engine=eng)
+
+
+def build_requests(run: Run) -> list:
+    """One simulator request per logged request: arrival at its queued_ts offset (µs), the
+    real prompt token IDs and the real output token IDs; sorted stably by arrival."""
+    from blis_simpy.request import Request
+    reqs = [Request(r.id, r.arrival_us, p, o, max_output_len=r.output_toks)
+            for r, p, o in zip(run.requests, run.prompts, run.outputs, strict=True)]
+    reqs.sort(key=lambda q: q.arrival_us)
+    return reqs
+
+
+def simulate(run: Run, backend: str, step: RealStep | None) -> BackendResult:
+    from blis_simpy.cluster.simulation import Simulation
+    from blis_simpy.config.resolve import resolve
+    st = run.settings
+    out = BackendResult(backend)
+    scenario = build_scenario(st, backend)
+    dep = resolve(scenario, quiet=True)
+    out.kv_blocks = dep.total_kv_blocks
+    if st.kv_blocks is not None:
+        out.kv_from = "meta.json kv_cache.num_gpu_blocks"
+    else:
+        said = [n for n in dep.notes if "kv_blocks" in n or "KV" in n]
+        out.kv_from = "simulator: " + (said[0] if said else "its capacity model")
+    out.max_model_len = dep.max_model_len
+    out.notes += [w for w in dep.warnings]
+    t0 = time.perf_counter()
+    result = Simulation(scenario, build_requests(run), deployment=dep).run()
+    out.wall_s = time.perf_counter() - t0
+    for m in ("ttft", "tpot", "e2e"):
+        out.sim[m] = {}
+    for im in result.instances:
+        done = [k for k in im.e2e]
+        out.completed += len(done)
+        for k in done:
+            out.sim["ttft"][k] = im.ttft[k] / 1000.0
+            out.sim["e2e"][k] = im.e2e[k] / 1000.0
+            if im.registry[k].output_len > 1:
+                out.sim["tpot"][k] = im.itl[k] / 1000.0
+    lat = dep.new_latency_model()
+    if step is not None:
+        out.step_ms = model_decode_step_ms(lat, step.batch, step.context, st.dp)
+        out.batch1_ms = model_decode_step_ms(lat, 1, step.context, st.dp)
+    return out
+
+
+def compare(run: Run, res: BackendResult) -> dict:
+    """Per metric: real and sim mean/p50/p90 (over the requests both completed) and the signed
+    errors; and the per-request E2E MAPE."""
+    table = {}
+    for m in METRICS:
+        real = real_metric(run.requests, m)
+        ids = [k for k in real if k in res.sim[m]]
+        rs = stats([real[k] for k in ids])
+        ss = stats([res.sim[m][k] for k in ids])
+        table[m] = {"n": len(ids), "real": rs.__dict__, "sim": ss.__dict__,
+                    "err_pct": {s: signed_error_pct(getattr(ss, s), getattr(rs, s)) for s in STATS}}
+    table["e2e_mape_pct"] = mape_pct(res.sim["e2e"], real_metric(run.requests, "e2e"))
+    return table
+
+
+# ============================================================================ backends
+def backend_list(asked: str | None) -> tuple[list[str], list[str]]:
+    """The backends to run and notes on the ones skipped (not registered)."""
+    import blis_simpy.latency  # noqa: F401  (registers the built-in backends)
+    from blis_simpy.latency.base import LatencyModel
+    registered = set(LatencyModel.names())
+    if asked:
+        want = [b.strip() for b in asked.split(",") if b.strip()]
+    else:
+        analytical = sorted(n for n in registered
+                            if getattr(LatencyModel.lookup(n), "needs_model_config", False))
+        want = list(PREFERRED) + [n for n in analytical if n not in PREFERRED]
+    run = [b for b in want if b in registered]
+    notes = [f"backend {b}: not registered in this build, skipped" for b in want if b not in registered]
+    return run, notes
+
+
+# ============================================================================ output
+def _f(v: float, nd: int = 1) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
+
+
+def _e(v: float) -> str:
+    return "n/a" if v is None or math.isnan(v) else f"{v:+.1f}%"
+
+
+def settings_line(run: Run) -> str:
+    st = run.settings
+    mml = f"{st.max_model_len} (meta.json)" if st.max_model_len else "the model's (meta.json: null)"
+    return (f"{len(run.requests)} requests; GPU {st.hardware} ({st.hardware_from}); model {st.model} "
+            f"({st.model_from}); TP {st.tp}, DP {st.dp}, EP {'on' if st.expert_parallel else 'off'}; "
+            f"max_num_running_reqs {st.max_num_seqs}; max_num_scheduled_tokens "
+            f"{st.max_num_batched_tokens}; block size {st.block_size}; prefix caching "
+            f"{'on' if st.prefix_caching else 'OFF in the run (the simulator always caches)'}; "
+            f"max_model_len {mml}")
+
+
+def step_line(step: RealStep | None, limit: int) -> str:
+    if step is None:
+        return "real decode step: n/a (no steady decode-only tick)"
+    kind = "low-load" if step.low_load else f"no steady tick with running <= {limit}; smallest steady"
+    ticks = ", ".join(f"{t:g}" for t in step.ticks)
+    return (f"real decode step ({kind}): {step.step_ms:.2f} ms at batch {step.batch} (ticks {ticks}); "
+            f"context {step.context} tokens ({step.context_from}"
+            + (f", {step.log_running:.1f} decoding per tick in the log" if step.log_running else "") + ")")
+
+
+def render_table(report: dict, timing: bool) -> str:
+    lines = []
+    for run in report["runs"]:
+        lines += [f"== {run['name']}", run["settings"], run["real_step_text"], *run["notes"]]
+        hdr = (f"{'backend':<17}{'metric':<7}" + "".join(
+            f"{'real ' + s:>11}{'sim ' + s:>11}{'err':>9}" for s in STATS))
+        lines.append(hdr)
+        for b in run["backends"]:
+            for m in METRICS:
+                c = b["compare"][m]
+                cells = "".join(f"{_f(c['real'][s]):>11}{_f(c['sim'][s]):>11}{_e(c['err_pct'][s]):>9}"
+                                for s in STATS)
+                lines.append(f"{b['backend']:<17}{m.upper() + ' ms':<7}{cells}")
+            lines.append(f"{'':<17}{b['summary_text']}" + (f"; wall {b['wall_s']:.2f} s" if timing else ""))
+            lines += [f"{'':<17}note: {n}" for n in b["notes"]]
+        if timing:
+            lines.append(f"wall time of the run (all backends): {run['wall_s']:.2f} s")
+        lines.append("")
+    lines += report["notes"]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render_markdown(report: dict, timing: bool) -> str:
+    lines = ["| run | backend | TTFT mean | TPOT mean | E2E mean | E2E p90 | E2E MAPE | "
+             "decode step (batch n) | batch-1 step |" + (" wall s |" if timing else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if timing else "")]
+    for run in report["runs"]:
+        for b in run["backends"]:
+            c = b["compare"]
+            step = run["real_step"]
+            st = (f"{_f(b['step_ms'], 2)} vs {_f(step['step_ms'], 2)} ms (n={step['batch']}, "
+                  f"{_e(b['step_err_pct'])})" if step else "n/a")
+            lines.append(
+                f"| {run['name']} | {b['backend']} | {_e(c['ttft']['err_pct']['mean'])} | "
+                f"{_e(c['tpot']['err_pct']['mean'])} | {_e(c['e2e']['err_pct']['mean'])} | "
+                f"{_e(c['e2e']['err_pct']['p90'])} | {_f(c['e2e_mape_pct'])}% | {st} | "
+                f"{_f(b['batch1_ms'], 2)} ms |" + (f" {b['wall_s']:.2f} |" if timing else ""))
+    for run in report["runs"]:
+        lines += ["", f"**{run['name']}**: {run['settings']}", "", run["real_step_text"], ""]
+        lines += ["| backend | metric | " + " | ".join(f"real {s} | sim {s} | err" for s in STATS) + " |",
+                  "|---|---|" + "---|---|---|" * len(STATS)]
+        for b in run["backends"]:
+            for m in METRICS:
+                c = b["compare"][m]
+                cells = " | ".join(f"{_f(c['real'][s])} | {_f(c['sim'][s])} | {_e(c['err_pct'][s])}"
+                                   for s in STATS)
+                lines.append(f"| {b['backend']} | {m.upper()} ms | {cells} |")
+        lines += [f"- {b['backend']}: {b['summary_text']}" for b in run["backends"]]
+        lines += [f"- {n}" for n in run["notes"]]
+    lines += ["", *[f"- {n}" for n in report["notes"]]]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _clean(o):
+    """JSON-safe copy: NaN -> None, floats rounded to 4 decimals."""
+    if isinstance(o, float):
+        return None if math.isnan(o) else round(o, 4)
+    if isinstance(o, dict):
+        return {k: _clean(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_clean(v) for v in o]
+    return o
+
+
+def bench(data: Path, runs: list[str] | None, backends: str | None,
+          max_running: int = LOW_LOAD_MAX_RUNNING) -> dict:
+    """Load, replay and compare; returns the report (see the render functions)."""
+    names = runs or run_names(data)
+    chosen, notes = backend_list(backends)
+    loaded = [load_run(data, n) for n in names]       # every file checked before any replay
+    report = {"runs": [], "notes": notes}
+    for run in loaded:
+        step = real_decode_step(run.ticks, max_running)
+        if step is not None:
+            decode_context(run, step)
+        t0 = time.perf_counter()
+        entry = {"name": run.name, "settings": settings_line(run), "notes": list(run.notes),
+                 "real_step": None if step is None else {
+                     "batch": step.batch, "step_ms": step.step_ms, "ticks": step.ticks,
+                     "low_load": step.low_load, "context": step.context,
+                     "context_from": step.context_from, "log_running": step.log_running},
+                 "real_step_text": step_line(step, max_running), "backends": []}
+        for b in chosen:
+            try:
+                res = simulate(run, b, step)
+            except BlisError as exc:
+                entry["notes"].append(f"backend {b}: failed: {exc}")
+                continue
+            cmp = compare(run, res)
+            step_err = signed_error_pct(res.step_ms, step.step_ms) if step else float("nan")
+            text = (f"E2E MAPE {_f(cmp['e2e_mape_pct'])}%; completed {res.completed}/{len(run.requests)}; "
+                    f"decode step batch {step.batch if step else '-'} at context "
+                    f"{step.context if step else '-'}: model {_f(res.step_ms, 2)} ms vs real "
+                    f"{_f(step.step_ms if step else float('nan'), 2)} ms ({_e(step_err)}); model batch-1 "
+                    f"{_f(res.batch1_ms, 2)} ms; KV {res.kv_blocks} blocks ({res.kv_from}); "
+                    f"max_model_len {res.max_model_len}")
+            entry["backends"].append({
+                "backend": b, "compare": cmp, "completed": res.completed, "kv_blocks": res.kv_blocks,
+                "kv_from": res.kv_from, "max_model_len": res.max_model_len, "step_ms": res.step_ms,
+                "step_err_pct": step_err, "batch1_ms": res.batch1_ms, "wall_s": res.wall_s,
+                "notes": res.notes, "summary_text": text})
+        entry["wall_s"] = time.perf_counter() - t0
+        report["runs"].append(entry)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", required=True, type=Path, help="folder of run folders and the workload JSONL")
+    ap.add_argument("--runs", nargs="+", help="run folder names (default: every folder with a meta.json)")
+    ap.add_argument("--backends", help="comma-separated latency backends (default: every analytical one)")
+    ap.add_argument("--format", choices=("table", "json", "markdown"), default="table")
+    ap.add_argument("--max-running", type=int, default=LOW_LOAD_MAX_RUNNING,
+                    help="largest running batch counted as low load (default 4)")
+    ap.add_argument("--no-timing", action="store_true", help="leave out wall times (fully deterministic)")
+    args = ap.parse_args(argv)
+    try:
+        report = bench(args.data, args.runs, args.backends, args.max_running)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    timing = not args.no_timing
+    if args.format == "json":
+        if not timing:
+            for run in report["runs"]:
+                run.pop("wall_s", None)
+                for b in run["backends"]:
+                    b.pop("wall_s", None)
+        for run in report["runs"]:
+            for b in run["backends"]:
+                b.pop("summary_text", None)
+        print(json.dumps(_clean(report), indent=2, sort_keys=True))
+    elif args.format == "markdown":
+        sys.stdout.write(render_markdown(report, timing))
+    else:
+        sys.stdout.write(render_table(report, timing))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
