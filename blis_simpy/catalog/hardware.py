@@ -10,6 +10,13 @@ top (later layers replace entries of the same key)::
 
 Lookup (:meth:`GPUCatalog.get`) is by exact key first (BLIS), then case-insensitively on keys
 and aliases (``h100``, ``RTX 4090``); an unknown GPU is an error listing every key.
+
+Besides BLIS's six figures a GPU has optional ones (:data:`EXTRA_FIELDS`: driver-reported memory
+and the interconnect of TP/EP collectives), written under the same snake_case names in
+``gpus.yaml``, in a ``hardware_config.json`` entry and under ``gpus:``. BLIS's own files lack
+them: an entry that replaces a GPU already in the catalog keeps that GPU's values for the extra
+figures it does not give (``memory_torch_gib`` only while ``memory_gib`` is unchanged); a new
+GPU takes the :class:`~blis_simpy.catalog.types.GPUSpec` defaults.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 
@@ -30,6 +37,11 @@ from blis_simpy.errors import ConfigError
 BLIS_KEYS = {"tflops_peak": "TFlopsPeak", "tflops_fp8": "TFlopsFP8", "bw_peak_tbs": "BwPeakTBs",
              "mfu_prefill": "mfuPrefill", "mfu_decode": "mfuDecode", "memory_gib": "MemoryGiB"}
 FIGURES = tuple(BLIS_KEYS)
+#: optional figures (same key in every format): memory the driver reports (GiB), interconnect
+#: kind, generation, per-direction bandwidth (GB/s), peer-to-peer, fixed collective cost (µs)
+EXTRA_FIELDS = ("memory_torch_gib", "interconnect", "interconnect_gen", "link_bw_gbps", "p2p",
+                "collective_latency_us")
+INTERCONNECTS = ("nvlink", "pcie")
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,8 @@ class GPUEntry:
     description: str = ""
     aliases: tuple[str, ...] = ()
     origin: str = "built-in"        # built-in | file path | "scenario"
+    #: extra figures the source did not give: taken from the GPU this entry replaces, if any
+    inherits: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,9 +83,20 @@ class GPUCatalog:
         return e.spec
 
     def merged(self, more: Mapping[str, GPUEntry]) -> GPUCatalog:
+        """This catalog with ``more`` on top; an entry replacing a GPU of this catalog (found
+        by :meth:`find`) keeps that GPU's values for the extra figures it did not give."""
         out = dict(self.entries)
-        out.update(more)
+        for name, e in more.items():
+            base = self.find(name)
+            out[name] = _inherit(e, base.spec) if base is not None and e.inherits else e
         return GPUCatalog(out)
+
+
+def _inherit(e: GPUEntry, base: GPUSpec) -> GPUEntry:
+    keep = {k: getattr(base, k) for k in e.inherits}
+    if "memory_torch_gib" in keep and e.spec.memory_gib != base.memory_gib:
+        del keep["memory_torch_gib"]        # a different memory size: the driver figure is unknown
+    return replace(e, spec=replace(e.spec, **keep), inherits=())
 
 
 def _figures(name: str, raw: Mapping, keys: Mapping[str, str], where: str) -> dict[str, float]:
@@ -86,6 +111,36 @@ def _figures(name: str, raw: Mapping, keys: Mapping[str, str], where: str) -> di
     return out
 
 
+def _extras(name: str, raw: Mapping, where: str) -> dict:
+    """The optional :data:`EXTRA_FIELDS` present in ``raw``, validated (absent keys are left out)."""
+    out: dict = {}
+    for key in EXTRA_FIELDS:
+        if key not in raw:
+            continue
+        v = raw[key]
+        if key == "interconnect":
+            if v not in INTERCONNECTS:
+                raise ConfigError(f"GPU {name!r}: interconnect must be one of {', '.join(INTERCONNECTS)}, "
+                                  f"got {v!r}", field=where)
+        elif key == "p2p":
+            if not isinstance(v, bool):
+                raise ConfigError(f"GPU {name!r}: p2p must be true or false, got {v!r}", field=where)
+        elif key == "interconnect_gen":
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"GPU {name!r}: interconnect_gen must be an integer >= 0, got {v!r}",
+                                  field=where)
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ConfigError(f"GPU {name!r}: {key} must be a finite number >= 0, got {v!r}", field=where)
+        else:
+            v = float(v)
+        out[key] = v
+    return out
+
+
+def _missing(given: Mapping) -> tuple[str, ...]:
+    return tuple(k for k in EXTRA_FIELDS if k not in given)
+
+
 @lru_cache(maxsize=1)
 def builtin_gpus() -> GPUCatalog:
     """The GPUs shipped with blis-simpy (``catalog/data/gpus.yaml``)."""
@@ -94,6 +149,7 @@ def builtin_gpus() -> GPUCatalog:
     entries = {}
     for name, e in raw.items():
         figs = _figures(name, e, {k: k for k in FIGURES}, "catalog/data/gpus.yaml")
+        figs.update(_extras(name, e, "catalog/data/gpus.yaml"))
         entries[name] = GPUEntry(GPUSpec(name=name, source=e.get("source", ""), **figs),
                                  description=e.get("description", ""),
                                  aliases=tuple(e.get("aliases", ())))
@@ -104,7 +160,9 @@ def read_hardware_json(path: str, *, field: str = "hardware_config") -> dict[str
     """GPUs of a BLIS ``hardware_config.json`` (``{KEY: {TFlopsPeak: …, …}}``).
 
     Unknown keys such as ``_comment`` are ignored; a missing figure is 0 (the latency model
-    and the KV calculation reject the zeros they cannot use).
+    and the KV calculation reject the zeros they cannot use). The optional
+    :data:`EXTRA_FIELDS` may be given under their snake_case names; absent ones are inherited
+    (see :meth:`GPUCatalog.merged`) or take the defaults.
     """
     try:
         with open(path, encoding="utf-8") as f:
@@ -121,9 +179,11 @@ def read_hardware_json(path: str, *, field: str = "hardware_config") -> dict[str
     out = {}
     for name, e in raw.items():
         figs = _figures(name, e, BLIS_KEYS, field)
+        extras = _extras(name, e, field)
         note = e.get("_comment", "")
-        out[name] = GPUEntry(GPUSpec(name=name, source=f"{path}" + (f": {note}" if note else ""), **figs),
-                             origin=str(path))
+        out[name] = GPUEntry(GPUSpec(name=name, source=f"{path}" + (f": {note}" if note else ""),
+                                     **figs, **extras),
+                             origin=str(path), inherits=_missing(extras))
     return out
 
 
@@ -132,8 +192,12 @@ def scenario_gpus(gpus: Mapping[str, object]) -> dict[str, GPUEntry]:
     out = {}
     for name, g in gpus.items():
         figs = {k: float(getattr(g, k)) for k in FIGURES}
-        out[name] = GPUEntry(GPUSpec(name=name, source=getattr(g, "source", "") or "scenario gpus:", **figs),
-                             description="defined in the scenario", origin="scenario")
+        extras = {k: getattr(g, k, None) for k in EXTRA_FIELDS}
+        extras = {k: v for k, v in extras.items() if v is not None}   # validated by the scenario model
+        out[name] = GPUEntry(GPUSpec(name=name, source=getattr(g, "source", "") or "scenario gpus:",
+                                     **figs, **extras),
+                             description="defined in the scenario", origin="scenario",
+                             inherits=_missing(extras))
     return out
 
 
@@ -151,4 +215,4 @@ def gpu_catalog(hardware_config: str = "", gpus: Mapping[str, object] | None = N
 
 
 __all__ = ["GPUCatalog", "GPUEntry", "builtin_gpus", "gpu_catalog", "read_hardware_json",
-           "scenario_gpus", "BLIS_KEYS"]
+           "scenario_gpus", "BLIS_KEYS", "EXTRA_FIELDS", "INTERCONNECTS"]

@@ -37,7 +37,13 @@ Parsing rules (summary; spec/04 §8.2 is normative):
   ``num_experts_per_tok > 0``) but no expert count > 1 exists (KV auto-sizing refuses it).
 * shared-expert FFN dim: ``shared_expert_intermediate_size`` if > 0, else
   ``n_shared_experts × (moe_intermediate_size or intermediate)``.
-* ``head_dim`` is not read (everything uses hidden/heads), as in BLIS.
+* ``head_dim`` is read into :attr:`ModelConfig.head_dim` (0 when absent or ``null``); BLIS's
+  backends still use hidden/heads (they never look at it), ``physics`` and the ``vllm`` KV
+  capacity use :attr:`ModelConfig.real_head_dim`.
+* MoE layout and attention extras, 0 when absent: ``first_k_dense_replace`` (DeepSeek: leading
+  dense layers), ``interleave_moe_layer_step`` (Llama-4: every s-th layer is MoE),
+  ``intermediate_size_mlp`` → ``dense_intermediate_size`` (Llama-4 dense-layer FFN),
+  ``kv_lora_rank`` and ``qk_rope_head_dim`` (DeepSeek multi-head latent attention).
 """
 
 from __future__ import annotations
@@ -268,6 +274,7 @@ def parse_hf_config(source, *, name: str = "", file: str | None = None) -> Model
         hidden_size=hidden,
         num_heads=heads,
         num_kv_heads=kv_heads,
+        head_dim=r.int("head_dim"),
         intermediate_size=inter,
         vocab_size=vocab,
         bytes_per_param=bpp,
@@ -281,6 +288,11 @@ def parse_hf_config(source, *, name: str = "", file: str | None = None) -> Model
         max_position_embeddings=r.int("max_position_embeddings"),
         rope_scaling=dict(rope) if isinstance(rope, dict) else None,
         moe_count_missing=moe_missing,
+        first_k_dense_replace=r.int("first_k_dense_replace"),
+        interleave_moe_layer_step=r.int("interleave_moe_layer_step"),
+        dense_intermediate_size=r.int("intermediate_size_mlp"),
+        kv_lora_rank=r.int("kv_lora_rank"),
+        qk_rope_head_dim=r.int("qk_rope_head_dim"),
     )
 
 

@@ -24,9 +24,11 @@ from blis_simpy.errors import ConfigError
 
 #: our YAML key -> ModelConfig field (keys not listed are handled by name)
 _RENAMED = {"num_experts": "num_local_experts", "experts_per_tok": "num_experts_per_tok"}
-_INT_KEYS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size",
+_INT_KEYS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
              "vocab_size", "num_experts", "experts_per_tok", "moe_intermediate_size",
-             "shared_expert_intermediate_size", "max_position_embeddings")
+             "shared_expert_intermediate_size", "max_position_embeddings", "first_k_dense_replace",
+             "interleave_moe_layer_step", "dense_intermediate_size", "kv_lora_rank",
+             "qk_rope_head_dim")
 _OTHER_KEYS = ("hf_repo", "model_type", "dtype", "weight_bits", "hidden_act", "tie_word_embeddings",
                "rope_scaling", "like", "source")
 

@@ -37,12 +37,19 @@ class CatalogFormat(str, enum.Enum):
 
 
 # ---------------------------------------------------------------------------- data
+def interconnect_label(s) -> str:
+    """``NVLink4 450 GB/s P2P`` / ``PCIe4 31.5 GB/s no P2P`` (bandwidth per GPU per direction)."""
+    kind = {"nvlink": "NVLink", "pcie": "PCIe"}.get(s.interconnect, s.interconnect)
+    return f"{kind}{s.interconnect_gen or ''} {s.link_bw_gbps:g} GB/s {'P2P' if s.p2p else 'no P2P'}"
+
+
 def gpus_data(cat: GPUCatalog) -> dict:
     out = {}
     for name, e in cat.entries.items():
         d = asdict(e.spec)
         d.pop("name")
-        out[name] = {"description": e.description, "aliases": list(e.aliases), **d, "origin": e.origin}
+        out[name] = {"description": e.description, "aliases": list(e.aliases), **d,
+                     "interconnect_label": interconnect_label(e.spec), "origin": e.origin}
     return out
 
 
@@ -54,7 +61,9 @@ def models_data(cat: ModelCatalog, coeffs: CoefficientCatalog) -> dict:
         c.pop("name")
         c.pop("moe_count_missing")
         d = coeffs.deployment_defaults(name)
-        out[name] = {"hf_repo": e.hf_repo, **c, "derived_max_model_len": derive_max_model_len(e.config),
+        out[name] = {"hf_repo": e.hf_repo, **c, "real_head_dim": e.config.real_head_dim,
+                     "num_moe_layers": e.config.num_moe_layers,
+                     "derived_max_model_len": derive_max_model_len(e.config),
                      "defaults": asdict(d) if d else None}
     return out
 
@@ -84,12 +93,15 @@ def print_tables(what: What, gpus: GPUCatalog, models: ModelCatalog, coeffs: Coe
     if what in (What.all, What.gpus):
         t = Table(title=f"GPUs ({len(gpus.entries)}) — dense figures; --hardware KEY")
         for col in ("key", "description", "BF16 TFLOP/s", "FP8 TFLOP/s", "HBM TB/s", "memory GiB",
-                    "MFU prefill", "MFU decode"):
+                    "driver GiB", "MFU prefill", "MFU decode", "interconnect (per direction)",
+                    "collective µs"):
             t.add_column(col, overflow="fold", no_wrap=col == "key")
         for name, e in gpus.entries.items():
             s = e.spec
             t.add_row(name, e.description, _num(s.tflops_peak), _num(s.tflops_fp8), _num(s.bw_peak_tbs),
-                      _num(s.memory_gib), _num(s.mfu_prefill), _num(s.mfu_decode))
+                      _num(s.memory_gib), f"{s.memory_torch_gib:.2f}" if s.memory_torch_gib else "-",
+                      _num(s.mfu_prefill), _num(s.mfu_decode), interconnect_label(s),
+                      _num(s.collective_latency_us))
         con.print(t)
         con.print("Sources:")
         for name, e in gpus.entries.items():
@@ -97,16 +109,23 @@ def print_tables(what: What, gpus: GPUCatalog, models: ModelCatalog, coeffs: Coe
     if what in (What.all, What.models):
         from blis_simpy.catalog.hfconfig import derive_max_model_len
         t = Table(title=f"Models ({len(models.entries)}) — --model ID (offline shapes)")
-        for col in ("model", "layers", "hidden", "heads/kv", "FFN", "experts", "dtype / weights",
+        for col in ("model", "layers", "hidden", "heads/kv", "head dim", "FFN", "experts", "dtype / weights",
                     "max len", "default GPU/TP/vLLM"):
             t.add_column(col, overflow="fold", no_wrap=col == "model")
         for name, e in models.entries.items():
             c = e.config
             experts = (f"{c.num_local_experts} top-{c.num_experts_per_tok}" if c.is_moe else "-")
+            if c.is_moe and c.num_moe_layers != c.num_layers:
+                experts += f", {c.num_moe_layers} MoE layers"
+            head = f"{c.real_head_dim}" + ("" if c.head_dim else " (d/H)")
+            if c.kv_lora_rank:
+                head += f", MLA {c.kv_lora_rank}+{c.qk_rope_head_dim}"
             ffn = f"{c.intermediate_size}" + (f" / {c.moe_intermediate_size}" if c.moe_intermediate_size else "")
+            if c.is_moe and c.dense_intermediate_size and c.num_moe_layers != c.num_layers:
+                ffn += f", dense {c.dense_intermediate_size}"
             w = f"{c.bytes_per_param:g} B" + (f" / {c.weight_bytes_per_param:g} B" if c.weight_bytes_per_param else "")
             d = coeffs.deployment_defaults(name)
-            t.add_row(name, str(c.num_layers), str(c.hidden_size), f"{c.num_heads}/{c.num_kv_heads}", ffn,
+            t.add_row(name, str(c.num_layers), str(c.hidden_size), f"{c.num_heads}/{c.num_kv_heads}", head, ffn,
                       experts, w, str(derive_max_model_len(c)), f"{d.gpu} / {d.tp} / {d.vllm}" if d else "-")
         con.print(t)
     if what in (What.all, What.coefficients):

@@ -39,6 +39,23 @@ class GPUEntry(Strict):
     mfu_decode: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
     memory_gib: PosFloat = Field(description="device memory, GiB")
     source: str = ""
+    # optional (None = keep the value of the GPU this entry replaces, else the GPUSpec default)
+    memory_torch_gib: NonNegFloat | None = Field(
+        None, description="device memory as the driver reports it (cudaMemGetInfo total), GiB")
+    interconnect: str | None = Field(None, description="GPU-to-GPU link of TP/EP collectives: nvlink | pcie")
+    interconnect_gen: NonNegInt | None = Field(None, description="NVLink 3/4/5 or PCIe 4/5")
+    link_bw_gbps: NonNegFloat | None = Field(
+        None, description="link bandwidth per GPU and per direction, GB/s")
+    p2p: bool | None = Field(None, description="direct GPU peer-to-peer access")
+    collective_latency_us: NonNegFloat | None = Field(
+        None, description="fixed cost of one collective, µs")
+
+    @field_validator("interconnect")
+    @classmethod
+    def _known_interconnect(cls, v: str | None) -> str | None:
+        if v is not None and v not in ("nvlink", "pcie"):
+            raise ValueError("must be one of nvlink, pcie")
+        return v
 
 
 class LatencyConfig(Strict):

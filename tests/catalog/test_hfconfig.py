@@ -155,6 +155,40 @@ def test_moe_dims_and_shared_experts():
     assert parse_hf_config(cfg(num_local_experts=8)).shared_expert_intermediate_size == 0
 
 
+def test_head_dim_present_absent_or_null():
+    qwen3_32b = cfg(num_hidden_layers=64, hidden_size=5120, num_attention_heads=64, num_key_value_heads=8,
+                    head_dim=128)
+    m = parse_hf_config(qwen3_32b)
+    assert m.head_dim == 128 and m.real_head_dim == 128 and m.hidden_size // m.num_heads == 80
+    absent = parse_hf_config(cfg())                                  # 4096 / 32
+    assert absent.head_dim == 0 and absent.real_head_dim == 128
+    assert parse_hf_config(cfg(head_dim=None)).head_dim == 0          # Mixtral writes null
+    nested = parse_hf_config({"text_config": cfg(head_dim=64, hidden_size=2880, num_attention_heads=64)})
+    assert (nested.head_dim, nested.real_head_dim) == (64, 64)       # gpt-oss shape, via text_config
+
+
+def test_head_dim_of_the_wrong_type_names_the_key():
+    with pytest.raises(ConfigError) as e:
+        parse_hf_config(cfg(head_dim="128"), file="c.json")
+    assert (e.value.file, e.value.field) == ("c.json", "head_dim")
+
+
+def test_moe_layout_and_mla_fields():
+    llama4 = {"architectures": ["Llama4ForConditionalGeneration"],
+              "text_config": cfg(num_hidden_layers=48, hidden_size=5120, num_attention_heads=40, head_dim=128,
+                                 num_local_experts=128, num_experts_per_tok=1, intermediate_size=8192,
+                                 intermediate_size_mlp=16384, interleave_moe_layer_step=2)}
+    m = parse_hf_config(llama4)
+    assert (m.interleave_moe_layer_step, m.dense_intermediate_size, m.intermediate_size) == (2, 16384, 8192)
+    assert m.num_moe_layers == 24 and m.first_k_dense_replace == 0
+    ds = parse_hf_config(cfg(num_hidden_layers=61, n_routed_experts=256, num_experts_per_tok=8,
+                             first_k_dense_replace=3, kv_lora_rank=512, qk_rope_head_dim=64))
+    assert (ds.first_k_dense_replace, ds.kv_lora_rank, ds.qk_rope_head_dim) == (3, 512, 64)
+    assert ds.num_moe_layers == 58 and ds.head_dim == 0 and ds.dense_intermediate_size == 0
+    dense = parse_hf_config(cfg(first_k_dense_replace=3))
+    assert dense.num_moe_layers == 0                                  # no experts: nothing is MoE
+
+
 def test_moe_count_missing():
     assert parse_hf_config(cfg(num_experts_per_tok=2)).moe_count_missing
     assert parse_hf_config(cfg(n_shared_experts=1)).moe_count_missing

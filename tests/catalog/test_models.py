@@ -105,3 +105,50 @@ def test_unknown_model_error_says_what_to_do():
 def test_bad_catalog_entries_are_rejected(table, problem):
     with pytest.raises(ConfigError, match=problem):
         parse_models(table)
+
+
+# ------------------------------------------------------------------ issue 8: head_dim, MoE layout
+@pytest.mark.parametrize("model, head_dim, hidden_over_heads", [
+    ("qwen/qwen3-14b", 128, 128), ("qwen/qwen3-32b", 128, 80), ("qwen/qwen3-30b-a3b", 128, 64),
+    ("mistralai/mistral-small-24b-instruct-2501", 128, 160),
+    ("redhatai/mistral-small-3.1-24b-instruct-2503-quantized.w4a16", 128, 160),   # via like:
+    ("openai/gpt-oss-120b", 64, 45), ("openai/gpt-oss-20b", 64, 45),
+    ("meta-llama/llama-4-maverick-17b-128e-instruct-fp8", 128, 128),
+])
+def test_declared_head_dim(model, head_dim, hidden_over_heads):
+    c = builtin_models().get(model)
+    assert (c.head_dim, c.real_head_dim, c.hidden_size // c.num_heads) == (head_dim, head_dim, hidden_over_heads)
+
+
+def test_models_without_head_dim_fall_back_to_hidden_over_heads():
+    for name, e in builtin_models().entries.items():
+        c = e.config
+        if c.head_dim == 0:
+            assert c.real_head_dim == c.hidden_size // c.num_heads, name
+
+
+def test_moe_layouts_of_llama4_and_deepseek():
+    cat = builtin_models()
+    scout = cat.get("meta-llama/llama-4-scout-17b-16e-instruct")
+    assert (scout.interleave_moe_layer_step, scout.dense_intermediate_size, scout.num_moe_layers) == (1, 16384, 48)
+    mav = cat.get("meta-llama/llama-4-maverick-17b-128e-instruct-fp8")
+    assert (mav.interleave_moe_layer_step, mav.dense_intermediate_size, mav.num_moe_layers) == (2, 16384, 24)
+    ds = cat.get("deepseek-ai/deepseek-v3")
+    assert (ds.first_k_dense_replace, ds.kv_lora_rank, ds.qk_rope_head_dim, ds.num_moe_layers) == (3, 512, 64, 58)
+    assert cat.get("qwen/qwen3-30b-a3b").num_moe_layers == 48 and cat.get("qwen/qwen3-32b").num_moe_layers == 0
+
+
+def test_llama_3_1_8b_base_model_of_the_real_runs():
+    cat = builtin_models()
+    base, inst = cat.find("meta-llama/Llama-3.1-8B"), cat.get("meta-llama/llama-3.1-8b-instruct")
+    assert base.hf_repo == "meta-llama/Llama-3.1-8B"
+    assert dataclasses.replace(base.config, name=inst.name) == inst                # same shape
+    assert (base.config.num_layers, base.config.hidden_size, base.config.num_kv_heads,
+            base.config.intermediate_size, base.config.vocab_size) == (32, 4096, 8, 14336, 128256)
+
+
+def test_new_catalog_keys_are_validated():
+    with pytest.raises(ConfigError, match="head_dim must be an integer >= 0"):
+        parse_models({"a/x": {"num_layers": 2, "dtype": "bfloat16", "head_dim": -64}})
+    with pytest.raises(ConfigError, match="kv_lora_rank must be an integer >= 0"):
+        parse_models({"a/x": {"num_layers": 2, "dtype": "bfloat16", "kv_lora_rank": 1.5}})

@@ -117,3 +117,33 @@ def test_gpu_memory_utilization_changes_auto_kv(cli, offline):
         return int(res.stderr.split("total_kv_blocks ")[1].split(":")[0])
     assert blocks() == 15_909
     assert blocks("--gpu-memory-utilization", "0.8") < 15_909
+
+
+def test_catalog_gpus_show_the_interconnect_and_driver_memory(cli, offline):
+    out = _ok(cli("catalog", "gpus")).stdout
+    assert "interconnect" in out and "driver GiB" in out
+    for label in ("NVLink4 450 GB/s P2P", "NVLink5 900 GB/s P2P", "PCIe4 31.5 GB/s no P2P", "PCIe5 63 GB/s P2P"):
+        assert label in out, label
+    rtx = next(line for line in out.splitlines() if "RTX-4090" in line and "GeForce" in line)
+    assert "23.52" in rtx and "PCIe4 31.5 GB/s no P2P" in rtx
+    doc = json.loads(_ok(cli("catalog", "gpus", "--format", "json")).stdout)["gpus"]
+    g = doc["RTX-4090"]
+    assert g["memory_torch_gib"] * 2**30 == 25_250_627_584
+    assert (g["interconnect"], g["interconnect_gen"], g["link_bw_gbps"], g["p2p"]) == ("pcie", 4, 31.5, False)
+    assert g["interconnect_label"] == "PCIe4 31.5 GB/s no P2P"
+    assert doc["H100"]["interconnect_label"] == "NVLink4 450 GB/s P2P"
+
+
+def test_catalog_models_show_head_dim(cli, offline):
+    out = _ok(cli("catalog", "models")).stdout
+    assert "head dim" in out
+    q = next(line for line in out.splitlines() if "qwen/qwen3-32b" in line)
+    assert "128" in q and "(d/H)" not in q
+    llama = next(line for line in out.splitlines() if "meta-llama/llama-3.1-8b " in line)
+    assert "128 (d/H)" in llama
+    doc = json.loads(_ok(cli("catalog", "models", "--format", "json")).stdout)["models"]
+    assert (doc["qwen/qwen3-32b"]["head_dim"], doc["qwen/qwen3-32b"]["real_head_dim"]) == (128, 128)
+    assert (doc["meta-llama/llama-3.1-8b"]["head_dim"], doc["meta-llama/llama-3.1-8b"]["real_head_dim"]) == (0, 128)
+    mav = doc["meta-llama/llama-4-maverick-17b-128e-instruct-fp8"]
+    assert (mav["interleave_moe_layer_step"], mav["dense_intermediate_size"], mav["num_moe_layers"]) == (2, 16384, 24)
+    assert doc["deepseek-ai/deepseek-v3"]["kv_lora_rank"] == 512
