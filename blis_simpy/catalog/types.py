@@ -32,6 +32,9 @@ class GPUSpec:
     p2p: bool = False
     #: fixed cost of one collective (launch + synchronisation), µs
     collective_latency_us: float = 20.0
+    #: memory bandwidth sustained by real kernels, TB/s, where a measurement is published;
+    #: 0 = unknown (the ``physics`` backend then uses ``bw_peak_tbs``)
+    bw_sustained_tbs: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

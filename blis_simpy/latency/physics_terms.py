@@ -120,7 +120,8 @@ class Rates:
 
 
 def gpu_rates(gpu: GPUSpec, weight_bytes: float) -> Rates:
-    """Peak FLOP/µs (FP8 when weights are 1 byte and the GPU has FP8), HBM B/µs, link B/µs.
+    """Peak FLOP/µs (FP8 when weights are 1 byte and the GPU has FP8), memory B/µs (the
+    published sustained bandwidth when the catalog has one, else the peak), link B/µs.
 
     Without peer-to-peer access NCCL stages every transfer through host memory: each byte
     crosses PCIe twice, so the usable bus bandwidth is half the link's.
@@ -128,7 +129,8 @@ def gpu_rates(gpu: GPUSpec, weight_bytes: float) -> Rates:
     fp8 = weight_bytes == 1.0 and gpu.tflops_fp8 > 0
     tflops = gpu.tflops_fp8 if fp8 else gpu.tflops_peak
     link = gpu.link_bw_gbps * 1e3 * (1.0 if gpu.p2p else 0.5)
-    return Rates(tflops * 1e6, gpu.bw_peak_tbs * 1e6, link, gpu.collective_latency_us)
+    bw = gpu.bw_sustained_tbs if gpu.bw_sustained_tbs > 0 else gpu.bw_peak_tbs
+    return Rates(tflops * 1e6, bw * 1e6, link, gpu.collective_latency_us)
 
 
 # ------------------------------------------------------------------------ the bases (µs)
