@@ -160,6 +160,17 @@ def _with_progress(plan: runner.Plan) -> runner.Outcome:
             bar.stop()
 
 
+def _deployment_text(n: int, tp: int, dp: int, gpus: int) -> str:
+    """``2 instances x TP 2 x DP 2 = 8 GPUs`` for the run header (TP omitted when the
+    pools' TPs differ, i.e. ``tp == 0``; DP when it is 1)."""
+    text = f"{n} instance{'s' if n != 1 else ''}"
+    if tp > 0:
+        text += f" x TP {tp}"
+    if dp > 1:
+        text += f" x DP {dp}"
+    return f"{text} = {gpus} GPU{'s' if gpus != 1 else ''}"
+
+
 def _print(out: runner.Outcome, fmt: Format) -> None:
     from blis_simpy.metrics.blis_text import render_blis
     from blis_simpy.metrics.report import render_json
@@ -174,8 +185,9 @@ def _print(out: runner.Outcome, fmt: Format) -> None:
         console = Console(file=sys.stdout)
         n = s.cluster.num_instances
         extra = f" + {len(out.sessions.followups)} session follow-ups" if out.sessions else ""
-        console.print(f"[bold]{out.plan.command}[/bold]: {len(out.requests)} requests{extra}, {n} instance"
-                      f"{'s' if n != 1 else ''}, {s.latency.model}, horizon {runner.horizon_text(out.horizon_us)}")
+        console.print(f"[bold]{out.plan.command}[/bold]: {len(out.requests)} requests{extra}, "
+                      f"{_deployment_text(n, out.result.tp, s.dp, out.result.gpus)}, {s.latency.model}, "
+                      f"horizon {runner.horizon_text(out.horizon_us)}")
         render_tables(out.report, console)
     sys.stdout.flush()
 

@@ -161,7 +161,11 @@ class Cluster(InstanceListener):
         return self.instances[target], state, decision
 
     def route(self, req, among, router: Router) -> Instance | None:
-        """Standard routing (spec/05 §4): choose, trace, count in flight, inject, observe."""
+        """Standard routing (spec/05 §4): choose, trace, count in flight, inject, observe.
+
+        When the chosen instance is a rank of a data-parallel engine, the engine's front
+        door re-picks the rank (:meth:`~blis_simpy.engine.dp.DPEngine.pick`); the trace,
+        the in-flight count and the router's ``observe`` see the rank actually used."""
         chosen = self.choose(req, among, router)
         if chosen is None:
             self.counters.rejected_at_routing += 1
@@ -169,6 +173,8 @@ class Cluster(InstanceListener):
                 self.sessions.on_request_rejected(req, self.env.now)
             return None
         inst, state, decision = chosen
+        if inst.dp_engine is not None:
+            inst = inst.dp_engine.pick(inst)
         if self.trace is not None:
             self.trace.record_routing(req, state, decision, inst.id)
         self.inflight[inst.index] += 1

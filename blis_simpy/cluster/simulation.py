@@ -31,6 +31,7 @@ from blis_simpy.config.pools import resolve_pools
 from blis_simpy.config.resolve import Deployment, resolve
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.des import SimEnv
+from blis_simpy.engine.dp import DPEngine
 from blis_simpy.engine.fast import FastInstance
 from blis_simpy.engine.instance import EngineLimits, Instance
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
@@ -59,10 +60,17 @@ class SimulationResult:
     #: PD metrics; None otherwise (the report then aggregates the instances itself)
     cluster: InstanceMetrics | None = None
     pd: object | None = None
+    gpus: int = 0        # GPUs the deployment uses: instances x TP x DP (pools summed)
+    tp: int = 0          # TP of every instance (0 when prefill/decode pools differ)
 
 
 class Simulation:
     """One cluster of instances on a shared SimPy clock, fed with ``requests``.
+
+    With ``scenario.dp > 1`` every configured instance is an engine of ``dp`` ranks, each
+    an instance of its own (``instances[e * dp + r]``), tied together by a
+    :class:`~blis_simpy.engine.dp.DPEngine` in ``engines`` (front door; lockstep for MoE
+    models). Prefill/decode pools with ``dp > 1`` are refused (ConfigError on ``dp``).
 
     ``sessions``: an optional :class:`~blis_simpy.workload.sessions.SessionManager` of
     closed-loop sessions; it sees every terminal event and its follow-ups enter the cluster
@@ -81,25 +89,42 @@ class Simulation:
         sched_cls = Scheduler.lookup(eng.scheduler, field="engine.scheduler")
         prio_cls = PriorityPolicy.lookup(eng.priority_policy, field="engine.priority_policy")
         inst_cls = FastInstance if eng.implementation == "fast" else Instance
+        dp = scenario.dp
+        if dp > 1 and plan.enabled:
+            raise ConfigError("data parallelism (dp > 1) is not supported with prefill/decode "
+                              "pools; use dp 1 or more instances", field="dp")
         self.instances: list[Instance] = []
-        for k in range(scenario.cluster.num_instances):
-            d = plan.deployment_for(k)
-            limits = EngineLimits(
-                max_num_running_reqs=eng.max_num_running_reqs,
-                max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
-                long_prefill_token_threshold=eng.long_prefill_token_threshold,
-                max_model_len=d.max_model_len)
-            latency = d.new_latency_model()
-            if plan.interference:          # spec/06 §6: every instance, pools or not
-                latency = InterferenceModel(latency, plan.interference_prefill,
-                                            plan.interference_decode)
-            kv = d.new_kv_cache()
-            try:
-                inst = inst_cls(self.env, k, limits, latency, kv, sched_cls(), prio_cls())
-            except ValueError as exc:
-                raise ConfigError(str(exc), field="engine.max_model_len") from None
-            inst.model = scenario.model
-            self.instances.append(inst)
+        #: data-parallel engines (dp > 1): instance ``e * dp + r`` is rank r of engine e
+        self.engines: list[DPEngine] = []
+        self.gpus = 0                      # instances x TP x DP
+        tps = set()
+        for e in range(scenario.cluster.num_instances):
+            d = plan.deployment_for(e)
+            tps.add(max(d.tp, 1))
+            self.gpus += max(d.tp, 1) * dp
+            ranks = []
+            for k in range(e * dp, (e + 1) * dp):
+                limits = EngineLimits(     # per rank, as vLLM's per-core scheduler limits
+                    max_num_running_reqs=eng.max_num_running_reqs,
+                    max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
+                    long_prefill_token_threshold=eng.long_prefill_token_threshold,
+                    max_model_len=d.max_model_len)
+                latency = d.new_latency_model()
+                if plan.interference:          # spec/06 §6: every instance, pools or not
+                    latency = InterferenceModel(latency, plan.interference_prefill,
+                                                plan.interference_decode)
+                kv = d.new_kv_cache()          # per rank: each DP rank has its own KV pool
+                try:
+                    inst = inst_cls(self.env, k, limits, latency, kv, sched_cls(), prio_cls())
+                except ValueError as exc:
+                    raise ConfigError(str(exc), field="engine.max_model_len") from None
+                inst.model = scenario.model
+                ranks.append(inst)
+            self.instances.extend(ranks)
+            if dp > 1:                     # MoE ranks step in lockstep; dense ones do not
+                moe = d.model_config is not None and d.model_config.is_moe
+                self.engines.append(DPEngine(self.env, e, ranks, lockstep=moe))
+        self.tp = tps.pop() if len(tps) == 1 else 0
         cl = scenario.cluster
         self.rng = RngStreams(scenario.seed)
         self.admission = build_admission(scenario)
@@ -157,7 +182,7 @@ class Simulation:
             cluster_metrics, pd = finish_pd(self.cluster, metrics, self.plan)
         return SimulationResult(self.scenario, metrics, self.cluster.counters, limit, n,
                                 time.perf_counter() - t0, self.trace, sessions,
-                                cluster=cluster_metrics, pd=pd)
+                                cluster=cluster_metrics, pd=pd, gpus=self.gpus, tp=self.tp)
 
     def _check_inflight(self, metrics) -> None:
         """spec/05 §1: in-flight ≠ still queued + running is only a warning (requests still in

@@ -8,6 +8,11 @@ wait queue are empty. Each step calls three overridable hooks:
 * :meth:`step_time` — the step duration from the latency model;
 * :meth:`on_step_end` — called with the requests that completed in the step.
 
+A step is :meth:`begin_step` (reorder, form the batch, statistics, batch view), the
+duration, then :meth:`finish_step` (execute, KV statistics, completions, on_step_end); the
+lockstep group of a data-parallel MoE engine (:mod:`blis_simpy.engine.dp`) calls the two
+phases of its ranks itself.
+
 Requests reach the instance through :meth:`inject` (routing) and wait out the latency
 model's queueing delay before the enqueue guards put them in the wait queue (the inbox: a
 deque plus the doorbell). BLIS never cancels a scheduled step event; when a timeout empties
@@ -57,7 +62,18 @@ class InstanceListener:
 
 
 class Instance(BatchFormation):
-    """An engine instance: wait queue, running batch, KV cache, latency model, metrics."""
+    """An engine instance: wait queue, running batch, KV cache, latency model, metrics.
+
+    With data parallelism (``dp > 1``) an instance is one DP rank of an engine:
+    ``dp_engine`` is that :class:`~blis_simpy.engine.dp.DPEngine` (its front door picks
+    the rank for each request) and ``dp_rank`` the rank's position in it; ``lockstep`` is
+    the engine's :class:`~blis_simpy.engine.dp.LockstepGroup` when the ranks step together
+    (MoE models), in which case the rank never runs steps of its own.
+    """
+
+    dp_engine = None     # the DPEngine this instance is a rank of (None: no DP)
+    dp_rank = 0
+    lockstep = None      # the LockstepGroup that steps this rank (None: it steps itself)
 
     def __init__(self, env: SimEnv, index: int, limits: EngineLimits, latency: LatencyModel,
                  kv, scheduler: Scheduler, priority: PriorityPolicy,
@@ -122,7 +138,11 @@ class Instance(BatchFormation):
             yield env.wake_at(nxt, self.key_step)
 
     def _push_step(self, t_us: int) -> None:
-        """Schedule a Step at ``t_us`` that no running step pushed (starts a chain)."""
+        """Schedule a Step at ``t_us`` that no running step pushed (starts a chain); a
+        lockstep rank rings its group's doorbell instead."""
+        if self.lockstep is not None:
+            self.lockstep.ring(t_us)
+            return
         self.step_pending = True
         self._steps_scheduled += 1
         bell = self._doorbell
@@ -253,6 +273,24 @@ class Instance(BatchFormation):
             if self._steps_scheduled == 0:
                 self.step_pending = False
             return None
+        view = self.begin_step(now)
+        adv = self.step_time(view) + self.kv.consume_pending_transfer_latency()
+        if adv < 1:
+            adv = 1
+        self.finish_step(now, adv)
+        if self.running or self.waitq:
+            self.step_pending = True
+            return now + adv
+        self.step_pending = False
+        return None
+
+    def begin_step(self, now: int) -> BatchView:
+        """First half of a step at ``now``: reorder the queue, form the batch, record the
+        per-step statistics; returns the batch view the latency model will time.
+
+        :meth:`step` calls it, then times the view, then :meth:`finish_step`; a lockstep
+        group (:mod:`blis_simpy.engine.dp`) calls it on every busy rank before timing all
+        the ranks' views together."""
         self.step_count += 1
         self.reorder_queue(now)
         scheduled = self.form_batch(now)
@@ -262,11 +300,14 @@ class Instance(BatchFormation):
         met.waitq_len_sum += len(self.waitq)
         met.running_len_sum += len(self.running)
         met.step_samples += 1
+        return self.batch_view()
 
+    def finish_step(self, now: int, adv: int) -> list:
+        """Second half of a step begun at ``now`` that lasts ``adv`` µs (≥ 1): execute the
+        batch, record KV statistics, complete requests, call :meth:`on_step_end`. Returns
+        the requests that completed."""
+        met = self.metrics
         running = self.running
-        adv = self.step_time(self.batch_view()) + self.kv.consume_pending_transfer_latency()
-        if adv < 1:
-            adv = 1
         self.execute(now, adv)
         used = self.kv.used
         if used > met.peak_kv_blocks:
@@ -275,11 +316,7 @@ class Instance(BatchFormation):
         self.kv.mirror_to_cpu(running)
         completed = self.complete(now, adv)
         self.on_step_end(now, adv, completed)
-        if self.running or self.waitq:
-            self.step_pending = True
-            return now + adv
-        self.step_pending = False
-        return None
+        return completed
 
     def reorder_queue(self, now: int) -> None:
         """Recompute priorities of queued requests, then let the scheduler reorder."""

@@ -46,6 +46,10 @@ class InstanceMetrics:
     step_samples: int = 0
     #: request ID -> Request, every request injected and not dropped by an enqueue guard
     registry: dict = field(default_factory=dict)
+    #: data parallelism (dp > 1): the engine this instance is a rank of, and its rank
+    #: (None without data parallelism, and for aggregates)
+    dp_engine: int | None = None
+    dp_rank: int | None = None
 
     @property
     def injected_requests(self) -> int:

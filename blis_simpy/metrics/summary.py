@@ -136,10 +136,15 @@ def metrics_output(m: InstanceMetrics, *, include_requests: bool) -> dict:
     ``vllm_estimated_duration_s`` is always ``sim_ended_time / 1e6``.
     ``kv_allocation_failures`` is omitted when 0; ``requests`` (only with
     ``include_requests``, i.e. for the results file) is omitted when there is no row.
+    A data-parallel rank (``dp > 1``) also has ``engine`` and ``dp_rank`` after
+    ``instance_id``.
     """
     duration = float(m.sim_ended_time) / 1e6
-    out: dict = {
-        "instance_id": m.instance_id,
+    out: dict = {"instance_id": m.instance_id}
+    if m.dp_rank is not None:         # a data-parallel rank: which engine, which rank
+        out["engine"] = m.dp_engine
+        out["dp_rank"] = m.dp_rank
+    out |= {
         "completed_requests": m.completed_requests,
         "still_queued": m.still_queued,
         "still_running": m.still_running,

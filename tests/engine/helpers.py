@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from blis_simpy.catalog.types import ModelConfig
 from blis_simpy.cluster.simulation import Simulation
+from blis_simpy.config.resolve import Deployment
 from blis_simpy.config.scenario import Scenario
+from blis_simpy.latency.base import BatchView, LatencyModel
 from blis_simpy.request import Request
 
 
@@ -39,3 +42,36 @@ def make_requests(specs, *, seed=1, prefixes=None) -> list[Request]:
 
 def run(sc: Scenario, requests, horizon_us=None):
     return Simulation(sc, requests, horizon_us=horizon_us).run()
+
+
+# ------------------------------------------------------------------ data parallelism
+MOE = ModelConfig(name="tiny-moe", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=4,
+                  intermediate_size=128, vocab_size=1000, bytes_per_param=2.0,
+                  num_local_experts=4, num_experts_per_tok=2)
+DENSE = ModelConfig(name="tiny-dense", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=4,
+                    intermediate_size=128, vocab_size=1000, bytes_per_param=2.0)
+
+
+class TinyLatency(LatencyModel):
+    """``step_time`` = 1000 µs + 100 µs per scheduled token (the dummy batch: 1100 µs);
+    ``lockstep_step_time`` = the slowest rank + 10 µs. No queueing delay or overheads."""
+
+    def step_time(self, batch: BatchView) -> int:
+        return 1000 + 100 * (batch.prefill_tokens + batch.decode_tokens)
+
+    def lockstep_step_time(self, views: list[BatchView]) -> int:
+        return super().lockstep_step_time(views) + 10
+
+
+def build_dp(model: ModelConfig, *, dp: int = 2, n: int = 1, impl: str = "fast", requests=(),
+             kv_blocks: int = 1000, block_size: int = 16, horizon_us=None, **engine) -> Simulation:
+    """A Simulation of ``n`` engines of ``dp`` ranks timed by :class:`TinyLatency`
+    (``model`` decides lockstep: MoE or dense); ``engine`` keys go to the scenario."""
+    sc = Scenario(model="test/tiny", dp=dp, cluster={"num_instances": n},
+                  latency={"model": "blackbox", "alpha_coeffs": [0, 0, 0], "beta_coeffs": [1, 0, 0]},
+                  engine={"implementation": impl, "block_size": block_size,
+                          "total_kv_blocks": kv_blocks, **engine})
+    dep = Deployment(total_kv_blocks=kv_blocks, block_size=block_size,
+                     max_model_len=engine.get("max_model_len", 0),
+                     latency_factory=TinyLatency, model_config=model, tp=1)
+    return Simulation(sc, list(requests), deployment=dep, horizon_us=horizon_us)
