@@ -188,6 +188,8 @@ def _print(out: runner.Outcome, fmt: Format) -> None:
         console.print(f"[bold]{out.plan.command}[/bold]: {len(out.requests)} requests{extra}, "
                       f"{_deployment_text(n, out.result.tp, s.dp, out.result.gpus)}, {s.latency.model}, "
                       f"horizon {runner.horizon_text(out.horizon_us)}")
+        if out.kv_line:
+            console.print(out.kv_line, highlight=False, soft_wrap=True)
         render_tables(out.report, console)
     sys.stdout.flush()
 

@@ -4,10 +4,12 @@
 
     blis-simpy catalog [all|gpus|models|coefficients] [--model M] [--format table|json]
                        [--hardware-config FILE] [--defaults-filepath FILE]
+    blis-simpy catalog capacity --model M --hardware G [--tp ...]   (or: catalog --capacity ...)
 
 Tables are rich tables on stdout; ``--format json`` prints one JSON document with the same
 content (``gpus``, ``models``, ``coefficients``). ``--hardware-config`` and
 ``--defaults-filepath`` show the catalogs as a run with those flags would see them.
+``capacity`` prints the KV capacity pieces (:mod:`blis_simpy.cli.capacity_cmd`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class What(str, enum.Enum):
     gpus = "gpus"
     models = "models"
     coefficients = "coefficients"
+    capacity = "capacity"
 
 
 class CatalogFormat(str, enum.Enum):
@@ -157,9 +160,37 @@ def register(app: typer.Typer) -> None:
                                             help="BLIS hardware_config.json to add"),
         defaults_filepath: str = typer.Option("", "--defaults-filepath", metavar="FILE",
                                               help="BLIS defaults.yaml layered over the coefficients"),
+        # the KV capacity of --model on --hardware (``catalog capacity`` / ``catalog --capacity``)
+        capacity: bool = typer.Option(False, "--capacity", help="show the KV capacity of --model on "
+                                      "--hardware piece by piece (same as `catalog capacity`)"),
+        hardware: str = typer.Option(None, "--hardware", help="capacity: GPU key"),
+        tp: int = typer.Option(1, "--tp", help="capacity: tensor parallelism"),
+        dp: int = typer.Option(1, "--dp", help="capacity: data-parallel ranks"),
+        expert_parallel: bool = typer.Option(False, "--enable-expert-parallel",
+                                             help="capacity: shard MoE experts over TP x DP"),
+        util: float = typer.Option(0.9, "--gpu-memory-utilization", help="capacity: GPU memory fraction"),
+        tokens: int = typer.Option(2048, "--max-num-batched-tokens", "--max-num-scheduled-tokens",
+                                   help="capacity: tokens of the profile run (per DP rank)"),
+        seqs: int = typer.Option(256, "--max-num-seqs", "--max-num-running-reqs",
+                                 help="capacity: requests of the profile run (per DP rank)"),
+        block_size: int = typer.Option(16, "--block-size-in-tokens", help="capacity: tokens per KV block"),
+        capacity_model: str = typer.Option("vllm", "--kv-capacity-model", help="capacity: vllm | blis"),
+        kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="capacity: KV element type"),
+        model_config_folder: str = typer.Option("", "--model-config-folder", metavar="DIR",
+                                                help="capacity: folder with the model's config.json"),
     ) -> None:
-        """List the offline catalogs: GPUs, model shapes, trained coefficient sets."""
+        """List the offline catalogs: GPUs, model shapes, trained coefficient sets; or the KV
+        capacity of a model on a GPU (`catalog capacity --model M --hardware G`)."""
         gpus = gpu_catalog(hardware_config)
+        if capacity or what is What.capacity:
+            from blis_simpy.cli import capacity_cmd
+            cap = capacity_cmd.compute(
+                gpus, model, hardware, tp=tp, dp=dp, expert_parallel=expert_parallel, util=util,
+                max_num_batched_tokens=tokens, max_num_seqs=seqs, block_size=block_size,
+                capacity_model=capacity_model, kv_cache_dtype=kv_cache_dtype,
+                model_config_folder=model_config_folder)
+            capacity_cmd.show(cap, model.lower(), fmt.value)
+            return
         models = builtin_models()
         coeffs = builtin_coefficients()
         if defaults_filepath:

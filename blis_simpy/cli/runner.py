@@ -137,6 +137,7 @@ class Outcome:
     horizon_us: int
     sessions: object | None = None        # SessionManager of closed-loop sessions (spec/07 §7)
     workload_seed: int | None = None      # seed the workload was generated with (None: scenario seed)
+    kv_line: str = ""                     # "KV capacity: N blocks (...)" for the run header
 
 
 def trace_paths(plan: Plan) -> tuple[str, str]:
@@ -253,9 +254,15 @@ def execute(plan: Plan, progress: Callable[[int, int], None] | None = None) -> O
                     rejected_at_routing=c.rejected_at_routing, shed_by_tier=dict(c.shed_by_tier),
                     priority_policy=s.engine.priority_policy, is_replay=plan.command == REPLAY)
     add_optional_sections(plan, result, report)
+    blocks = [inst.kv.total_blocks for inst in sim.instances]
+    report.total_kv_blocks = blocks[0] if len(set(blocks)) == 1 else blocks
+    cap = sim.plan.global_deployment.kv_capacity
+    report.kv_capacity = cap.to_dict() if cap is not None else None
     if result.sessions is not None:
         log.info("closed-loop sessions: %s", result.sessions)
-    return Outcome(plan, result, report, requests, horizon, sessions, workload_seed)
+    from blis_simpy.cli.capacity_cmd import run_header_line
+    return Outcome(plan, result, report, requests, horizon, sessions, workload_seed,
+                   kv_line=run_header_line(sim.plan))
 
 
 def add_optional_sections(plan: Plan, result: SimulationResult, report: Report) -> None:

@@ -15,6 +15,7 @@ from blis_simpy.config.resolve import (
     ANALYTICAL,
     Deployment,
     Resolution,
+    auto_kv_capacity,
     backend_options,
     blackbox_coefficients,
     build_backend,
@@ -36,10 +37,11 @@ def resolve_pool_deployment(s: Scenario, glob: Deployment, ov: PoolOverrides, ro
     MaxModelLen replace the global values. GPU: the pool's hardware calibration drives its
     latency model (spec/10 quirk 4 fixed); under compat ``checkout`` only the label and the KV
     auto-calculation change. KV blocks: the pool's ``total_kv_blocks``, else — analytical
-    backends whose TP or GPU differs from the global one — the auto-calculation (spec/03 §7)
-    with the pool's TP and GPU; the pool's MaxModelLen (if not given) is then lowered to
-    ``pool_blocks × block_size`` when that is below the global one. A failed auto-calculation
-    is a warning and the pool keeps the global KV blocks and MaxModelLen.
+    backends whose TP or GPU differs from the global one — the auto-calculation by the
+    scenario's ``engine.kv_capacity_model`` with the pool's TP and GPU; the pool's MaxModelLen
+    (if not given) is then lowered to ``pool_blocks × block_size`` when that is below the global
+    one. ``vllm``: a model that does not fit the pool is a ConfigError; ``blis`` (spec/03 §7): a
+    failed auto-calculation is a warning and the pool keeps the global KV blocks and MaxModelLen.
     """
     given = {k: getattr(ov, k) for k in OVERRIDE_FIELDS if getattr(ov, k) is not None}
     if not given:
@@ -100,19 +102,20 @@ def resolve_pool_deployment(s: Scenario, glob: Deployment, ov: PoolOverrides, ro
 
     # KV blocks and MaxModelLen
     total, max_len = glob.total_kv_blocks, glob.max_model_len
+    kv_cap, kv_source = glob.kv_capacity, glob.kv_source
     if analytical and glob.backend not in ANALYTICAL and eng.max_model_len == 0 and max_len == 0:
         from blis_simpy.catalog.hfconfig import derive_max_model_len
         max_len = derive_max_model_len(model_cfg)
     if ov.total_kv_blocks is not None:
-        total = ov.total_kv_blocks
+        total, kv_cap, kv_source = ov.total_kv_blocks, None, "explicit"
     elif analytical and changed:
-        from blis_simpy.kv.capacity import KVCapacityError, kv_capacity_blocks
-        try:
-            total = kv_capacity_blocks(model_cfg, gpu, tp, eng.block_size, eng.gpu_memory_utilization)
-            r.note(f"total_kv_blocks {total}: auto-calculated for {tp} x {gpu.name}")
-        except KVCapacityError as exc:
-            r.warn(f"KV capacity auto-calculation for {tp} x {gpu.name} failed ({exc}); the pool keeps "
-                   f"the global {glob.total_kv_blocks} KV blocks and max_model_len {glob.max_model_len}")
+        cap = auto_kv_capacity(r, model_cfg, gpu, tp, field=f"{key}.{'hardware' if ov.hardware else 'tp'}",
+                               what=f" for {tp} x {gpu.name}",
+                               fallback=f"the pool keeps the global {glob.total_kv_blocks} KV blocks and "
+                                        f"max_model_len {glob.max_model_len}")
+        if cap is not None:
+            total, kv_cap, kv_source = cap.blocks, cap, r.kv_source
+        else:
             total, max_len = glob.total_kv_blocks, glob.max_model_len
     bs = eng.block_size
     if ov.max_model_len is not None:
@@ -135,7 +138,8 @@ def resolve_pool_deployment(s: Scenario, glob: Deployment, ov: PoolOverrides, ro
     return Deployment(total_kv_blocks=total, block_size=bs, max_model_len=max_len, latency_factory=build,
                       kv_factory=glob.kv_factory, notes=r.notes, backend=backend, hardware=hw, tp=tp,
                       vllm_version=glob.vllm_version, gpu=lat_gpu, model_config=model_cfg,
-                      warnings=r.warnings, alpha=alpha, beta=beta)
+                      warnings=r.warnings, alpha=alpha, beta=beta, kv_capacity=kv_cap,
+                      kv_source=kv_source)
 
 
 def _pool_coefficients(r: Resolution, cat: CoefficientCatalog, backend: str, glob: Deployment,

@@ -16,7 +16,9 @@ from the offline catalogs (:mod:`blis_simpy.catalog`). :func:`resolve` applies B
    catalog, else an error naming what was tried (never a download); GPU from the built-in
    catalog + ``hardware_config`` (BLIS JSON) + the scenario's ``gpus:``;
 5. KV blocks: explicit > catalog row > auto-calculation (analytical backends, or blackbox
-   with a model config) > 1,000,000 (warning when the auto-calculation failed);
+   with a model config) by ``engine.kv_capacity_model``: ``vllm`` (default, per GPU as vLLM
+   profiles it; a model that does not fit is an error) or ``blis`` (BLIS's formula; a failure
+   is a warning and falls back) > 1,000,000. ``Deployment.kv_capacity`` keeps the pieces;
 6. MaxModelLen: explicit, else derived from the model config (analytical backends), then
    capped to the KV capacity with a warning;
 7. KV store: a CPU tier (``TieredKVCache``) when ``engine.kv_cpu_blocks > 0``.
@@ -41,6 +43,7 @@ from blis_simpy.catalog.types import GPUSpec, ModelConfig
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.cache import KVCache
+from blis_simpy.kv.vllm_capacity import KVCapacity
 from blis_simpy.latency.base import LatencyModel
 
 log = logging.getLogger("blis_simpy")
@@ -79,6 +82,10 @@ class Deployment:
     warnings: list[str] = field(default_factory=list)
     alpha: list[float] | None = None   # the coefficients the latency model is built with
     beta: list[float] | None = None
+    #: the auto-calculated KV capacity and its pieces (None: blocks given, from the catalog
+    #: or the default); ``kv_source``: explicit | catalog | vllm | blis | default
+    kv_capacity: KVCapacity | None = None
+    kv_source: str = ""
 
     def new_latency_model(self) -> LatencyModel:
         return self.latency_factory()
@@ -96,6 +103,8 @@ class Resolution:
         self.prefix = prefix            # "prefill pool: " for a pool's resolution
         self.notes: list[str] = []
         self.warnings: list[str] = []
+        self.kv_capacity: KVCapacity | None = None   # set by the KV auto-calculation
+        self.kv_source = ""
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -212,30 +221,61 @@ def _kv_blocks(r: Resolution, cat, backend, hw, tp, vllm, model_cfg, gpu) -> int
     s = r.s
     eng = s.engine
     if eng.total_kv_blocks is not None:
+        r.kv_source = "explicit"
         return eng.total_kv_blocks
     if s.model and hw and tp > 0:
         kv = cat.kv_blocks(s.model, hw, tp, vllm)
         if kv is not None:
             r.note(f"total_kv_blocks {kv}: catalog row {s.model} {hw} TP{tp} {vllm}")
+            r.kv_source = "catalog"
             return kv
     if model_cfg is None and backend not in ANALYTICAL and gpu is not None and tp > 0 and s.model:
         model_cfg = r.model_config(s.model)[0]      # blackbox: only a config available offline
     if model_cfg is not None and gpu is not None and tp > 0:
-        from blis_simpy.kv.capacity import KVCapacityError, kv_capacity_blocks
-        try:
-            kv = kv_capacity_blocks(model_cfg, gpu, tp, eng.block_size, eng.gpu_memory_utilization)
-        except KVCapacityError as exc:
-            r.warn(f"KV capacity auto-calculation failed ({exc}); using the default "
-                   f"{DEFAULT_TOTAL_KV_BLOCKS} blocks")
-            return DEFAULT_TOTAL_KV_BLOCKS
-        r.note(f"total_kv_blocks {kv}: auto-calculated for {tp} x {gpu.name}, gpu memory "
-               f"utilization {eng.gpu_memory_utilization}, block size {eng.block_size}")
-        return kv
+        cap = auto_kv_capacity(r, model_cfg, gpu, tp, field="hardware",
+                               fallback=f"using the default {DEFAULT_TOTAL_KV_BLOCKS} blocks")
+        if cap is not None:
+            return cap.blocks
+        r.kv_source = "default"
+        return DEFAULT_TOTAL_KV_BLOCKS
+    r.kv_source = "default"
     if backend in ANALYTICAL:
         r.warn(f"no KV capacity could be resolved; using the default {DEFAULT_TOTAL_KV_BLOCKS} blocks")
     else:
         r.note(f"total_kv_blocks {DEFAULT_TOTAL_KV_BLOCKS}: default (no catalog row, no model config)")
     return DEFAULT_TOTAL_KV_BLOCKS
+
+
+def auto_kv_capacity(r: Resolution, model_cfg: ModelConfig, gpu: GPUSpec, tp: int, *,
+                     field: str, fallback: str, what: str = "") -> KVCapacity | None:
+    """KV blocks of ``r.s`` auto-calculated by ``engine.kv_capacity_model`` (noted, and kept in
+    ``r.kv_capacity``). ``vllm``: a model that does not fit is a :class:`ConfigError` on
+    ``field`` (one line with the GiB shortfall). ``blis``: a failure is warned (``what`` names
+    the deployment, ``fallback`` says what happens instead) and gives None."""
+    from blis_simpy.kv.capacity import KVCapacityError
+    from blis_simpy.kv.sizing import kv_capacity
+    s, eng = r.s, r.s.engine
+    name = eng.kv_capacity_model
+    try:
+        cap = kv_capacity(name, model_cfg, gpu, tp=tp, dp=s.dp, expert_parallel=s.enable_expert_parallel,
+                          block_size=eng.block_size, gpu_memory_utilization=eng.gpu_memory_utilization,
+                          max_num_batched_tokens=eng.max_num_scheduled_tokens,
+                          max_num_seqs=eng.max_num_running_reqs,
+                          kv_cache_dtype=getattr(eng, "kv_cache_dtype", "auto"))
+    except KVCapacityError as exc:
+        if name == "vllm":
+            raise ConfigError(f"KV capacity: {exc}", field=field) from None
+        r.warn(f"KV capacity auto-calculation{what} failed ({exc}); {fallback}")
+        return None
+    if name == "blis":
+        r.note(f"total_kv_blocks {cap.blocks}: auto-calculated for {tp} x {gpu.name}, gpu memory "
+               f"utilization {eng.gpu_memory_utilization}, block size {eng.block_size}")
+    else:
+        per = f" per DP rank (DP {s.dp})" if s.dp > 1 else ""
+        r.note(f"total_kv_blocks {cap.blocks}{per}: auto-calculated for {tp} x {gpu.name}, block size "
+               f"{eng.block_size} ({cap.summary()})")
+    r.kv_capacity, r.kv_source = cap, name
+    return cap
 
 
 def _max_model_len(r: Resolution, backend: str, model_cfg, total_blocks: int) -> int:
@@ -339,7 +379,8 @@ def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:
     return Deployment(total_kv_blocks=total, block_size=eng.block_size, max_model_len=max_len,
                       latency_factory=build, kv_factory=_kv_factory(r), notes=r.notes, backend=backend,
                       hardware=hw, tp=tp, vllm_version=vllm, gpu=gpu, model_config=model_cfg,
-                      warnings=r.warnings, alpha=alpha, beta=beta)
+                      warnings=r.warnings, alpha=alpha, beta=beta, kv_capacity=r.kv_capacity,
+                      kv_source=r.kv_source)
 
 
 def build_latency_model(scenario: Scenario) -> LatencyModel:

@@ -85,6 +85,9 @@ class EngineConfig(Strict):
     priority_policy: str = Field("constant", description="constant | slo-based | inverted-slo")
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = Field(
         0.9, description="fraction of GPU memory vLLM may use (KV auto-sizing only)")
+    kv_capacity_model: Literal["vllm", "blis"] = Field(
+        "vllm", description="KV auto-sizing: vllm (per GPU, as vLLM profiles it) or blis (BLIS's "
+                            "formula, parity)")
     kv_cpu_blocks: NonNegInt = Field(0, description="CPU KV tier blocks; 0 = GPU tier only")
     kv_offload_threshold: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = Field(
         0.9, description="deprecated and ignored (BLIS keeps the flag)")

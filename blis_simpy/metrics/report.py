@@ -33,7 +33,10 @@ Renderers:
                             "total_requests"}},
       "fitness": {"score", "components": {key: value}} | null,
       "pd": {PDMetrics fields; distributions as objects} | null,
-      "trace_summary": {TraceSummary fields} | null
+      "trace_summary": {TraceSummary fields} | null,
+      "total_kv_blocks": int | [int, ...] | null,   # GPU KV blocks of every instance (DP rank);
+                                                    # a list in instance order where they differ
+      "kv_capacity": {KVCapacity pieces} | null     # the auto-sized capacity of the deployment
     }
 
 Distribution objects are ``{"mean", "p50", "p95", "p99", "min", "max", "count"}`` in µs.
@@ -211,6 +214,10 @@ class Report:
     fitness: FitnessResult | None = None
     trace_summary: TraceSummary | None = None
     pd: PDMetrics | None = None
+    #: KV blocks of the instances (one number when they agree) and the auto-sized capacity
+    #: pieces (:meth:`blis_simpy.kv.vllm_capacity.KVCapacity.to_dict`); None when unknown
+    total_kv_blocks: int | list[int] | None = None
+    kv_capacity: dict | None = None
 
     def __post_init__(self) -> None:
         self.instances = list(self.instances)
@@ -269,6 +276,8 @@ def report_dict(report: Report) -> dict:
         "pd": report.pd.to_dict() if report.pd is not None else None,
         "trace_summary": (report.trace_summary.to_dict()
                           if report.trace_summary is not None else None),
+        "total_kv_blocks": report.total_kv_blocks,
+        "kv_capacity": report.kv_capacity,
     }
 
 

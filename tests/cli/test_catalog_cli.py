@@ -115,8 +115,10 @@ def test_gpu_memory_utilization_changes_auto_kv(cli, offline):
         res = _ok(cli("run", "--model", "qwen/qwen3-14b", "--hardware", "A100-SXM", "--num-requests", "1",
                       "--log", "info", *extra))
         return int(res.stderr.split("total_kv_blocks ")[1].split(":")[0])
-    assert blocks() == 15_909
-    assert blocks("--gpu-memory-utilization", "0.8") < 15_909
+    assert blocks("--kv-capacity-model", "blis") == 15_909            # BLIS's formula (B18b)
+    assert blocks("--kv-capacity-model", "blis", "--gpu-memory-utilization", "0.8") < 15_909
+    assert blocks() == 17_376                                         # vLLM's rule, the default
+    assert blocks("--gpu-memory-utilization", "0.8") < 17_376
 
 
 def test_catalog_gpus_show_the_interconnect_and_driver_memory(cli, offline):

@@ -38,6 +38,7 @@ SAMPLES = {
     "--latency-compat": ("checkout", "checkout"),
     "--kv-offload-threshold": ("0.5", 0.5),
     "--gpu-memory-utilization": ("0.5", 0.5),
+    "--kv-capacity-model": ("blis", "blis"),
     "--pd-decider": ("always", "always"),
     "--pd-contention-mode": ("snapshot", "snapshot"),
     "--prefill-hardware": ("A100-80", "A100-80"),

@@ -14,10 +14,12 @@ from blis_simpy.config.resolve import DEFAULT_TOTAL_KV_BLOCKS, resolve
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.capacity import kv_capacity_blocks
+from blis_simpy.kv.vllm_capacity import vllm_kv_capacity
 from blis_simpy.latency import BatchView, BlackboxModel, CrossModel, RooflineModel, TrainedRooflineModel
 
 DATA = Path(__file__).resolve().parents[1] / "catalog" / "data"
 QWEN = "qwen/qwen3-14b"
+BLIS_KV = {"kv_capacity_model": "blis"}     # BLIS's KV formula (the figures of spec/03 §7)
 
 
 def sc(**kw) -> Scenario:
@@ -52,7 +54,7 @@ def test_qwen3_14b_on_h100_resolves_everything_from_the_catalogs():
 def test_hardware_defaults_too_and_given_values_win():
     d = resolve(sc())
     assert (d.hardware, d.tp) == ("H100", 1) and "hardware H100: default" in "\n".join(d.notes)
-    d = resolve(sc(hardware="H100", tp=2, vllm_version="v0.8.4"))
+    d = resolve(sc(hardware="H100", tp=2, vllm_version="v0.8.4", engine=BLIS_KV))
     assert (d.tp, d.vllm_version) == (2, "v0.8.4")
     assert d.total_kv_blocks == kv_capacity_blocks(builtin_models().get(QWEN), builtin_gpus().get("H100"), 2, 16)
     assert d.total_kv_blocks == 89_941
@@ -68,14 +70,14 @@ def test_kv_blocks_explicit_beats_catalog():
 
 
 def test_kv_blocks_auto_calculated_without_a_catalog_row_b18b():
-    d = resolve(sc(hardware="A100-SXM", tp=1))
+    d = resolve(sc(hardware="A100-SXM", tp=1, engine=BLIS_KV))
     assert d.total_kv_blocks == 15_909 and "auto-calculated" in "\n".join(d.notes)
-    half = resolve(sc(hardware="A100-SXM", tp=1, engine={"gpu_memory_utilization": 0.5}))
+    half = resolve(sc(hardware="A100-SXM", tp=1, engine={**BLIS_KV, "gpu_memory_utilization": 0.5}))
     assert 0 < half.total_kv_blocks < 15_909
 
 
 def test_kv_auto_calculation_failure_falls_back_with_a_warning(caplog):
-    s = sc(model="meta-llama/llama-3.1-70b", hardware="H100", tp=1)    # 131 GiB of weights on 80 GiB
+    s = sc(model="meta-llama/llama-3.1-70b", hardware="H100", tp=1, engine=BLIS_KV)   # 131 GiB on 80
     with caplog.at_level(logging.WARNING, logger="blis_simpy"):
         d = resolve(s)
     assert d.total_kv_blocks == DEFAULT_TOTAL_KV_BLOCKS
@@ -84,7 +86,7 @@ def test_kv_auto_calculation_failure_falls_back_with_a_warning(caplog):
 
 
 def test_quiet_resolution_logs_nothing(caplog):
-    s = sc(model="meta-llama/llama-3.1-70b", hardware="H100", tp=1)
+    s = sc(model="meta-llama/llama-3.1-70b", hardware="H100", tp=1, engine=BLIS_KV)
     with caplog.at_level(logging.DEBUG, logger="blis_simpy"):
         d = resolve(s, quiet=True)
     assert d.warnings and not caplog.records
@@ -92,8 +94,11 @@ def test_quiet_resolution_logs_nothing(caplog):
 
 def test_blackbox_auto_sizes_kv_only_with_a_model_config():
     coeffs = {"model": "blackbox", "alpha_coeffs": [1.0, 0.0, 0.0], "beta_coeffs": [100.0, 1.0, 1.0]}
-    d = resolve(sc(latency=coeffs, hardware="A100-SXM", tp=1))
+    d = resolve(sc(latency=coeffs, hardware="A100-SXM", tp=1, engine=BLIS_KV))
     assert d.total_kv_blocks == 15_909                     # catalog model + A100 memory
+    d = resolve(sc(latency=coeffs, hardware="A100-SXM", tp=1))
+    a100 = vllm_kv_capacity(builtin_models().get(QWEN), builtin_gpus().get("A100-SXM"))
+    assert d.total_kv_blocks == a100.blocks == 17_376 and d.kv_source == "vllm"    # the default
     d = resolve(sc(model="acme/model", latency=coeffs, hardware="H100", tp=1))
     assert d.total_kv_blocks == DEFAULT_TOTAL_KV_BLOCKS and not d.warnings
     d = resolve(sc(model="acme/model", latency=coeffs))
@@ -198,7 +203,7 @@ workload: {{kind: distribution, num_requests: 5}}
 """)
     d = resolve(load_scenario(str(p)))
     assert d.gpu.name == "LAB-GPU" and d.gpu.bw_peak_tbs == 0.5
-    assert d.total_kv_blocks == kv_capacity_blocks(d.model_config, d.gpu, 1, 16)     # its 96 GiB
+    assert d.total_kv_blocks == vllm_kv_capacity(d.model_config, d.gpu).blocks       # its 96 GiB
     h100 = resolve(sc(hardware="H100")).new_latency_model()
     b = decode_batch()
     # decode is memory bound: 6.7x less bandwidth ⇒ 6.7x slower steps (± truncation)
@@ -206,7 +211,9 @@ workload: {{kind: distribution, num_requests: 5}}
 
 
 def test_hardware_config_json_gpu_is_usable():
-    d = resolve(sc(hardware="TEST-GPU", tp=1, hardware_config=str(DATA / "hardware_config.json")))
+    # 27.5 GiB of Qwen3-14B weights: vllm needs util 0.95 on 32 GiB (at 0.9 it is 0.01 GiB short)
+    d = resolve(sc(hardware="TEST-GPU", tp=1, hardware_config=str(DATA / "hardware_config.json"),
+                   engine={"gpu_memory_utilization": 0.95}))
     assert d.gpu.memory_gib == 32.0 and d.total_kv_blocks > 0
 
 

@@ -21,12 +21,13 @@ from blis_simpy.config.pools import (
 from blis_simpy.config.resolve import resolve
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
-from blis_simpy.kv.capacity import kv_capacity_blocks
+from blis_simpy.kv.vllm_capacity import vllm_kv_capacity
 from blis_simpy.latency import BlackboxModel, RooflineModel
 from tests.conftest import shared_or_skip
 
 QWEN = "qwen/qwen3-14b"
 LLAMA = "meta-llama/llama-3.1-8b-instruct"
+BLIS_KV = {"kv_capacity_model": "blis"}     # BLIS's KV formula (the golden figures of spec/03 §7)
 
 
 def sc(pd: dict | None = None, n: int = 4, **kw) -> Scenario:
@@ -146,8 +147,8 @@ def test_gpu_override_feeds_the_pool_latency_model_hardware():
 
 
 def test_gpu_override_under_checkout_changes_only_the_label_and_the_kv_capacity():
-    plan = resolve_pools(sc(pools({"decode_pool": {"hardware": "A100-80"}, "compat": "checkout"})),
-                         quiet=True)
+    plan = resolve_pools(sc(pools({"decode_pool": {"hardware": "A100-80"}, "compat": "checkout"}),
+                            engine=BLIS_KV), quiet=True)
     dc = plan.deployments["decode"]
     assert dc.hardware == "A100-80"
     assert dc.new_latency_model().gpu.name == "H100"                          # quirk 4 kept
@@ -155,7 +156,7 @@ def test_gpu_override_under_checkout_changes_only_the_label_and_the_kv_capacity(
 
 
 def test_tp_override_auto_calculates_the_pool_kv_blocks():
-    plan = resolve_pools(sc(pools({"prefill_pool": {"tp": 2}})), quiet=True)
+    plan = resolve_pools(sc(pools({"prefill_pool": {"tp": 2}}), engine=BLIS_KV), quiet=True)
     pf = plan.deployments["prefill"]
     assert pf.total_kv_blocks == 89_941                                       # H100 TP 2 golden
     assert pf.max_model_len == 40_960                                         # capacity is larger
@@ -164,9 +165,9 @@ def test_tp_override_auto_calculates_the_pool_kv_blocks():
 
 def test_small_pool_kv_lowers_the_pool_max_model_len():
     gpus = {"SMALL": {"tflops_peak": 500, "bw_peak_tbs": 2, "mfu_prefill": 0.5, "mfu_decode": 0.3,
-                      "memory_gib": 40}}
+                      "memory_gib": 38}}
     plan = resolve_pools(sc(pools({"decode_pool": {"hardware": "SMALL"}}), gpus=gpus), quiet=True)
-    blocks = kv_capacity_blocks(builtin_models().get(QWEN), plan.deployments["decode"].gpu, 1, 16)
+    blocks = vllm_kv_capacity(builtin_models().get(QWEN), plan.deployments["decode"].gpu).blocks
     dc = plan.deployments["decode"]
     assert dc.total_kv_blocks == blocks and blocks * 16 < 40_960
     assert dc.max_model_len == blocks * 16
@@ -189,7 +190,7 @@ def test_given_pool_max_model_len_is_kept_unless_the_analytical_pool_kv_cannot_h
 def test_failed_pool_kv_auto_calculation_warns_and_keeps_the_global_values(logs):
     gpus = {"TINY": {"tflops_peak": 100, "bw_peak_tbs": 1, "mfu_prefill": 0.5, "mfu_decode": 0.3,
                      "memory_gib": 8}}
-    plan = resolve_pools(sc(pools({"prefill_pool": {"hardware": "TINY"}}), gpus=gpus))
+    plan = resolve_pools(sc(pools({"prefill_pool": {"hardware": "TINY"}}), gpus=gpus, engine=BLIS_KV))
     pf = plan.deployments["prefill"]
     assert (pf.total_kv_blocks, pf.max_model_len) == (17_600, 40_960)
     assert pf.new_latency_model().gpu.name == "TINY"

@@ -34,7 +34,9 @@ PENDING = {
 #: B15 (MoE roofline): BLIS evaluates the per-step MoE weight bytes with a batch of 0 tokens,
 #: so expert weights cost nothing (spec/10 C1); ``--latency-compat checkout`` reproduces that
 #: for the comparison, and test_b15_fixed_moe_roofline checks our own (fixed) numbers.
-PARITY_ARGS = {"B15": ["--latency-compat", "checkout"]}
+#: B18b (KV blocks auto-calculated): BLIS's capacity formula (``--kv-capacity-model blis``);
+#: our default is vLLM's own per-GPU rule (docs/kv-capacity.md).
+PARITY_ARGS = {"B15": ["--latency-compat", "checkout"], "B18b": ["--kv-capacity-model", "blis"]}
 
 
 def _cases() -> list[Path]:

@@ -276,7 +276,8 @@ def test_render_json_document():
     report = _full_report()
     doc = json.loads(render_json(report))
     assert list(doc) == ["command", "num_instances", "cluster", "instances", "anomaly_counters",
-                         "kv_cache", "per_slo", "per_model", "fitness", "pd", "trace_summary"]
+                         "kv_cache", "per_slo", "per_model", "fitness", "pd", "trace_summary",
+                         "total_kv_blocks", "kv_capacity"]
     assert doc["command"] == "run" and doc["num_instances"] == 2
     assert doc["cluster"]["instance_id"] == "cluster" and doc["cluster"]["completed_requests"] == 2
     assert [b["instance_id"] for b in doc["instances"]] == ["instance_0", "instance_1"]
