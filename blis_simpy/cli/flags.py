@@ -172,7 +172,7 @@ FLAGS: tuple[Flag, ...] = (
     # (1) log level, model, backend name
     F("--log", text, None, None, "log level: trace|debug|info|warn|error|fatal|panic (default warn)", panel=OUTPUT),
     F("--model", lowered, "model", None, "model ID (lower-cased)"),
-    F("--latency-model", text, "latency.model", registered("latency"), "latency backend (BLIS default roofline; blackbox when both coefficient flags are given)"),
+    F("--latency-model", text, "latency.model", registered("latency"), "latency backend: physics (default), trained-physics, roofline, crossmodel, trained-roofline, blackbox (the default when both coefficient flags are given)"),
     # (2) coefficients
     F("--alpha-coeffs", numbers, "latency.alpha_coeffs", each_non_negative, "alpha0,alpha1,alpha2 (µs): queueing and output-token overheads"),
     F("--beta-coeffs", numbers, "latency.beta_coeffs", each_non_negative, "beta0,beta1,beta2 (µs): step time per step / prefill token / decode token"),
@@ -186,6 +186,8 @@ FLAGS: tuple[Flag, ...] = (
     F("--model-config-folder", text, "model_config_folder", None, "folder with a HuggingFace config.json for --model (default: the built-in model catalog; never downloaded)"),
     F("--hardware-config", text, "hardware_config", None, "BLIS hardware_config.json: GPUs added to the built-in catalog"),
     F("--defaults-filepath", text, "defaults_filepath", None, "BLIS defaults.yaml: its model defaults and coefficients override the built-in catalog (read in memory)"),
+    F("--physics-coeffs", text, "latency.coefficients_file", None, "physics backend coefficient set (YAML file; default: the GPU's built-in set, else the physical default)"),
+    F("--kv-cache-dtype", text, "engine.kv_cache_dtype", one_of("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"), "KV cache element type (default auto = the model dtype)"),
     F("--latency-compat", text, "latency.compat", one_of("fixed", "checkout"), "fixed (default) or checkout: BLIS 89bece82 parity for MoE latency (roofline expert weights at batch 0; MoE if experts > 0), spec/10 A7, C1"),
     # (6) context cap and workload
     F("--max-model-len", integer, "engine.max_model_len", non_negative, "context cap in tokens; 0 = unlimited (default 0)"),

@@ -49,6 +49,8 @@ class GPUEntry(Strict):
     p2p: bool | None = Field(None, description="direct GPU peer-to-peer access")
     collective_latency_us: NonNegFloat | None = Field(
         None, description="fixed cost of one collective, µs")
+    bw_sustained_tbs: NonNegFloat | None = Field(
+        None, description="measured sustained memory bandwidth, TB/s (0 = unknown: physics uses the peak)")
 
     @field_validator("interconnect")
     @classmethod
@@ -61,11 +63,15 @@ class GPUEntry(Strict):
 class LatencyConfig(Strict):
     """Which latency backend times the steps, and its coefficients (spec/04)."""
 
-    model: str = Field("blackbox", description="blackbox | roofline | crossmodel | trained-roofline")
+    model: str = Field("blackbox", description="blackbox | physics | trained-physics | roofline | "
+                                                "crossmodel | trained-roofline")
     alpha_coeffs: list[NonNegFloat] | None = Field(
         None, description="alpha0 (µs), alpha1 (µs/input token), alpha2 (µs/output token)")
     beta_coeffs: list[NonNegFloat] | None = Field(
         None, description="beta0 (µs/step), beta1 (µs/prefill token), beta2 (µs/decode token), ...")
+    coefficients_file: str = Field(
+        "", description="physics coefficient set (YAML); default: the built-in set of the GPU, "
+                        "else the physical default set")
     compat: Literal["fixed", "checkout"] = Field(
         "fixed", description="checkout = BLIS 89bece82 parity: roofline MoE weights at batch 0, "
                              "MoE threshold E > 0 (spec/10 A7, C1)")
@@ -83,6 +89,9 @@ class EngineConfig(Strict):
     max_model_len: NonNegInt = Field(0, description="context cap in tokens; 0 = unlimited")
     scheduler: str = Field("fcfs", description="fcfs | priority-fcfs | sjf | reverse-priority")
     priority_policy: str = Field("constant", description="constant | slo-based | inverted-slo")
+    kv_cache_dtype: Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="KV cache element type (vLLM --kv-cache-dtype); auto = the model dtype. "
+                            "Read by the physics backend and the vllm KV capacity model")
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = Field(
         0.9, description="fraction of GPU memory vLLM may use (KV auto-sizing only)")
     kv_capacity_model: Literal["vllm", "blis"] = Field(

@@ -82,9 +82,10 @@ def test_run_qwen3_14b_on_h100_offline_with_no_files(cli, offline):
     assert list(Path.cwd().iterdir()) == []                                  # nothing written or cached
 
 
-def test_run_resolves_roofline_by_default(cli, offline):
+def test_run_resolves_physics_by_default(cli, offline):
+    """Flag-only runs without coefficients use the physics backend (BLIS 89bece82: roofline)."""
     res = _ok(cli("run", "--model", "qwen/qwen3-14b", "--num-requests", "3", "--log", "info"))
-    assert "roofline" in res.stdout and "hardware H100: default" in res.stderr
+    assert "physics" in res.stdout and "hardware H100: default" in res.stderr
 
 
 @pytest.mark.parametrize("args, flag, words", [

@@ -120,9 +120,9 @@ def test_model_is_required_without_a_scenario(cli):
 
 
 def test_default_backend_error_names_the_flag(cli):
-    # BLIS's default backend (roofline) needs a GPU; an unknown model has no default one
+    # the default backend (physics) needs a GPU; an unknown model has no default one
     line = _assert_one_line_error(cli("run", "--model", "m", "--num-requests", "3"))
-    assert line.startswith("error: --hardware: ") and "roofline" in line and "H100" in line
+    assert line.startswith("error: --hardware: ") and "physics" in line and "H100" in line
 
 
 def test_unknown_flag_is_a_usage_error(cli, small_scenario):
