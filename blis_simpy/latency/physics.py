@@ -166,13 +166,7 @@ class PhysicsModel(LatencyModel, name="physics"):
         tokens the MoE layers see (default: this batch's tokens x DP, as if every rank were
         equally busy)."""
         s, r, c = self.shape, self.rates, self.coeffs
-        pf_tokens = pf_ctx = 0
-        pairs = 0.0
-        for req in batch.prefill:
-            t = req.num_new_tokens
-            pf_tokens += t
-            pf_ctx += req.pi
-            pairs += P.attention_pairs(req.pi, t)
+        pf_tokens, pf_ctx, pairs = _prefill_sums(batch)
         n_pf = len(batch.prefill)
         n_dc = batch.decode_count
         ctx = batch.decode_pi_sum
@@ -211,13 +205,7 @@ class PhysicsModel(LatencyModel, name="physics"):
         if self.is_moe or self.tp > 1:
             return _clamp(self.combine(self.terms(batch)))
         # dense, TP 1: the same arithmetic with the per-unit constants (O(prefill requests))
-        pf_tokens = pf_ctx = 0
-        pairs = 0.0
-        for req in batch.prefill:
-            t = req.num_new_tokens
-            pf_tokens += t
-            pf_ctx += req.pi
-            pairs += t * req.pi + t * (t + 1) / 2.0
+        pf_tokens, pf_ctx, pairs = _prefill_sums(batch)
         n_dc = batch.decode_count
         ctx = batch.decode_pi_sum
         pairs += ctx + n_dc
@@ -254,6 +242,18 @@ class PhysicsModel(LatencyModel, name="physics"):
         v = BatchView(decode_count=batch_size, decode_tokens=batch_size,
                       decode_pi_sum=batch_size * context_tokens, size=batch_size)
         return self.step_time(v)
+
+
+def _prefill_sums(batch: BatchView) -> tuple[int, int, float]:
+    """Chunk tokens, cached context and causal (query, key) pairs of the prefill requests."""
+    tokens = ctx = 0
+    pairs = 0.0
+    for req in batch.prefill:
+        t = req.num_new_tokens
+        tokens += t
+        ctx += req.pi
+        pairs += P.attention_pairs(req.pi, t)
+    return tokens, ctx, pairs
 
 
 def _clamp(step_us: float) -> int:
