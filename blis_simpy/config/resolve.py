@@ -43,6 +43,7 @@ from blis_simpy.catalog.types import GPUSpec, ModelConfig
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.cache import KVCache
+from blis_simpy.kv.sizing import KV_DTYPE_BYTES
 from blis_simpy.kv.vllm_capacity import KVCapacity
 from blis_simpy.latency.base import LatencyModel
 
@@ -52,15 +53,13 @@ DEFAULT_TOTAL_KV_BLOCKS = 1_000_000
 ANALYTICAL = ("physics", "trained-physics", "roofline", "crossmodel", "trained-roofline")
 #: backends timed by coefficient-set files or fixed formulas: no --alpha/--beta coefficients
 NO_COEFFICIENTS = ("roofline", "physics")
-#: KV element bytes of ``engine.kv_cache_dtype`` (``auto`` = the model dtype)
-KV_DTYPE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0}
 
 
 def backend_options(s: Scenario) -> dict:
     """Deployment facts the parallelism-aware backends take (ignored by BLIS's backends)."""
     return {"dp": s.dp, "expert_parallel": s.enable_expert_parallel,
             "coefficients_file": s.latency.coefficients_file,
-            "kv_bytes_per_element": KV_DTYPE_BYTES.get(s.engine.kv_cache_dtype, 0.0)}
+            "kv_bytes_per_element": KV_DTYPE_BYTES.get(s.engine.kv_cache_dtype) or 0.0}
 
 
 @dataclass
@@ -261,7 +260,7 @@ def auto_kv_capacity(r: Resolution, model_cfg: ModelConfig, gpu: GPUSpec, tp: in
                           block_size=eng.block_size, gpu_memory_utilization=eng.gpu_memory_utilization,
                           max_num_batched_tokens=eng.max_num_scheduled_tokens,
                           max_num_seqs=eng.max_num_running_reqs,
-                          kv_cache_dtype=getattr(eng, "kv_cache_dtype", "auto"))
+                          kv_cache_dtype=eng.kv_cache_dtype)
     except KVCapacityError as exc:
         if name == "vllm":
             raise ConfigError(f"KV capacity: {exc}", field=field) from None

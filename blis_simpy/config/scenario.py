@@ -21,6 +21,9 @@ NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(gt=0)]
+#: data-parallel ranks per engine: every rank is a simulated engine core, so untrusted input
+#: must not be able to ask for millions of them
+MAX_DP = 1024
 
 
 class Strict(BaseModel):
@@ -269,8 +272,9 @@ class Scenario(Strict):
     model: str = Field("", description="model ID, lower-cased for every lookup")
     hardware: str = ""
     tp: NonNegInt = 0
-    dp: PosInt = Field(1, description="data-parallel ranks per engine instance (vLLM --data-parallel-size); "
-                                       "each rank has its own scheduler, limits and KV pool")
+    dp: Annotated[int, Field(gt=0, le=MAX_DP)] = Field(
+        1, description="data-parallel ranks per engine instance (vLLM --data-parallel-size), at most "
+                       "1024; each rank has its own scheduler, limits and KV pool")
     enable_expert_parallel: bool = Field(
         False, description="shard MoE experts over the TP x DP ranks (vLLM --enable-expert-parallel)")
     vllm_version: str = ""

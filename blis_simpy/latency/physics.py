@@ -202,9 +202,9 @@ class PhysicsModel(LatencyModel, name="physics"):
     def step_time(self, batch: BatchView) -> int:
         if batch.size == 0 and not batch.prefill and batch.decode_count == 0:
             return 1
-        if self.is_moe or self.tp > 1:
+        if self.is_moe:
             return _clamp(self.combine(self.terms(batch)))
-        # dense, TP 1: the same arithmetic with the per-unit constants (O(prefill requests))
+        # dense: the same arithmetic with the per-unit constants (O(prefill requests))
         pf_tokens, pf_ctx, pairs = _prefill_sums(batch)
         n_dc = batch.decode_count
         ctx = batch.decode_pi_sum
@@ -215,6 +215,8 @@ class PhysicsModel(LatencyModel, name="physics"):
         attn = self._attn_pair * pairs
         step = ((compute if compute > weights else weights) + (attn if attn > kv else kv)
                 + self._sample_row * batch.size + self._fixed + self._per_req * batch.size)
+        if self.tp > 1:
+            step += self.coeffs.tp_allreduce * P.tp_allreduce_us(self.shape, self.rates, pf_tokens + n_dc)
         return _clamp(step)
 
     def lockstep_step_time(self, views: list[BatchView]) -> int:

@@ -161,10 +161,11 @@ def test_coefficients_scale_their_term():
     assert base.terms(v)["weight_reads"] == 2 * half.terms(v)["weight_reads"]
 
 
-def test_fast_path_equals_the_terms_on_random_batches():
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_fast_path_equals_the_terms_on_random_batches(tp):
     import random
     rnd = random.Random(7)
-    m = PhysicsModel(builtin_models().get("meta-llama/llama-3.1-8b-instruct"), builtin_gpus().get("H100"), 1)
+    m = PhysicsModel(builtin_models().get("meta-llama/llama-3.1-8b-instruct"), builtin_gpus().get("H100"), tp)
     for _ in range(200):
         batch = [req(rnd.randrange(0, 3000), rnd.randrange(1, 2048), n_in=5000) for _ in range(rnd.randrange(0, 3))]
         batch += [req(rnd.randrange(10, 8000), 1, n_in=5) for _ in range(rnd.randrange(0, 200))]
