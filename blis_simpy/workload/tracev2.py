@@ -374,8 +374,15 @@ def write_trace(prefix_path: str | os.PathLike, header: TraceHeader | None,
     failure never leaves a half-written file. Errors are ConfigErrors naming the file.
     """
     prefix = Path(prefix_path)
-    yaml_path = prefix.with_name(prefix.name + ".yaml")
-    csv_path = prefix.with_name(prefix.name + ".csv")
+    return write_trace_files(prefix.with_name(prefix.name + ".yaml"),
+                             prefix.with_name(prefix.name + ".csv"), header, records)
+
+
+def write_trace_files(header_path: str | os.PathLike, data_path: str | os.PathLike,
+                      header: TraceHeader | None, records: Iterable[TraceRecord]) -> tuple[Path, Path]:
+    """:func:`write_trace` to two explicit paths (``--trace-header`` / ``--trace-data`` of
+    ``observe``): the same content, temporary files and all-or-nothing renames."""
+    yaml_path, csv_path = Path(header_path), Path(data_path)
     if header is None:
         header = TraceHeader(trace_version=2)
     body = ",".join(TRACE_COLUMNS) + "\n" + "".join(map(record_to_csv_line, records))
