@@ -21,12 +21,8 @@ docs/accuracy.md describes the method of every figure.
 from __future__ import annotations
 
 import argparse
-import csv
-import hashlib
 import json
 import math
-import os
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,6 +32,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from blis_simpy.errors import BlisError, ConfigError  # noqa: E402
 from blis_simpy.metrics.percentile import mean, percentile  # noqa: E402
+from blis_simpy.observed.run import ObservedRun, RealRequest, Settings, Tick  # noqa: E402, F401
+from blis_simpy.observed.vllm_log import (  # noqa: E402, F401
+    engine_settings,
+    find_gpu,
+    find_model,
+    load_vllm_log,
+    read_jsonl,
+    read_meta,
+    read_ticks,
+    real_requests,
+    workload_path,
+)
 
 #: backends tried first, in this order, when registered; then every other analytical one
 PREFERRED = ("physics", "trained-physics", "roofline", "trained-roofline", "crossmodel")
@@ -45,288 +53,14 @@ METRICS = ("ttft", "tpot", "e2e")
 
 
 # ============================================================================ loading
-@dataclass(frozen=True)
-class RealRequest:
-    """One measured request. ``arrival_us``: its ``queued_ts`` minus the earliest one (µs);
-    latencies in ms (``tpot_ms`` is None for a single output token)."""
-
-    id: str
-    arrival_us: int
-    input_toks: int
-    output_toks: int
-    first_token_s: float     # monotonic clock of the log, s
-    last_token_s: float
-    ttft_ms: float
-    e2e_ms: float
-    tpot_ms: float | None
-
-
-@dataclass(frozen=True)
-class Tick:
-    """One row of timeseries.csv: throughputs in tokens/s over the tick, gauges at its end."""
-
-    t_s: float
-    prompt_tps: float
-    gen_tps: float
-    running: int
-    waiting: int
-
-
-@dataclass
-class Settings:
-    """The engine settings of a run, as the simulator takes them; ``*_from`` say where each
-    value came from."""
-
-    model: str
-    model_from: str
-    hardware: str
-    hardware_from: str
-    tp: int
-    dp: int
-    expert_parallel: bool
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int            # 0 = the model's own
-    block_size: int
-    kv_blocks: int | None         # None = the simulator's capacity model
-    gpu_memory_utilization: float
-    prefix_caching: bool
-    seed: int
-
-
-@dataclass
-class Run:
-    name: str
-    settings: Settings
-    requests: list[RealRequest]
-    prompts: list[list[int]]      # token IDs, same order as requests
-    outputs: list[list[int]]
-    ticks: list[Tick]
-    q0_s: float                   # earliest queued_ts of the log, s
-    notes: list[str] = field(default_factory=list)
-
-
-def _number(v, *, integer: bool = False) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    if integer:
-        return isinstance(v, int) or (float(v).is_integer() and math.isfinite(v))
-    return math.isfinite(v)
-
-
-def read_jsonl(path: Path, numbers: tuple[str, ...] = (), integers: tuple[str, ...] = (),
-               id_lists: tuple[str, ...] = ()) -> list[dict]:
-    """The rows of a JSONL file; each named key must be present with the right type."""
-    if not path.is_file():
-        raise ConfigError("missing file", file=str(path))
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for ln, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"not JSON: {exc.msg}", file=str(path), line=ln) from None
-            if not isinstance(row, dict):
-                raise ConfigError("not a JSON object", file=str(path), line=ln)
-            for key in numbers + integers:
-                if not _number(row.get(key), integer=key in integers):
-                    kind = "an integer" if key in integers else "a finite number"
-                    raise ConfigError(f"missing or not {kind}", file=str(path), line=ln, field=key)
-            for key in id_lists:
-                ids = row.get(key)
-                if not isinstance(ids, list) or not all(type(x) is int and x >= 0 for x in ids):
-                    raise ConfigError("missing or not a list of token IDs (integers >= 0)",
-                                      file=str(path), line=ln, field=key)
-            rows.append(row)
-    if not rows:
-        raise ConfigError("no rows", file=str(path))
-    return rows
-
-
-def read_meta(path: Path) -> dict:
-    if not path.is_file():
-        raise ConfigError("missing file", file=str(path))
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"not JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("engine_kwargs"), dict):
-        raise ConfigError("no engine_kwargs object", file=str(path), field="engine_kwargs")
-    return meta
-
-
-def read_ticks(path: Path) -> list[Tick]:
-    """timeseries.csv: ``t,prompt_throughput,gen_throughput,running,waiting,...``."""
-    if not path.is_file():
-        raise ConfigError("missing file", file=str(path))
-    need = ("t", "prompt_throughput", "gen_throughput", "running", "waiting")
-    ticks = []
-    with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in need if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ConfigError(f"missing column(s) {', '.join(missing)}", file=str(path), line=1)
-        for ln, row in enumerate(reader, 2):
-            try:
-                vals = [float(row[c]) for c in need]
-            except (TypeError, ValueError):
-                raise ConfigError("not a number in a needed column", file=str(path), line=ln) from None
-            if not all(math.isfinite(v) and v >= 0 for v in vals) or not all(
-                    v.is_integer() for v in vals[3:]):
-                raise ConfigError("values must be finite, >= 0, gauges integers", file=str(path), line=ln)
-            ticks.append(Tick(vals[0], vals[1], vals[2], int(vals[3]), int(vals[4])))
-    if not ticks:
-        raise ConfigError("no rows", file=str(path))
-    return ticks
-
-
-def real_requests(rows: list[dict], *, file: str = "requests.jsonl") -> list[RealRequest]:
-    """Per-request latencies of the log: TTFT = first_token_ts − queued_ts, E2E =
-    last_token_ts − queued_ts, TPOT = (last − first)/(output_toks − 1); arrival = queued_ts
-    minus the earliest queued_ts, rounded to integer µs."""
-    q0 = min(float(r["queued_ts"]) for r in rows)
-    out = []
-    for ln, r in enumerate(rows, 1):
-        q, first, last = float(r["queued_ts"]), float(r["first_token_ts"]), float(r["last_token_ts"])
-        n_out = int(r["output_toks"])
-        if not q <= first <= last or n_out < 1 or int(r["input_toks"]) < 1:
-            raise ConfigError("needs queued_ts <= first_token_ts <= last_token_ts and at least one "
-                              "input and one output token", file=file, line=ln)
-        out.append(RealRequest(
-            id=str(r.get("request_id", f"bench-{ln - 1}")), arrival_us=round((q - q0) * 1e6),
-            input_toks=int(r["input_toks"]), output_toks=n_out, first_token_s=first,
-            last_token_s=last, ttft_ms=(first - q) * 1000.0, e2e_ms=(last - q) * 1000.0,
-            tpot_ms=(last - first) * 1000.0 / (n_out - 1) if n_out > 1 else None))
-    return out
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", name.lower().replace("nvidia", "").replace("geforce", ""))
-
-
-def find_gpu(meta: dict, run_name: str) -> tuple[str, str]:
-    """The catalog GPU of a run: meta.json ``hardware.device_name`` (longest catalog name or
-    alias it starts with), else the longest catalog name or alias in the run folder's name."""
-    from blis_simpy.catalog.hardware import builtin_gpus
-    names = {}
-    for key, e in builtin_gpus().entries.items():
-        for n in (key, *e.aliases):
-            names[_norm(n)] = key
-    dev = (meta.get("hardware") or {}).get("device_name")
-    if isinstance(dev, str) and dev:
-        hits = [n for n in names if n and _norm(dev).startswith(n)]
-        if hits:
-            return names[max(hits, key=len)], f"meta.json hardware.device_name {dev!r}"
-        raise ConfigError(f"device {dev!r} is not in the GPU catalog", field="hardware.device_name")
-    hits = [n for n in names if n and n in _norm(run_name)]
-    if not hits:
-        raise ConfigError(f"run {run_name}: meta.json has no hardware.device_name and the folder name "
-                          "names no catalog GPU", field="hardware")
-    return names[max(hits, key=len)], "run folder name (meta.json has no hardware record)"
-
-
-def find_model(name: str) -> tuple[str, str]:
-    """The catalog model: the run's own name, else its ``-instruct`` variant (same shape)."""
-    from blis_simpy.catalog.models import builtin_models
-    cat = builtin_models()
-    m = name.lower()
-    if cat.find(m) is not None:
-        return m, "meta.json model"
-    if cat.find(m + "-instruct") is not None:
-        return m + "-instruct", f"{m} is not in the model catalog; its -instruct variant has the same shape"
-    raise ConfigError(f"model {m!r} (nor {m}-instruct) is not in the model catalog", field="model")
-
-
-def engine_settings(meta: dict, run_name: str, path: Path) -> Settings:
-    kw = meta["engine_kwargs"]
-    kv = meta.get("kv_cache") or {}
-
-    def need_int(key: str, default=None, positive=True) -> int:
-        v = kw.get(key, default)
-        if v is None or not _number(v, integer=True) or (positive and v < 1):
-            raise ConfigError("missing or not a positive integer", file=str(path), field=f"engine_kwargs.{key}")
-        return int(v)
-
-    model, model_from = find_model(str(meta.get("model") or kw.get("model") or ""))
-    hw, hw_from = find_gpu(meta, run_name)
-    mml = kw.get("max_model_len")
-    blocks = kv.get("num_gpu_blocks")
-    return Settings(
-        model=model, model_from=model_from, hardware=hw, hardware_from=hw_from,
-        tp=need_int("tensor_parallel_size", 1), dp=need_int("data_parallel_size", 1),
-        expert_parallel=bool(kw.get("enable_expert_parallel", False)),
-        max_num_seqs=need_int("max_num_seqs"), max_num_batched_tokens=need_int("max_num_batched_tokens"),
-        max_model_len=need_int("max_model_len") if mml is not None else 0,
-        block_size=int(kv.get("block_size") or 16),
-        kv_blocks=int(blocks) if _number(blocks, integer=True) and blocks > 0 else None,
-        gpu_memory_utilization=float(kv.get("gpu_memory_utilization") or 0.9),
-        prefix_caching=bool(kv.get("enable_prefix_caching", True)),
-        seed=int(kw.get("seed") or 0))
-
-
-def workload_path(data: Path, meta: dict) -> Path:
-    """The workload file named by meta.json ``dataset_path``: ``DIR/<name>`` or
-    ``DIR/workload-<name>``; checked against ``dataset_hash`` (SHA-256) when recorded."""
-    name = os.path.basename(str(meta.get("dataset_path") or ""))
-    if not name:
-        raise ConfigError("meta.json has no dataset_path", field="dataset_path")
-    for cand in (data / name, data / f"workload-{name}"):
-        if cand.is_file():
-            want = meta.get("dataset_hash")
-            if isinstance(want, str) and want:
-                got = hashlib.sha256(cand.read_bytes()).hexdigest()
-                if got != want:
-                    raise ConfigError(f"SHA-256 {got} is not the run's dataset_hash {want}", file=str(cand))
-            return cand
-    raise ConfigError(f"missing file: workload {name} (looked for {name} and workload-{name})",
-                      file=str(data))
-
-
-_workloads: dict[Path, list[dict]] = {}
+# The reading of a run folder lives in the package (blis_simpy.observed.vllm_log); this
+# script only adds the folder-of-runs layout and the comparison.
+Run = ObservedRun
 
 
 def load_run(data: Path, name: str) -> Run:
-    """Read and check one run folder and its workload."""
-    folder = data / name
-    meta = read_meta(folder / "meta.json")
-    st = engine_settings(meta, name, folder / "meta.json")
-    wpath = workload_path(data, meta)
-    if wpath not in _workloads:
-        _workloads[wpath] = read_jsonl(wpath, integers=("input_toks", "output_toks"),
-                                       id_lists=("input_tok_ids",))
-    work = _workloads[wpath]
-    rpath = folder / "requests.jsonl"
-    rows = read_jsonl(rpath, numbers=("queued_ts", "first_token_ts", "last_token_ts"),
-                      integers=("input_toks", "output_toks"))
-    reqs = real_requests(rows, file=str(rpath))
-    prompts, outputs, notes = [], [], []
-    synth = 0
-    from blis_simpy.rng import numpy_rng
-    from blis_simpy.workload.replay import VOCAB_SIZE
-    rng = numpy_rng(st.seed)
-    for ln, r in enumerate(reqs, 1):
-        m = re.fullmatch(r"[A-Za-z_-]*?(\d+)", r.id)
-        i = int(m.group(1)) if m else ln - 1
-        if i >= len(work):
-            raise ConfigError(f"request {r.id} has no workload line {i + 1}", file=str(rpath), line=ln)
-        w = work[i]
-        if (w["input_toks"], w["output_toks"]) != (r.input_toks, r.output_toks) or \
-                len(w["input_tok_ids"]) != r.input_toks:
-            raise ConfigError(f"token counts differ from workload line {i + 1}", file=str(rpath), line=ln)
-        prompts.append(w["input_tok_ids"])
-        outs = w.get("output_tok_ids")
-        if isinstance(outs, list) and len(outs) == r.output_toks:
-            outputs.append(outs)
-        else:
-            synth += 1
-            outputs.append(rng.integers(0, VOCAB_SIZE, size=r.output_toks).tolist())
-    if synth:
-        notes.append(f"{synth} requests have no output token IDs: drawn uniformly (seed {st.seed})")
-    ticks = read_ticks(folder / "timeseries.csv")
-    q0 = min(float(r["queued_ts"]) for r in rows)
-    return Run(name, st, reqs, prompts, outputs, ticks, q0, notes)
+    """Read and check one run folder of ``data`` and its workload (timeseries required)."""
+    return load_vllm_log(data / name, require_ticks=True)
 
 
 def run_names(data: Path) -> list[str]:

@@ -13,6 +13,14 @@ Generator seeded directly from ``--seed`` (not a partitioned stream, spec/01 §5
 
 Every request whose group has a prefix gets it prepended. IDs are uniform in [0, 128000).
 Requests are named ``request_<request_id>`` and returned stably sorted by arrival (µs).
+
+A record that carries real prompt IDs (the ``input_token_ids`` column, docs/workloads.md)
+replays with exactly those IDs as its whole prompt (prefix included), so prompts that share
+real tokens share them in the replay. The draws above are made all the same — such a record
+simply does not use its group prefix or its suffix draw — so the random IDs of every other
+record (and every output) do not depend on which rows carry IDs: a trace without IDs
+replays bit-identically to BLIS's order, and giving some rows their IDs changes nothing
+for the others.
 """
 
 from __future__ import annotations
@@ -62,8 +70,11 @@ def trace_requests(records: Sequence[TraceRecord], seed: int) -> list[Request]:
         for r in block:
             mid = pos + r.input_tokens
             end = mid + r.output_tokens
-            prefix = prefixes.get(r.prefix_group) if r.prefix_group else None
-            inp = ids[pos:mid] if prefix is None else concat((prefix, ids[pos:mid]))
+            if r.input_token_ids is not None:       # real prompt: the draws go unused
+                inp = r.input_token_ids
+            else:
+                prefix = prefixes.get(r.prefix_group) if r.prefix_group else None
+                inp = ids[pos:mid] if prefix is None else concat((prefix, ids[pos:mid]))
             pos = end
             reqs.append(Request(
                 f"request_{r.request_id}", r.arrival_time_us, inp, ids[mid:end],

@@ -8,6 +8,12 @@ float text) and goes through temporary files renamed into place.
 
 Units: every ``*_us`` column is an integer number of microseconds; token columns are token
 counts; ``reason_ratio`` is a fraction in [0, 1].
+
+Our one extension (docs/workloads.md): an optional 28th column ``input_token_ids`` — the
+request's full prompt token IDs (prefix included), space-separated decimal integers, empty
+when unknown. It is read when the header row names it and written only when at least one
+record carries IDs, so a trace without IDs is byte-identical to BLIS's export, and BLIS's
+reader (which tolerates extra columns) still reads ours.
 """
 
 from __future__ import annotations
@@ -37,6 +43,12 @@ TRACE_COLUMNS: tuple[str, ...] = (
     "finish_reason",
 )
 NUM_COLUMNS = len(TRACE_COLUMNS)
+#: the optional 28th column (our extension): full prompt token IDs, space-separated
+TOKEN_IDS_COLUMN = "input_token_ids"
+#: cap on the token IDs one CSV file may carry (all rows together)
+MAX_TOKEN_IDS_PER_FILE = 10_000_000
+_MAX_FIELD_CHARS = 12 * MAX_TOKEN_IDS_PER_FILE   # csv field-size limit while reading
+_MAX_TOKEN_ID = (1 << 31) - 1                     # IDs are kept as int32
 
 # ---------------------------------------------------------------------------------- header
 
@@ -84,7 +96,9 @@ class TraceHeader(_Strict):
 
 @dataclass(slots=True)
 class TraceRecord:
-    """One CSV row. Field names and order are the 27 TraceV2 columns."""
+    """One CSV row. The first 27 fields are the TraceV2 columns, in order; the last,
+    ``input_token_ids``, is the optional extension column (an int32 array of the full
+    prompt, prefix included, or None when unknown)."""
 
     request_id: int = 0
     client_id: str = ""
@@ -113,9 +127,12 @@ class TraceRecord:
     status: str = "ok"
     error_message: str = ""
     finish_reason: str = ""
+    # not part of ==: compare arrays with np.array_equal
+    input_token_ids: np.ndarray | None = field(default=None, compare=False)
 
 
-assert tuple(f.name for f in fields(TraceRecord)) == TRACE_COLUMNS
+assert tuple(f.name for f in fields(TraceRecord))[:NUM_COLUMNS] == TRACE_COLUMNS
+assert fields(TraceRecord)[NUM_COLUMNS].name == TOKEN_IDS_COLUMN
 
 
 @dataclass
@@ -205,7 +222,35 @@ def _parse_row(p: _RowParser) -> TraceRecord:
     return rec
 
 
-def _check_header_row(row: list[str], path: str) -> None:
+_NOT_ID_CHARS = str.maketrans("", "", "0123456789 ")
+
+
+def _parse_token_ids(p: _RowParser, rec: TraceRecord) -> np.ndarray | None:
+    """The ``input_token_ids`` cell: None when empty, else an int32 array whose length must
+    be ``prefix_length + input_tokens``; IDs are decimal integers in [0, 2^31)."""
+    s = p.row[NUM_COLUMNS]
+    if s == "":
+        return None
+    if s.translate(_NOT_ID_CHARS) or s[0] == " " or s[-1] == " " or "  " in s:
+        for k, tok in enumerate(s.split(" "), 1):
+            if not (tok.isascii() and tok.isdigit()):
+                if _INT_RE.match(tok) and int(tok) < 0:
+                    raise p.err(TOKEN_IDS_COLUMN, f"token ID {k} is {tok}: must be >= 0")
+                raise p.err(TOKEN_IDS_COLUMN, f"token ID {k} is {tok!r}: expected decimal integers "
+                                              "separated by single spaces")
+    ids = np.fromstring(s, dtype=np.int64, sep=" ")
+    if ids.size and int(ids.max()) > _MAX_TOKEN_ID:
+        k = int(np.argmax(ids > _MAX_TOKEN_ID)) + 1
+        raise p.err(TOKEN_IDS_COLUMN, f"token ID {k} is larger than {_MAX_TOKEN_ID}")
+    want = rec.prefix_length + rec.input_tokens
+    if ids.size != want:
+        raise p.err(TOKEN_IDS_COLUMN, f"{ids.size} token IDs, expected prefix_length + input_tokens "
+                                      f"= {rec.prefix_length} + {rec.input_tokens} = {want}")
+    return ids.astype(np.int32)
+
+
+def _check_header_row(row: list[str], path: str) -> bool:
+    """Check the 27 column names; True when the 28th is ``input_token_ids``."""
     if len(row) < NUM_COLUMNS:
         raise ConfigError(f"missing from the header row ({len(row)} columns, expected {NUM_COLUMNS})",
                           file=path, line=1, field=TRACE_COLUMNS[len(row)])
@@ -214,25 +259,32 @@ def _check_header_row(row: list[str], path: str) -> None:
         if got != name:
             raise ConfigError(f"header column {j + 1} is {got!r}, expected {name!r}",
                               file=path, line=1, field=name)
+    return len(row) > NUM_COLUMNS and row[NUM_COLUMNS].strip() == TOKEN_IDS_COLUMN
 
 
 def read_trace_records(path: str | os.PathLike) -> list[TraceRecord]:
-    """Parse and validate a TraceV2 CSV (header row + one row per request, file order)."""
+    """Parse and validate a TraceV2 CSV (header row + one row per request, file order).
+
+    When the header row's 28th column is ``input_token_ids``, each row's IDs are read into
+    ``TraceRecord.input_token_ids`` (at most :data:`MAX_TOKEN_IDS_PER_FILE` per file)."""
     path = str(path)
     p = _RowParser(path)
     records: list[TraceRecord] = []
     seen_ids: dict[int, int] = {}
     line = 0
+    n_ids = 0
+    old_limit = csv.field_size_limit()
     try:
+        csv.field_size_limit(max(old_limit, _MAX_FIELD_CHARS))   # one row may hold many IDs
         with open(path, encoding="utf-8-sig", newline="") as f:
             reader = csv.reader(f, strict=True)
-            header_seen = False
+            header_seen = has_ids = False
             for row in reader:
                 start, line = line + 1, reader.line_num
                 if not row:
                     continue  # blank line (Go's csv reader skips them too)
                 if not header_seen:
-                    _check_header_row(row, path)
+                    has_ids = _check_header_row(row, path)
                     header_seen = True
                     continue
                 p.line = start
@@ -241,6 +293,12 @@ def read_trace_records(path: str | os.PathLike) -> list[TraceRecord]:
                                       file=path, line=start, field=TRACE_COLUMNS[len(row)])
                 p.row = row
                 rec = _parse_row(p)
+                if has_ids and len(row) > NUM_COLUMNS:
+                    n_ids += row[NUM_COLUMNS].count(" ") + 1
+                    if n_ids > MAX_TOKEN_IDS_PER_FILE:
+                        raise p.err(TOKEN_IDS_COLUMN, f"more than {MAX_TOKEN_IDS_PER_FILE} token IDs "
+                                                      "in the file")
+                    rec.input_token_ids = _parse_token_ids(p, rec)
                 first = seen_ids.setdefault(rec.request_id, start)
                 if first != start:
                     raise p.err("request_id", f"duplicate request_id {rec.request_id} "
@@ -258,6 +316,8 @@ def read_trace_records(path: str | os.PathLike) -> list[TraceRecord]:
         raise ConfigError(f"not valid UTF-8 ({e.reason})", file=path, line=line + 1) from None
     except OSError as e:
         raise ConfigError(f"cannot read file: {e.strerror or e}", file=path) from None
+    finally:
+        csv.field_size_limit(old_limit)
     return records
 
 
@@ -338,9 +398,13 @@ def _format_ratio(x: float) -> str:
     return np.format_float_positional(float(x), unique=True, trim="-")
 
 
-def record_to_csv_line(r: TraceRecord) -> str:
-    """One CSV row (with trailing newline) in BLIS's export format."""
+def record_to_csv_line(r: TraceRecord, with_ids: bool = False) -> str:
+    """One CSV row (with trailing newline) in BLIS's export format; ``with_ids`` adds the
+    ``input_token_ids`` cell (empty when the record has none)."""
     q = _csv_field
+    ids = ""
+    if with_ids and r.input_token_ids is not None:
+        ids = " ".join(map(str, np.asarray(r.input_token_ids).tolist()))
     return ",".join((
         str(r.request_id), q(r.client_id), q(r.tenant_id), q(r.slo_class), q(r.session_id),
         str(r.round_index), q(r.prefix_group), str(r.prefix_length),
@@ -349,7 +413,17 @@ def record_to_csv_line(r: TraceRecord) -> str:
         _format_ratio(r.reason_ratio), q(r.model), str(r.deadline_us),
         str(r.server_input_tokens), str(r.arrival_time_us), str(r.send_time_us),
         str(r.first_chunk_time_us), str(r.last_chunk_time_us), str(r.num_chunks),
-        q(r.status), q(r.error_message), q(r.finish_reason))) + "\n"
+        q(r.status), q(r.error_message), q(r.finish_reason))) + ("," + ids if with_ids else "") + "\n"
+
+
+def trace_csv_text(records: Iterable[TraceRecord]) -> str:
+    """The whole CSV: header row and rows. The ``input_token_ids`` column is present only
+    when at least one record carries IDs (so a trace without IDs is BLIS's layout, byte for
+    byte)."""
+    records = list(records)
+    with_ids = any(r.input_token_ids is not None for r in records)
+    head = ",".join(TRACE_COLUMNS + ((TOKEN_IDS_COLUMN,) if with_ids else ())) + "\n"
+    return head + "".join(record_to_csv_line(r, with_ids) for r in records)
 
 
 def _atomic_write(final: Path, text: str) -> Path:
@@ -385,7 +459,7 @@ def write_trace_files(header_path: str | os.PathLike, data_path: str | os.PathLi
     yaml_path, csv_path = Path(header_path), Path(data_path)
     if header is None:
         header = TraceHeader(trace_version=2)
-    body = ",".join(TRACE_COLUMNS) + "\n" + "".join(map(record_to_csv_line, records))
+    body = trace_csv_text(records)
     temps: list[Path] = []
     try:
         temps.append(_atomic_write(yaml_path, header_to_yaml(header)))
