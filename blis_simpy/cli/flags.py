@@ -186,7 +186,7 @@ FLAGS: tuple[Flag, ...] = (
     F("--model-config-folder", text, "model_config_folder", None, "folder with a HuggingFace config.json for --model (default: the built-in model catalog; never downloaded)"),
     F("--hardware-config", text, "hardware_config", None, "BLIS hardware_config.json: GPUs added to the built-in catalog"),
     F("--defaults-filepath", text, "defaults_filepath", None, "BLIS defaults.yaml: its model defaults and coefficients override the built-in catalog (read in memory)"),
-    F("--physics-coeffs", text, "latency.coefficients_file", None, "physics backend coefficient set (YAML file; default: the GPU's built-in set, else the physical default)"),
+    F("--coefficients", text, "latency.coefficients", None, "coefficient-set file (YAML, as `blis-simpy fit` writes) for the latency backend; `default` = physics' physical set (default: physics uses the GPU's built-in set, else the physical one)"),
     F("--kv-cache-dtype", text, "engine.kv_cache_dtype", one_of("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"), "KV cache element type (default auto = the model dtype)"),
     F("--latency-compat", text, "latency.compat", one_of("fixed", "checkout"), "fixed (default) or checkout: BLIS 89bece82 parity for MoE latency (roofline expert weights at batch 0; MoE if experts > 0), spec/10 A7, C1"),
     # (6) context cap and workload

@@ -254,6 +254,11 @@ def resolve_paths(data: dict, base_dir: str) -> None:
         p = data.get(key)
         if isinstance(p, str) and p and not os.path.isabs(p):
             data[key] = os.path.normpath(os.path.join(base_dir, p))
+    lat = data.get("latency")
+    if isinstance(lat, dict):
+        p = lat.get("coefficients")
+        if isinstance(p, str) and p and p != "default" and not os.path.isabs(p):
+            lat["coefficients"] = os.path.normpath(os.path.join(base_dir, p))
     w = data.get("workload")
     if isinstance(w, dict) and w.get("kind") in ("trace", "spec"):
         for key in ("header", "data") if w["kind"] == "trace" else ("path",):

@@ -46,6 +46,7 @@ from blis_simpy.kv.cache import KVCache
 from blis_simpy.kv.sizing import KV_DTYPE_BYTES
 from blis_simpy.kv.vllm_capacity import KVCapacity
 from blis_simpy.latency.base import LatencyModel
+from blis_simpy.latency.coefficient_sets import PhysicsCoefficients, read_set
 
 log = logging.getLogger("blis_simpy")
 
@@ -58,7 +59,7 @@ NO_COEFFICIENTS = ("roofline", "physics")
 def backend_options(s: Scenario) -> dict:
     """Deployment facts the parallelism-aware backends take (ignored by BLIS's backends)."""
     return {"dp": s.dp, "expert_parallel": s.enable_expert_parallel,
-            "coefficients_file": s.latency.coefficients_file,
+            "coefficients": s.latency.coefficients,
             "kv_bytes_per_element": KV_DTYPE_BYTES.get(s.engine.kv_cache_dtype) or 0.0}
 
 
@@ -329,13 +330,37 @@ def build_backend(backend: str, model_cfg, gpu, tp, alpha, beta, compat: str,
         raise ConfigError(str(exc), field="latency") from None
 
 
+def _with_coefficient_set(cfg, backend: str):
+    """``latency.coefficients``: a physics set is read by the backend itself (checked here);
+    an alpha/beta set fills ``alpha_coeffs`` / ``beta_coeffs`` unless they are given.
+    Returns the latency config to use and a note (or None)."""
+    if not cfg.coefficients:
+        return cfg, None
+    got = read_set(cfg.coefficients)
+    if got.backend != backend:
+        raise ConfigError(f"a {got.backend} coefficient set, but the latency backend is {backend}",
+                          file=cfg.coefficients if cfg.coefficients != "default" else None,
+                          field="latency.coefficients")
+    note = f"{backend} coefficients: set {got.name or cfg.coefficients} ({cfg.coefficients})"
+    if isinstance(got, PhysicsCoefficients):
+        return cfg, note
+    return cfg.model_copy(update={
+        "alpha_coeffs": cfg.alpha_coeffs if cfg.alpha_coeffs is not None else list(got.alpha_coeffs),
+        "beta_coeffs": cfg.beta_coeffs if cfg.beta_coeffs is not None else list(got.beta_coeffs)}), note
+
+
 def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:
     """Resolve ``scenario`` (explicit values always win). ``quiet``: log nothing."""
     import blis_simpy.latency  # noqa: F401  (registers every built-in backend)
-    r = Resolution(scenario, quiet)
-    s, eng, cfg = scenario, scenario.engine, scenario.latency
-    backend = cfg.model or "physics"
+    backend = scenario.latency.model or "physics"
     LatencyModel.lookup(backend, field="latency.model")
+    lat, set_note = _with_coefficient_set(scenario.latency, backend)
+    if lat is not scenario.latency:
+        scenario = scenario.model_copy(update={"latency": lat})
+    r = Resolution(scenario, quiet)
+    if set_note:
+        r.note(set_note)
+    s, eng, cfg = scenario, scenario.engine, scenario.latency
     if backend in NO_COEFFICIENTS and (cfg.alpha_coeffs is not None or cfg.beta_coeffs is not None):
         raise ConfigError(f"{backend} takes no alpha/beta coefficients (use blackbox, trained-physics, "
                           "crossmodel or trained-roofline, or drop them)", field="latency.model")

@@ -72,9 +72,10 @@ class LatencyConfig(Strict):
         None, description="alpha0 (µs), alpha1 (µs/input token), alpha2 (µs/output token)")
     beta_coeffs: list[NonNegFloat] | None = Field(
         None, description="beta0 (µs/step), beta1 (µs/prefill token), beta2 (µs/decode token), ...")
-    coefficients_file: str = Field(
-        "", description="physics coefficient set (YAML); default: the built-in set of the GPU, "
-                        "else the physical default set")
+    coefficients: str = Field(
+        "", description="coefficient-set file (YAML, as `blis-simpy fit` writes) for this backend; "
+                        "`default` = physics' physical default set; empty: physics uses the GPU's "
+                        "built-in set, else the default")
     compat: Literal["fixed", "checkout"] = Field(
         "fixed", description="checkout = BLIS 89bece82 parity: roofline MoE weights at batch 0, "
                              "MoE threshold E > 0 (spec/10 A7, C1)")

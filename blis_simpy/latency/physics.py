@@ -22,100 +22,26 @@ Data parallelism: each DP rank times its own batch; for an MoE model the ranks s
 lockstep and the expert layers see the tokens of every rank, padded to the busiest
 (:meth:`PhysicsModel.lockstep_step_time`).
 
-Coefficients come from a coefficient set (:class:`PhysicsCoefficients`, one YAML file):
-``catalog/data/physics/<GPU>.yaml`` if shipped, else ``default.yaml`` (the physical set:
-every multiplier 1). Pure code: no SimPy.
+Coefficients come from a coefficient set (:class:`PhysicsCoefficients`, one YAML file,
+:mod:`blis_simpy.latency.coefficient_sets`): ``--coefficients FILE`` if given, else
+``catalog/data/physics/<GPU>.yaml`` if shipped (fitted by ``blis-simpy fit``), else
+``default.yaml`` (the physical set: every multiplier 1). Pure code: no SimPy.
 """
 
 from __future__ import annotations
 
 import math
-from functools import lru_cache
-from importlib import resources
-from pathlib import Path
-
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from blis_simpy.catalog.types import GPUSpec, ModelConfig
-from blis_simpy.errors import ConfigError
 from blis_simpy.latency import physics_terms as P
 from blis_simpy.latency.base import BatchView, LatencyModel
+from blis_simpy.latency.coefficient_sets import PhysicsCoefficients, load_physics_set
 from blis_simpy.units import to_int64
-
-_Mult = Field(1.0, ge=0, allow_inf_nan=False)
-_Cost = Field(0.0, ge=0, le=1e9, allow_inf_nan=False)
-
-
-class PhysicsCoefficients(BaseModel):
-    """One coefficient set of the ``physics`` backend (a YAML file; see default.yaml)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = ""
-    description: str = ""
-    prefill_compute: float = _Mult
-    decode_compute: float = _Mult
-    attention_compute: float = _Mult
-    weight_reads: float = _Mult
-    prefill_memory: float = _Mult
-    decode_kv_reads: float = _Mult
-    moe_compute: float = _Mult
-    moe_expert_reads: float = _Mult
-    tp_allreduce: float = _Mult
-    ep_dispatch_combine: float = _Mult
-    sampling: float = _Mult
-    layer_launch_us: float = _Cost
-    request_cpu_us: float = _Cost
-    step_cpu_us: float = _Cost
-    queueing_us: float = _Cost
-    queueing_per_input_token_us: float = _Cost
-    output_token_us: float = _Cost
-    post_decode_us: float = _Cost
-
-
-def _parse_set(text: str, where: str) -> PhysicsCoefficients:
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise ConfigError(f"invalid YAML: {getattr(exc, 'problem', exc)}", file=where,
-                          line=mark.line + 1 if mark else None) from None
-    if not isinstance(raw, dict):
-        raise ConfigError("a physics coefficient set must be a mapping of coefficient: value", file=where)
-    try:
-        return PhysicsCoefficients(**raw)
-    except ValidationError as exc:
-        e = exc.errors()[0]
-        loc = ".".join(str(p) for p in e["loc"])
-        raise ConfigError(e["msg"], file=where, field=loc) from None
-
-
-@lru_cache(maxsize=32)
-def _builtin_set(stem: str) -> PhysicsCoefficients | None:
-    res = resources.files("blis_simpy.catalog").joinpath(f"data/physics/{stem}.yaml")
-    if not res.is_file():
-        return None
-    return _parse_set(res.read_text("utf-8"), f"catalog/data/physics/{stem}.yaml")
 
 
 def load_coefficient_set(gpu: str = "", path: str = "") -> tuple[PhysicsCoefficients, str]:
-    """The coefficient set for ``gpu``: ``path`` if given, else the built-in set named after
-    the GPU, else the built-in default. Returns the set and where it came from."""
-    if path:
-        p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError("no such file", file=path, field="latency.coefficients_file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read: {exc}", file=path, field="latency.coefficients_file") from None
-        return _parse_set(text, path), path
-    if gpu:
-        got = _builtin_set(gpu)
-        if got is not None:
-            return got, f"built-in set {gpu}"
-    return _builtin_set("default"), "built-in set default"
+    """The physics set for ``gpu`` (see :func:`coefficient_sets.load_physics_set`)."""
+    return load_physics_set(gpu, path)
 
 
 class PhysicsModel(LatencyModel, name="physics"):
@@ -153,10 +79,10 @@ class PhysicsModel(LatencyModel, name="physics"):
 
     @classmethod
     def from_config(cls, model: ModelConfig, gpu: GPUSpec, tp: int, alpha=None, beta=None, *,
-                    dp: int = 1, expert_parallel: bool = False, coefficients_file: str = "",
+                    dp: int = 1, expert_parallel: bool = False, coefficients: str = "",
                     kv_bytes_per_element: float = 0.0, **_ignored) -> PhysicsModel:
         """Build from catalog records; ``alpha``/``beta`` are not used (coefficient sets are)."""
-        coeffs, _ = load_coefficient_set(gpu.name, coefficients_file)
+        coeffs, _ = load_coefficient_set(gpu.name, coefficients)
         return cls(model, gpu, tp, dp=dp, expert_parallel=expert_parallel, coefficients=coeffs,
                    kv_bytes_per_element=kv_bytes_per_element)
 
