@@ -1,0 +1,311 @@
+"""``blis-simpy observe``: send a workload to a real OpenAI-compatible server, record timings.
+
+::
+
+    blis-simpy observe --server-url http://127.0.0.1:8000 --model M
+                       [--trace-header OUT.yaml --trace-data OUT.csv] [--results OUT.json]
+                       [--scenario FILE.yaml | --workload-spec S | --workload NAME | --rate R ...
+                        | --input-trace-header H --input-trace-data D]
+                       [--api-format completions|chat] [--max-concurrency 256] [--timeout-s 300]
+                       [--warmup-requests 0] [--no-streaming] [--api-key K] [--server-type vllm]
+                       [--unconstrained-output] [--rtt-ms MS] [--seed 42] [--num-requests N]
+
+The workload is built exactly as ``run`` builds it (same flags, defaults and seed, so the
+same flags give the same requests), or replayed from a TraceV2 as ``replay`` does; the
+sending is :mod:`blis_simpy.observe`. Output: a TraceV2 pair (mode ``real``), an optional
+results JSON, and a summary table on stdout. See docs/cli.md "observe".
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import typer
+
+from blis_simpy.cli import flags as F
+from blis_simpy.errors import ConfigError
+
+#: ``run``'s workload flags that ``observe`` takes (parsed and checked by the flag table)
+WORKLOAD_FLAGS = ("--workload-spec", "--workload", "--num-requests", "--prefix-tokens", "--rate",
+                  "--prompt-tokens", "--prompt-tokens-stdev", "--prompt-tokens-min",
+                  "--prompt-tokens-max", "--output-tokens", "--output-tokens-stdev",
+                  "--output-tokens-min", "--output-tokens-max", "--seed", "--horizon")
+_SOURCE_FLAGS = tuple(n for n in WORKLOAD_FLAGS if n not in ("--num-requests", "--seed", "--horizon"))
+
+
+class ApiFormat(str, enum.Enum):
+    completions = "completions"
+    chat = "chat"
+
+
+@dataclass
+class ObservedWorkload:
+    """The requests to send (sorted by arrival) and where they came from."""
+
+    requests: list
+    sessions: object | None          # SessionManager of closed-loop sessions, or None
+    seed: int
+    spec_path: str                   # the workload-spec file, if any
+    model: str                       # the scenario's model as written (not lower-cased)
+
+
+# ---------------------------------------------------------------------------- workload
+def observe_workload(given: dict[str, str], scenario_path: str | None = None,
+                     input_trace: tuple[str, str] | None = None) -> ObservedWorkload:
+    """Build the requests as ``run`` (or, for a trace, ``replay``) would.
+
+    ``given`` maps the :data:`WORKLOAD_FLAGS` the user passed to their text. A trace (the
+    ``input_trace`` pair, or a scenario whose workload is a trace) takes ``--seed`` (token
+    IDs), ``--num-requests`` (the first N by arrival) and ``--horizon`` (arrivals before it).
+    """
+    from blis_simpy.cli import runner
+    from blis_simpy.config.loader import Source, check_scenario, load_raw, validate
+    from blis_simpy.config.scenario import DistributionWorkload, Scenario, SpecWorkload, TraceWorkload
+    from blis_simpy.observe import MAX_REQUESTS
+
+    data, src = load_raw(scenario_path) if scenario_path is not None else ({}, Source())
+    given = dict(given)
+    if input_trace is not None:
+        for name in _SOURCE_FLAGS:
+            if name in given:
+                raise ConfigError("cannot be combined with --input-trace-header/--input-trace-data "
+                                  "(the trace is the workload)", field=name)
+        data["workload"] = {"kind": "trace", "header": input_trace[0], "data": input_trace[1]}
+    w = data.get("workload")
+    is_trace = isinstance(w, dict) and w.get("kind") == "trace" and not any(n in given for n in _SOURCE_FLAGS)
+    trace_limit = F.parse_flag(F.BY_NAME["--num-requests"], given.pop("--num-requests")) \
+        if is_trace and "--num-requests" in given else None
+    ov = F.apply_flags(data, given, F.RUN, presets=runner.preset)
+    plan = runner.Plan(F.RUN, Scenario(), src, ov.origin, ov.values)
+    try:
+        plan.scenario = validate(data, Source(None), semantic=False)
+        check_scenario(plan.scenario)
+    except ConfigError as exc:
+        raise plan.attribute(exc) from None
+    s = plan.scenario
+    w = s.workload
+    expected = None
+    if isinstance(w, DistributionWorkload):
+        expected = w.num_requests or w.rate * s.horizon / 1e6
+    elif isinstance(w, SpecWorkload):
+        expected = w.num_requests
+    if expected is not None and expected > MAX_REQUESTS:
+        raise plan.attribute(ConfigError(f"{expected:,.0f} requests is more than observe sends "
+                                         f"({MAX_REQUESTS:,})", field="workload.num_requests"))
+    requests, _, sessions, seed = runner.build_workload(plan)
+    if isinstance(w, TraceWorkload):
+        if s.horizon_us is not None:
+            requests = [r for r in requests if r.arrival_us < s.horizon_us]
+        if trace_limit:
+            requests = requests[:trace_limit]
+    if len(requests) > MAX_REQUESTS:
+        raise ConfigError(f"{len(requests):,} requests is more than observe sends ({MAX_REQUESTS:,})",
+                          field="--num-requests")
+    spec_path = w.path if isinstance(w, SpecWorkload) else ""
+    model = data.get("model") if isinstance(data.get("model"), str) else ""
+    return ObservedWorkload(requests, sessions, seed, spec_path, model)
+
+
+def session_followups(sessions):
+    """``on_done`` for closed-loop sessions: a finished observation's follow-up rounds
+    (a timeout cancels the session, an error counts as dropped, spec/07 §7)."""
+    from blis_simpy.observe.records import OK, TIMEOUT
+    from blis_simpy.request import COMPLETED, DROPPED, TIMED_OUT
+
+    def on_done(o) -> list:
+        r = o.request
+        r.state = COMPLETED if o.status == OK else TIMED_OUT if o.status == TIMEOUT else DROPPED
+        r.pi = r.input_len + o.completion_tokens
+        return sessions.on_request_done(r, o.end_us)
+    return on_done
+
+
+# ---------------------------------------------------------------------------- output
+def make_trace_header(cfg, *, started_at: str, warmup: int, seed: int, spec_path: str,
+                 rtt_ms: float | None):
+    """The TraceV2 header of a real trace (``server:`` from the flags)."""
+    from blis_simpy.workload.tracev2 import TraceHeader, TraceNetwork, TraceServer
+    return TraceHeader(trace_version=2, created_at=started_at, mode="real", warm_up_requests=warmup,
+                       workload_seed=seed, workload_spec=spec_path,
+                       server=TraceServer(type=cfg.server_type, model=cfg.model),
+                       network=TraceNetwork(measured_rtt_ms=rtt_ms) if rtt_ms is not None else None)
+
+
+def print_summary(run, cfg, url: str, summary: dict, outputs: list[str]) -> None:
+    """The rich summary on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+    console = Console(file=sys.stdout)
+    s = summary
+    mode = "streaming" if cfg.streaming else "not streaming"
+    console.print(f"[bold]observe[/bold]: {s['requests']} requests to {url} (model {cfg.model}, "
+                  f"{cfg.api_format}, {mode}, max {cfg.max_concurrency} in flight): {s['ok']} ok, "
+                  f"{s['errors']} errors, {s['timeouts']} timeouts"
+                  + (f", first {s['warmup_requests']} are warm-up" if s["warmup_requests"] else ""),
+                  highlight=False, soft_wrap=True)
+    t = Table(title="latency (ms, successful requests after warm-up)")
+    t.add_column("metric")
+    for col in ("count", "mean", "p50", "p90", "p99"):
+        t.add_column(col, justify="right")
+    for key, label in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
+        m = s[key]
+        t.add_row(label, str(m["count"]), *(f"{m[c]:.2f}" for c in ("mean", "p50", "p90", "p99")))
+    console.print(t)
+    console.print(f"throughput: {s['requests_per_s']:.3f} requests/s, {s['output_tokens_per_s']:.1f} "
+                  f"output tokens/s over {s['duration_s']:.3f} s", highlight=False)
+    if s["tokens_from_chunks"]:
+        console.print(f"note: {s['tokens_from_chunks']} responses had no usage field; their token "
+                      "counts are counted chunks", highlight=False)
+    failed = next((o for o in run.observations if o.status != "ok"), None)
+    if failed is not None:
+        console.print(f"first failure: {failed.request.id}: {failed.status}: {failed.error_message}",
+                      highlight=False, soft_wrap=True)
+    for line in outputs:
+        console.print(line, highlight=False, soft_wrap=True)
+    sys.stdout.flush()
+
+
+def _progress_bar():
+    """(callback, stop) of a rich progress bar on stderr, or (None, no-op) off a TTY."""
+    if not sys.stderr.isatty():
+        return None, lambda: None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    bar = Progress(TextColumn("observing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=Console(stderr=True), transient=True)
+    task = bar.add_task("observe", total=None)
+    bar.start()
+    return (lambda done, total: bar.update(task, completed=done, total=total)), bar.stop
+
+
+# ---------------------------------------------------------------------------- command
+def _wf(name: str):
+    f = F.BY_NAME[name]
+    return typer.Option(None, name, help=f.help, metavar=f.metavar, show_default=False,
+                        rich_help_panel="Workload (as run)")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("observe")
+    def observe_cmd(
+        server_url: str = typer.Option(..., "--server-url", help="the server, e.g. http://127.0.0.1:8000"),
+        model: str = typer.Option(None, "--model", help="model name the server serves (default: the "
+                                                        "scenario's model)"),
+        trace_header: Path = typer.Option(None, "--trace-header", metavar="OUT.yaml",
+                                          help="write the observed TraceV2 header here"),
+        trace_data: Path = typer.Option(None, "--trace-data", metavar="OUT.csv",
+                                        help="write the observed TraceV2 rows here"),
+        results: Path = typer.Option(None, "--results", metavar="OUT.json",
+                                     help="write per-request TTFT/ITL/E2E and a summary here"),
+        api_format: ApiFormat = typer.Option(ApiFormat.completions, "--api-format",
+                                             help="completions: token-ID prompts to /v1/completions; "
+                                                  "chat: synthesised text to /v1/chat/completions"),
+        max_concurrency: int = typer.Option(256, "--max-concurrency", help="requests in flight at most"),
+        timeout_s: float = typer.Option(300.0, "--timeout-s", help="per-request time limit, seconds"),
+        warmup_requests: int = typer.Option(0, "--warmup-requests",
+                                            help="the first N requests are warm-up (sent and traced, "
+                                                 "left out of the summary)"),
+        streaming: bool = typer.Option(True, "--streaming/--no-streaming", help="stream the responses"),
+        api_key: str = typer.Option("", "--api-key", help="sent as Authorization: Bearer KEY"),
+        server_type: str = typer.Option("vllm", "--server-type",
+                                        help="vllm: also send min_tokens and ignore_eos; other: "
+                                             "max_tokens only"),
+        unconstrained_output: bool = typer.Option(False, "--unconstrained-output",
+                                                  help="send no output-length limit"),
+        rtt_ms: float = typer.Option(None, "--rtt-ms", help="measured client-server round trip, ms "
+                                                            "(recorded in the trace header)"),
+        scenario: Path = typer.Option(None, "--scenario", metavar="FILE.yaml",
+                                      help="take the workload (and model) of this scenario"),
+        input_trace_header: Path = typer.Option(None, "--input-trace-header", metavar="H.yaml",
+                                                help="replay this TraceV2's requests (header)"),
+        input_trace_data: Path = typer.Option(None, "--input-trace-data", metavar="D.csv",
+                                              help="replay this TraceV2's requests (rows)"),
+        log_level: str = typer.Option(None, "--log", help="log level (default warn)"),
+        workload_spec: str = _wf("--workload-spec"), workload: str = _wf("--workload"),
+        num_requests: str = _wf("--num-requests"), prefix_tokens: str = _wf("--prefix-tokens"),
+        rate: str = _wf("--rate"), prompt_tokens: str = _wf("--prompt-tokens"),
+        prompt_tokens_stdev: str = _wf("--prompt-tokens-stdev"),
+        prompt_tokens_min: str = _wf("--prompt-tokens-min"),
+        prompt_tokens_max: str = _wf("--prompt-tokens-max"), output_tokens: str = _wf("--output-tokens"),
+        output_tokens_stdev: str = _wf("--output-tokens-stdev"),
+        output_tokens_min: str = _wf("--output-tokens-min"),
+        output_tokens_max: str = _wf("--output-tokens-max"), seed: str = _wf("--seed"),
+        horizon: str = _wf("--horizon"),
+    ) -> None:
+        """Send a workload to a real OpenAI-compatible server (e.g. `vllm serve`) and record
+        real timings as a TraceV2 (mode real) plus a results JSON."""
+        from blis_simpy.cli.app import setup_logging
+        setup_logging(log_level)
+        raw = locals()
+        given = {n: raw[F.BY_NAME[n].dest] for n in WORKLOAD_FLAGS if raw.get(F.BY_NAME[n].dest) is not None}
+        run_observe(server_url=server_url, model=model, trace_header=trace_header, trace_data=trace_data,
+                    results=results, api_format=api_format.value, max_concurrency=max_concurrency,
+                    timeout_s=timeout_s, warmup_requests=warmup_requests, streaming=streaming,
+                    api_key=api_key, server_type=server_type, unconstrained_output=unconstrained_output,
+                    rtt_ms=rtt_ms, scenario=scenario, input_trace_header=input_trace_header,
+                    input_trace_data=input_trace_data, given=given)
+
+
+def run_observe(*, server_url: str, model: str | None, trace_header: Path | None, trace_data: Path | None,
+                results: Path | None, api_format: str, max_concurrency: int, timeout_s: float,
+                warmup_requests: int, streaming: bool, api_key: str, server_type: str,
+                unconstrained_output: bool, rtt_ms: float | None, scenario: Path | None,
+                input_trace_header: Path | None, input_trace_data: Path | None, given: dict) -> None:
+    """The ``observe`` command: check the flags, build the workload, send it, write outputs."""
+    from blis_simpy.observe import ObserveConfig, endpoint_url, observe, results_document, summarize
+    from blis_simpy.observe.records import trace_records, write_json
+    from blis_simpy.workload.tracev2 import write_trace_files
+
+    pairs = (("--trace-header", trace_header, "--trace-data", trace_data),
+             ("--input-trace-header", input_trace_header, "--input-trace-data", input_trace_data))
+    for a, pa, b, pb in pairs:
+        if (pa is None) != (pb is None):
+            have, other = (a, b) if pa is not None else (b, a)
+            raise ConfigError(f"must be given together with {other}", field=have)
+    if warmup_requests < 0:
+        raise ConfigError(f"must be >= 0, got {warmup_requests}", field="--warmup-requests")
+    if rtt_ms is not None and not (math.isfinite(rtt_ms) and rtt_ms >= 0):
+        raise ConfigError(f"must be finite and >= 0, got {rtt_ms}", field="--rtt-ms")
+    inputs = None
+    if input_trace_header is not None:
+        for flag, p in (("--input-trace-header", input_trace_header), ("--input-trace-data", input_trace_data)):
+            if not p.is_file():
+                raise ConfigError("no such file", file=str(p), field=flag)
+        inputs = (str(input_trace_header), str(input_trace_data))
+    cfg_model = model or ""
+    ObserveConfig(server_url, cfg_model or "-", api_format, streaming, max_concurrency, timeout_s,
+                  api_key, server_type, unconstrained_output).check()   # flags first, then files
+    wl = observe_workload(given, str(scenario) if scenario is not None else None, inputs)
+    cfg = ObserveConfig(server_url, cfg_model or wl.model, api_format, streaming, max_concurrency,
+                        timeout_s, api_key, server_type, unconstrained_output)
+    cfg.check()
+    progress, stop = _progress_bar()
+    try:
+        run = observe(wl.requests, cfg, progress=progress,
+                      on_done=session_followups(wl.sessions) if wl.sessions is not None else None)
+    finally:
+        stop()
+    outputs = []
+    if trace_header is not None:
+        header = make_trace_header(cfg, started_at=run.started_at, warmup=warmup_requests,
+                                   seed=wl.seed, spec_path=wl.spec_path, rtt_ms=rtt_ms)
+        try:
+            write_trace_files(trace_header, trace_data, header, trace_records(run.observations,
+                                                                               streaming=streaming))
+        except ConfigError as exc:
+            raise ConfigError(exc.problem, file=exc.file, field="--trace-header") from None
+        outputs.append(f"trace: {trace_header} + {trace_data}")
+    url = endpoint_url(server_url, api_format)
+    if results is not None:
+        info = {"server_url": server_url, "endpoint": url, "model": cfg.model, "api_format": api_format,
+                "streaming": streaming, "server_type": server_type, "max_concurrency": max_concurrency,
+                "timeout_s": timeout_s, "unconstrained_output": unconstrained_output,
+                "started_at": run.started_at, "duration_us": run.duration_us, "workload_seed": wl.seed}
+        write_json(results, results_document(run.observations, warmup_requests=warmup_requests, run=info))
+        outputs.append(f"results: {results}")
+    print_summary(run, cfg, url, summarize(run.observations, warmup_requests), outputs)
+

@@ -1,0 +1,322 @@
+"""The async sender of ``observe``: a workload's requests to an OpenAI-compatible server.
+
+:func:`observe` sends each request at its arrival time (``arrival_us`` after the start of
+the run, measured with :func:`time.perf_counter_ns`), with at most ``max_concurrency`` in
+flight: a request that arrives while the cap is reached waits, in arrival order, and its
+``send_us`` is when it actually went out. Each request has ``timeout_s`` in total (connect,
+queue at the server, every token); past it the request is cut and recorded as ``timeout``.
+
+Responses are read as they stream (SSE ``data:`` lines, one JSON chunk each, ``[DONE]`` at
+the end); the receive time of each chunk that carries text is recorded. A refused
+connection, a non-2xx status, an ``error`` object, malformed SSE or a stream cut before
+``[DONE]`` make that request an ``error`` with its message; the run goes on. Before the
+first request one plain ``GET`` of the server URL checks that something answers (any HTTP
+status will do); if nothing does, or if in the end no request reached the server, the run
+fails with a :class:`~blis_simpy.errors.ConfigError` naming ``--server-url``.
+
+Closed-loop sessions: ``on_done(observation)`` may return follow-up requests (their own
+``arrival_us``), which join the schedule.
+
+Caps on what a workload or server can make us hold: at most :data:`MAX_REQUESTS` requests,
+SSE lines up to :data:`MAX_LINE_BYTES`, error and non-streaming bodies up to
+:data:`MAX_BODY_BYTES`, :data:`~blis_simpy.observe.records.MAX_CHUNK_TIMES` chunk times per
+request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import httpx
+
+from blis_simpy.errors import ConfigError
+from blis_simpy.observe.body import API_FORMATS, CHAT, endpoint_url, request_body
+from blis_simpy.observe.records import ERROR, OK, TIMEOUT, Observation
+
+MAX_REQUESTS = 10_000_000
+MAX_CONCURRENCY = 10_000
+MAX_LINE_BYTES = 1 << 20
+MAX_BODY_BYTES = 64 << 20
+PREFLIGHT_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class ObserveConfig:
+    """Where and how to send. ``timeout_s`` is per request, in seconds."""
+
+    server_url: str
+    model: str
+    api_format: str = "completions"
+    streaming: bool = True
+    max_concurrency: int = 256
+    timeout_s: float = 300.0
+    api_key: str = ""
+    server_type: str = "vllm"
+    unconstrained_output: bool = False
+
+    def check(self) -> None:
+        """Raise a ConfigError naming the flag of the first bad value."""
+        if not self.server_url.startswith(("http://", "https://")):
+            raise ConfigError(f"must start with http:// or https://, got {self.server_url!r}",
+                              field="--server-url")
+        if not self.model:
+            raise ConfigError("is required: the model name the server serves", field="--model")
+        if self.api_format not in API_FORMATS:
+            raise ConfigError(f"must be one of {', '.join(API_FORMATS)}, got {self.api_format!r}",
+                              field="--api-format")
+        if not 1 <= self.max_concurrency <= MAX_CONCURRENCY:
+            raise ConfigError(f"must be in [1, {MAX_CONCURRENCY}], got {self.max_concurrency}",
+                              field="--max-concurrency")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ConfigError(f"must be > 0, got {self.timeout_s}", field="--timeout-s")
+
+
+@dataclass
+class ObserveRun:
+    """The result of :func:`observe`: observations in dispatch (= arrival) order."""
+
+    observations: list[Observation]
+    started_at: str                  # wall-clock start, ISO 8601 UTC
+    duration_us: int                 # from the start to the last response
+
+
+class _BadStream(Exception):
+    """The response is not what an OpenAI-compatible server sends."""
+
+
+def observe(requests: Sequence, config: ObserveConfig, *,
+            progress: Callable[[int, int], None] | None = None,
+            on_done: Callable[[Observation], list] | None = None) -> ObserveRun:
+    """Send ``requests`` (sorted by ``arrival_us``; each with ``input_tokens``,
+    ``max_output_len`` and ``id``) and record what happened; see the module docstring.
+    ``progress(done, total)`` is called after each response."""
+    config.check()
+    if len(requests) > MAX_REQUESTS:
+        raise ConfigError(f"{len(requests)} requests is more than observe sends "
+                          f"({MAX_REQUESTS:,})", field="--num-requests")
+    return asyncio.run(_Runner(config, progress, on_done).run(list(requests)))
+
+
+class _Runner:
+    def __init__(self, cfg: ObserveConfig, progress, on_done):
+        self.cfg = cfg
+        self.url = endpoint_url(cfg.server_url, cfg.api_format)
+        self.progress = progress
+        self.on_done = on_done
+        self.t0_ns = 0
+        self.done = 0
+        self.total = 0
+        self.followups: list = []           # heap of (arrival_us, seq, request)
+        self.seq = 0
+        self.wake = asyncio.Event()
+
+    def now_us(self) -> int:
+        return (time.perf_counter_ns() - self.t0_ns) // 1000
+
+    async def run(self, requests: list) -> ObserveRun:
+        cfg = self.cfg
+        headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        limits = httpx.Limits(max_connections=cfg.max_concurrency,
+                              max_keepalive_connections=cfg.max_concurrency)
+        async with httpx.AsyncClient(headers=headers, limits=limits, timeout=None) as client:
+            await _preflight(client, cfg.server_url)
+            self.client = client
+            started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            self.t0_ns = time.perf_counter_ns()
+            observations = await self._dispatch(requests)
+            duration = self.now_us()
+        if observations and all(o.unreachable for o in observations):
+            raise ConfigError(f"no request reached {self.url}: {observations[-1].error_message}",
+                              field="--server-url")
+        return ObserveRun(observations, started_at, duration)
+
+    async def _dispatch(self, requests: list) -> list[Observation]:
+        """Send in arrival order (initial requests merged with session follow-ups)."""
+        sem = asyncio.Semaphore(self.cfg.max_concurrency)
+        tasks: set[asyncio.Task] = set()
+        observations: list[Observation] = []
+        self.total = len(requests)
+        waits = self.on_done is not None     # a running request may add a follow-up
+        i = 0
+        while True:
+            heap = self.followups
+            from_list = i < len(requests) and (not heap or requests[i].arrival_us <= heap[0][0])
+            nxt = requests[i] if from_list else heap[0][2] if heap else None
+            if nxt is None and not (waits and tasks):
+                break
+            delay_ns = (self.t0_ns + nxt.arrival_us * 1000 - time.perf_counter_ns()
+                        if nxt is not None else None)
+            if nxt is None or (delay_ns > 0 and waits and tasks):
+                self.wake.clear()            # wake up for a follow-up, or at the arrival
+                try:
+                    await asyncio.wait_for(self.wake.wait(), None if nxt is None else delay_ns / 1e9)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            while delay_ns > 0:              # asyncio may wake a hair early
+                await asyncio.sleep(delay_ns / 1e9)
+                delay_ns = self.t0_ns + nxt.arrival_us * 1000 - time.perf_counter_ns()
+            if from_list:
+                i += 1
+            else:
+                heapq.heappop(heap)
+            await sem.acquire()
+            o = Observation(nxt, nxt.arrival_us)
+            observations.append(o)
+            task = asyncio.create_task(self._one(o, sem))
+            tasks.add(task)
+            task.add_done_callback(lambda t: (tasks.discard(t), self.wake.set()))
+        if tasks:
+            await asyncio.gather(*tasks)
+        return observations
+
+    async def _one(self, o: Observation, sem: asyncio.Semaphore) -> None:
+        try:
+            cfg = self.cfg
+            r = o.request
+            body = request_body(r.input_tokens, r.max_output_len, model=cfg.model,
+                                api_format=cfg.api_format, streaming=cfg.streaming,
+                                server_type=cfg.server_type,
+                                unconstrained_output=cfg.unconstrained_output)
+            o.send_us = self.now_us()
+            try:
+                await asyncio.wait_for(self._exchange(body, o), cfg.timeout_s)
+            except asyncio.TimeoutError:
+                o.fail(TIMEOUT, f"no complete response within {cfg.timeout_s:g} s", self.now_us())
+        finally:
+            sem.release()
+        self.done += 1
+        if self.on_done is not None:
+            for f in self.on_done(o) or ():
+                heapq.heappush(self.followups, (f.arrival_us, self.seq, f))
+                self.seq += 1
+                self.total += 1
+        self.wake.set()
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+    async def _exchange(self, body: dict, o: Observation) -> None:
+        """One request/response; every failure is recorded on ``o``, none escapes."""
+        try:
+            async with self.client.stream("POST", self.url, json=body) as resp:
+                if not 200 <= resp.status_code < 300:
+                    text = (await _read_capped(resp, 2000)).decode("utf-8", "replace")
+                    o.fail(ERROR, f"HTTP {resp.status_code}: {' '.join(text.split())}", self.now_us())
+                    return
+                if self.cfg.streaming:
+                    await self._read_stream(resp, o)
+                else:
+                    await self._read_whole(resp, o)
+        except _BadStream as exc:
+            o.fail(ERROR, str(exc), self.now_us())
+        except httpx.ConnectError as exc:
+            o.fail(ERROR, f"cannot connect: {exc or type(exc).__name__}", self.now_us())
+            o.unreachable = True
+        except httpx.HTTPError as exc:
+            o.fail(ERROR, f"{type(exc).__name__}: {exc or 'connection lost'}", self.now_us())
+        except OSError as exc:
+            o.fail(ERROR, f"{type(exc).__name__}: {exc}", self.now_us())
+
+    async def _read_stream(self, resp: httpx.Response, o: Observation) -> None:
+        done = False
+        async for line in _lines(resp):
+            if not line.startswith("data:"):
+                continue                      # blank separators, comments, event:/id: fields
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            self._take(_parse_json(data), o, self.now_us())
+        if not done:
+            raise _BadStream("the stream ended before data: [DONE]")
+        o.status, o.end_us = OK, self.now_us()
+
+    async def _read_whole(self, resp: httpx.Response, o: Observation) -> None:
+        raw = await _read_capped(resp, MAX_BODY_BYTES, strict=True)
+        self._take(_parse_json(raw.decode("utf-8", "replace")), o, self.now_us())
+        o.status, o.end_us = OK, self.now_us()
+
+    def _take(self, chunk: dict, o: Observation, t_us: int) -> None:
+        """Record one response chunk (or a whole non-streaming response)."""
+        if "error" in chunk:
+            err = chunk["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            raise _BadStream(f"server error: {msg}")
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if isinstance(p, int) and p >= 0:
+                o.usage_prompt_tokens = p
+            if isinstance(c, int) and c >= 0:
+                o.usage_completion_tokens = c
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            raise _BadStream(f"malformed chunk: choices is {type(choices).__name__}")
+        text = False
+        for ch in choices:
+            if not isinstance(ch, dict):
+                raise _BadStream("malformed chunk: a choice is not an object")
+            msg = ch.get("delta") if self.cfg.streaming else ch.get("message")
+            if self.cfg.api_format == CHAT and isinstance(msg, dict):
+                text = text or bool(msg.get("content") or msg.get("reasoning_content"))
+            else:
+                text = text or bool(ch.get("text"))
+            if ch.get("finish_reason"):
+                o.finish_reason = str(ch["finish_reason"])
+        if text:
+            o.add_chunk(t_us)
+
+
+def _parse_json(data: str) -> dict:
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        raise _BadStream(f"malformed SSE data (not JSON): {data[:80]!r}") from None
+    if not isinstance(chunk, dict):
+        raise _BadStream(f"malformed SSE data (not a JSON object): {data[:80]!r}")
+    return chunk
+
+
+async def _lines(resp: httpx.Response):
+    """The response's lines as they arrive (``\\n`` or ``\\r\\n``), each at most
+    :data:`MAX_LINE_BYTES` — httpx's ``aiter_lines`` has no such cap."""
+    buf = b""
+    async for piece in resp.aiter_bytes():
+        buf += piece
+        if b"\n" in buf:
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                yield line.rstrip(b"\r").decode("utf-8", "replace")
+        if len(buf) > MAX_LINE_BYTES:
+            raise _BadStream(f"an SSE line is longer than {MAX_LINE_BYTES} bytes")
+    if buf:
+        yield buf.rstrip(b"\r").decode("utf-8", "replace")
+
+
+async def _read_capped(resp: httpx.Response, limit: int, *, strict: bool = False) -> bytes:
+    """At most ``limit`` bytes of the body (more is an error when ``strict``)."""
+    out = bytearray()
+    async for piece in resp.aiter_bytes():
+        out += piece
+        if len(out) > limit:
+            if strict:
+                raise _BadStream(f"the response is longer than {limit} bytes")
+            break
+    return bytes(out[:limit])
+
+
+async def _preflight(client: httpx.AsyncClient, server_url: str) -> None:
+    """One ``GET server_url``: any HTTP answer means the server is there."""
+    try:
+        async with client.stream("GET", server_url, timeout=PREFLIGHT_TIMEOUT_S):
+            pass
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        raise ConfigError(f"cannot reach the server: {type(exc).__name__}: {exc}".rstrip(": "),
+                          field="--server-url") from None

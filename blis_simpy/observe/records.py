@@ -1,0 +1,205 @@
+"""What ``observe`` recorded, per request, and the files made from it.
+
+An :class:`Observation` holds the measured times of one request as integer µs since the
+start of the run (the moment the first request could be sent): scheduled arrival, send,
+and the receive time of every chunk that carried generated text. From them:
+
+* TTFT = first content chunk − send; ITLs = gaps between successive content chunks;
+  E2E = last content chunk − send (all in ms in the results file, µs in the trace);
+* :func:`trace_records` — TraceV2 rows (mode ``real``), one per request in dispatch (=
+  arrival) order with ``request_id`` 0, 1, …;
+* :func:`results_document` — the ``--results`` JSON: per-request TTFT / ITL list / E2E and
+  a summary (mean/p50/p90/p99 of TTFT, ITL and E2E over the successful requests after the
+  warm-up ones, and throughput).
+
+Token counts come from the response's ``usage`` field; when a response has none,
+``completion_tokens`` is the number of content chunks and ``prompt_tokens`` the number of
+prompt tokens sent, and ``tokens_from`` says ``chunks`` instead of ``usage``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from blis_simpy.errors import ConfigError
+from blis_simpy.metrics.percentile import mean_ms, percentile_ms
+from blis_simpy.workload.tracev2 import TraceRecord
+
+OK, ERROR, TIMEOUT = "ok", "error", "timeout"
+#: chunk timestamps kept per request (further chunks are still counted)
+MAX_CHUNK_TIMES = 1_000_000
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(slots=True)
+class Observation:
+    """One sent request. Times are µs since the run start; ``chunk_us`` are the receive
+    times of the chunks that carried text (at most :data:`MAX_CHUNK_TIMES` are kept)."""
+
+    request: object                   # the workload Request (id, token IDs, metadata)
+    arrival_us: int                   # scheduled arrival
+    send_us: int = 0
+    chunk_us: list[int] = field(default_factory=list)
+    num_chunks: int = 0
+    end_us: int = 0                   # when the response ended (success or failure)
+    status: str = ""                  # ok | error | timeout
+    error_message: str = ""
+    finish_reason: str = ""
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    unreachable: bool = False         # the connection itself failed (nothing answered)
+
+    def add_chunk(self, t_us: int) -> None:
+        self.num_chunks += 1
+        if len(self.chunk_us) < MAX_CHUNK_TIMES:
+            self.chunk_us.append(t_us)
+
+    def fail(self, status: str, message: str, t_us: int) -> None:
+        self.status = status
+        self.error_message = message[:500]
+        self.end_us = t_us
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def first_chunk_us(self) -> int:
+        return self.chunk_us[0] if self.chunk_us else 0
+
+    @property
+    def last_chunk_us(self) -> int:
+        return self.chunk_us[-1] if self.chunk_us else 0
+
+    @property
+    def tokens_from(self) -> str:
+        return "usage" if self.usage_completion_tokens is not None else "chunks"
+
+    @property
+    def prompt_tokens(self) -> int:
+        if self.usage_prompt_tokens is not None:
+            return self.usage_prompt_tokens
+        return self.request.input_len
+
+    @property
+    def completion_tokens(self) -> int:
+        if self.usage_completion_tokens is not None:
+            return self.usage_completion_tokens
+        return self.num_chunks
+
+    @property
+    def ttft_us(self) -> int | None:
+        return self.chunk_us[0] - self.send_us if self.chunk_us else None
+
+    @property
+    def e2e_us(self) -> int | None:
+        return self.chunk_us[-1] - self.send_us if self.chunk_us else None
+
+    @property
+    def itl_us(self) -> list[int]:
+        c = self.chunk_us
+        return [b - a for a, b in zip(c, c[1:], strict=False)]
+
+
+# ---------------------------------------------------------------------------- TraceV2 rows
+def trace_records(observations: list[Observation], *, streaming: bool) -> list[TraceRecord]:
+    """One TraceV2 row per observation (``request_id`` = position). ``input_tokens`` is the
+    prompt without its shared prefix (TraceV2's convention), ``output_tokens`` the
+    completion tokens the server reported and ``server_input_tokens`` its prompt tokens."""
+    rows = []
+    for i, o in enumerate(observations):
+        r = o.request
+        rows.append(TraceRecord(
+            request_id=i, client_id=r.client_id, tenant_id=r.tenant_id, slo_class=r.slo_class,
+            session_id=r.session_id, round_index=r.round_index, prefix_group=r.prefix_group,
+            prefix_length=r.prefix_length, streaming=streaming,
+            input_tokens=max(r.input_len - r.prefix_length, 0), output_tokens=o.completion_tokens,
+            text_tokens=r.text_tokens, image_tokens=r.image_tokens, audio_tokens=r.audio_tokens,
+            video_tokens=r.video_tokens, reason_ratio=r.reason_ratio, model=r.model,
+            deadline_us=r.deadline_us, server_input_tokens=o.prompt_tokens,
+            arrival_time_us=o.arrival_us, send_time_us=o.send_us,
+            first_chunk_time_us=o.first_chunk_us, last_chunk_time_us=o.last_chunk_us,
+            num_chunks=o.num_chunks, status=o.status, error_message=o.error_message,
+            finish_reason=o.finish_reason))
+    return rows
+
+
+# ---------------------------------------------------------------------------- results
+def _ms(us: int | None) -> float | None:
+    return None if us is None else us / 1000
+
+
+def _stats(values_us: list[int]) -> dict:
+    """mean/p50/p90/p99 in ms of µs values (BLIS's percentile rule); ``count`` values."""
+    v = sorted(values_us)
+    out = {"count": len(v), "mean": mean_ms(v)}
+    for p in PERCENTILES:
+        out[f"p{p}"] = percentile_ms(v, p)
+    return out
+
+
+def summarize(observations: list[Observation], warmup_requests: int = 0) -> dict:
+    """Counts over every request, latency statistics and throughput over the successful
+    requests after the first ``warmup_requests``. Throughput divides by the span from the
+    first send to the last content chunk of those requests."""
+    counted = observations[warmup_requests:]
+    ok = [o for o in counted if o.status == OK and o.chunk_us]
+    ttft = [o.ttft_us for o in ok]
+    e2e = [o.e2e_us for o in ok]
+    itl = [g for o in ok for g in o.itl_us]
+    span_us = (max(o.last_chunk_us for o in ok) - min(o.send_us for o in ok)) if ok else 0
+    out_tokens = sum(o.completion_tokens for o in ok)
+    span_s = span_us / 1e6
+    return {
+        "requests": len(observations),
+        "warmup_requests": min(warmup_requests, len(observations)),
+        "ok": sum(o.status == OK for o in counted),
+        "errors": sum(o.status == ERROR for o in counted),
+        "timeouts": sum(o.status == TIMEOUT for o in counted),
+        "tokens_from_chunks": sum(o.tokens_from == "chunks" for o in counted if o.status == OK),
+        "ttft_ms": _stats(ttft), "itl_ms": _stats(itl), "e2e_ms": _stats(e2e),
+        "duration_s": span_s,
+        "output_tokens": out_tokens,
+        "requests_per_s": len(ok) / span_s if span_s > 0 else 0.0,
+        "output_tokens_per_s": out_tokens / span_s if span_s > 0 else 0.0,
+    }
+
+
+def request_result(i: int, o: Observation, warmup: bool) -> dict:
+    """The per-request entry of the results file (times in ms since the run start)."""
+    return {
+        "request_id": i, "name": o.request.id, "warmup": warmup, "status": o.status,
+        "error_message": o.error_message, "finish_reason": o.finish_reason,
+        "arrival_ms": o.arrival_us / 1000, "send_ms": o.send_us / 1000,
+        "ttft_ms": _ms(o.ttft_us), "e2e_ms": _ms(o.e2e_us),
+        "itl_ms": [g / 1000 for g in o.itl_us],
+        "num_chunks": o.num_chunks, "prompt_tokens_sent": o.request.input_len,
+        "prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
+        "max_tokens": o.request.max_output_len, "tokens_from": o.tokens_from,
+    }
+
+
+def results_document(observations: list[Observation], *, warmup_requests: int = 0,
+                     run: dict | None = None) -> dict:
+    """The ``--results`` JSON document: ``run`` (what was sent where), ``summary`` and
+    ``requests`` (one entry per request, in trace order)."""
+    return {
+        "run": run or {},
+        "summary": summarize(observations, warmup_requests),
+        "requests": [request_result(i, o, i < warmup_requests) for i, o in enumerate(observations)],
+    }
+
+
+def write_json(path: str | os.PathLike, doc: dict, *, flag: str = "--results") -> Path:
+    """Write ``doc`` as indented JSON through a temporary file renamed into place."""
+    final = Path(path)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, final)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"cannot write results: {e.strerror or e}", file=str(final), field=flag) from None
+    return final
