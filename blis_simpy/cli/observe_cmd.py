@@ -143,9 +143,9 @@ def print_summary(run, cfg, url: str, summary: dict, outputs: list[str]) -> None
     s = summary
     mode = "streaming" if cfg.streaming else "not streaming"
     console.print(f"[bold]observe[/bold]: {s['requests']} requests to {url} (model {cfg.model}, "
-                  f"{cfg.api_format}, {mode}, max {cfg.max_concurrency} in flight): {s['ok']} ok, "
-                  f"{s['errors']} errors, {s['timeouts']} timeouts"
-                  + (f", first {s['warmup_requests']} are warm-up" if s["warmup_requests"] else ""),
+                  f"{cfg.api_format}, {mode}, max {cfg.max_concurrency} in flight): "
+                  + (f"{s['warmup_requests']} warm-up, then " if s["warmup_requests"] else "")
+                  + f"{s['ok']} ok, {s['errors']} errors, {s['timeouts']} timeouts",
                   highlight=False, soft_wrap=True)
     t = Table(title="latency (ms, successful requests after warm-up)")
     t.add_column("metric")
