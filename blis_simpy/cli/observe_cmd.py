@@ -19,6 +19,7 @@ results JSON, and a summary table on stdout. See docs/cli.md "observe".
 from __future__ import annotations
 
 import enum
+import logging
 import math
 import sys
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ WORKLOAD_FLAGS = ("--workload-spec", "--workload", "--num-requests", "--prefix-t
                   "--prompt-tokens", "--prompt-tokens-stdev", "--prompt-tokens-min",
                   "--prompt-tokens-max", "--output-tokens", "--output-tokens-stdev",
                   "--output-tokens-min", "--output-tokens-max", "--seed", "--horizon")
+log = logging.getLogger("blis_simpy.cli")
 _SOURCE_FLAGS = tuple(n for n in WORKLOAD_FLAGS if n not in ("--num-requests", "--seed", "--horizon"))
 
 
@@ -257,7 +259,7 @@ def run_observe(*, server_url: str, model: str | None, trace_header: Path | None
                 input_trace_header: Path | None, input_trace_data: Path | None, given: dict) -> None:
     """The ``observe`` command: check the flags, build the workload, send it, write outputs."""
     from blis_simpy.observe import ObserveConfig, endpoint_url, observe, results_document, summarize
-    from blis_simpy.observe.records import trace_records, write_json
+    from blis_simpy.observe.records import carries_token_ids, trace_records, write_json
     from blis_simpy.workload.tracev2 import write_trace_files
 
     pairs = (("--trace-header", trace_header, "--trace-data", trace_data),
@@ -294,8 +296,12 @@ def run_observe(*, server_url: str, model: str | None, trace_header: Path | None
         header = make_trace_header(cfg, started_at=run.started_at, warmup=warmup_requests,
                                    seed=wl.seed, spec_path=wl.spec_path, rtt_ms=rtt_ms)
         try:
-            write_trace_files(trace_header, trace_data, header, trace_records(run.observations,
-                                                                               streaming=streaming))
+            ids = carries_token_ids(run.observations, api_format)
+            if api_format == "completions" and not ids:
+                log.warning("the trace leaves out input_token_ids: more prompt tokens than a "
+                            "TraceV2 file may carry")
+            rows = trace_records(run.observations, streaming=streaming, token_ids=ids)
+            write_trace_files(trace_header, trace_data, header, rows)
         except ConfigError as exc:
             raise ConfigError(exc.problem, file=exc.file, field="--trace-header") from None
         outputs.append(f"trace: {trace_header} + {trace_data}")

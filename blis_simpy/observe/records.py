@@ -7,7 +7,10 @@ and the receive time of every chunk that carried generated text. From them:
 * TTFT = first content chunk − send; ITLs = gaps between successive content chunks;
   E2E = last content chunk − send (all in ms in the results file, µs in the trace);
 * :func:`trace_records` — TraceV2 rows (mode ``real``), one per request in dispatch (=
-  arrival) order with ``request_id`` 0, 1, …;
+  arrival) order with ``request_id`` 0, 1, …; with the prompt token IDs that were sent in
+  the ``input_token_ids`` column when :func:`carries_token_ids` (token-ID prompts, at most
+  the reader's 10,000,000 IDs per file), so a replay shares exactly the prefixes the
+  server saw;
 * :func:`results_document` — the ``--results`` JSON: per-request TTFT / ITL list / E2E and
   a summary (mean/p50/p90/p99 of TTFT, ITL and E2E over the successful requests after the
   warm-up ones, and throughput).
@@ -24,9 +27,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from blis_simpy.errors import ConfigError
 from blis_simpy.metrics.percentile import mean_ms, percentile_ms
-from blis_simpy.workload.tracev2 import TraceRecord
+from blis_simpy.workload.tracev2 import MAX_TOKEN_IDS_PER_FILE, TraceRecord
 
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
 #: chunk timestamps kept per request (further chunks are still counted)
@@ -102,10 +107,19 @@ class Observation:
 
 
 # ---------------------------------------------------------------------------- TraceV2 rows
-def trace_records(observations: list[Observation], *, streaming: bool) -> list[TraceRecord]:
+def carries_token_ids(observations: list[Observation], api_format: str) -> bool:
+    """Whether the trace should carry the prompts' token IDs (``input_token_ids``): only
+    when the server got exactly those IDs (``completions``) and they fit the reader's cap."""
+    return api_format == "completions" and \
+        sum(o.request.input_len for o in observations) <= MAX_TOKEN_IDS_PER_FILE
+
+
+def trace_records(observations: list[Observation], *, streaming: bool,
+                  token_ids: bool = False) -> list[TraceRecord]:
     """One TraceV2 row per observation (``request_id`` = position). ``input_tokens`` is the
     prompt without its shared prefix (TraceV2's convention), ``output_tokens`` the
-    completion tokens the server reported and ``server_input_tokens`` its prompt tokens."""
+    completion tokens the server reported and ``server_input_tokens`` its prompt tokens.
+    ``token_ids``: fill ``input_token_ids`` with the prompt IDs that were sent."""
     rows = []
     for i, o in enumerate(observations):
         r = o.request
@@ -120,7 +134,8 @@ def trace_records(observations: list[Observation], *, streaming: bool) -> list[T
             arrival_time_us=o.arrival_us, send_time_us=o.send_us,
             first_chunk_time_us=o.first_chunk_us, last_chunk_time_us=o.last_chunk_us,
             num_chunks=o.num_chunks, status=o.status, error_message=o.error_message,
-            finish_reason=o.finish_reason))
+            finish_reason=o.finish_reason,
+            input_token_ids=np.array(r.input_tokens, dtype=np.int32) if token_ids else None))
     return rows
 
 

@@ -45,10 +45,10 @@ class SSEServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> SSEServer:
+    def start(self, port: int = 0) -> SSEServer:
         self._thread.start()
         fut = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop)
+            asyncio.start_server(self._handle, "127.0.0.1", port), self._loop)
         self._server = fut.result(5)
         self.port = self._server.sockets[0].getsockname()[1]
         return self

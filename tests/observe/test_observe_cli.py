@@ -104,6 +104,8 @@ def test_input_trace_is_replayed_at_its_arrival_times(server, tmp_path: Path):
     assert [(x.prefix_group, x.prefix_length, x.input_tokens) for x in rows] == \
         [("sys", 4, 5), ("sys", 4, 3), ("", 0, 6)]
     assert [x.output_tokens for x in rows] == [2, 4, 1]
+    # the prompts that were sent travel with the trace, so a replay shares the same prefix
+    assert [x.input_token_ids.tolist() for x in rows] == [b["prompt"] for b in bodies]
 
 
 def test_input_trace_num_requests_takes_the_first_n(server, tmp_path: Path):
@@ -128,6 +130,7 @@ def test_scenario_workload_and_model_with_chat(server, tmp_path: Path):
     assert body["model"] == "Org/Mixed-Case" and len(body["messages"][0]["content"].split(" ")) == 6
     tr = read_trace(h, d)
     assert tr.header.workload_seed == 3 and [x.status for x in tr.records] == ["ok", "ok"]
+    assert all(x.input_token_ids is None for x in tr.records)    # chat: the server got text
 
 
 def test_closed_loop_sessions_send_follow_ups_after_think_time(server, tmp_path: Path):
