@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 from blis_simpy.cli import flags as F
 from blis_simpy.cli import runner
 from blis_simpy.cli.catalog_cmd import register as _register_catalog
+from blis_simpy.cli.convert_cmd import register as _register_convert
 from blis_simpy.cli.observe_cmd import register as _register_observe
 from blis_simpy.config.scenario import TraceWorkload
 from blis_simpy.errors import BlisError, ConfigError
@@ -253,6 +254,7 @@ def validate_cmd(path: Path = typer.Argument(..., metavar="FILE.yaml", help="sce
 
 
 _register_catalog(app)
+_register_convert(app)
 _register_observe(app)
 
 

@@ -254,6 +254,8 @@ def execute(plan: Plan, progress: Callable[[int, int], None] | None = None) -> O
                     rejected_at_routing=c.rejected_at_routing, shed_by_tier=dict(c.shed_by_tier),
                     priority_policy=s.engine.priority_policy, is_replay=plan.command == REPLAY)
     add_optional_sections(plan, result, report)
+    if plan.command == REPLAY and s.horizon_us is None:
+        warn_unfinished(len(requests), report, horizon, max((r.arrival_us for r in requests), default=0))
     blocks = [inst.kv.total_blocks for inst in sim.instances]
     report.total_kv_blocks = blocks[0] if len(set(blocks)) == 1 else blocks
     cap = sim.plan.global_deployment.kv_capacity
@@ -328,6 +330,24 @@ def export_trace(out: Outcome, prefix: str) -> None:
         write_trace(prefix, header, rows)
     except ConfigError as exc:
         raise ConfigError(exc.problem, file=exc.file, field="--trace-output") from None
+
+
+def warn_unfinished(n_requests: int, report: Report, horizon_us: int, last_arrival_us: int) -> None:
+    """One ``warning:`` line on stderr when replay's default horizon (BLIS: 2x the last
+    arrival) stopped the run with requests neither completed, timed out, dropped nor
+    rejected. Nothing else changes (stdout and results files stay BLIS's)."""
+    import sys
+    c = report.cluster
+    done = (c.completed_requests + c.dropped_unservable + c.timed_out_requests
+            + report.rejected_by_admission + report.rejected_at_routing)
+    left = n_requests - done
+    if left <= 0 or horizon_us >= MAX_INT64:
+        return
+    why = ("600 s as every request arrives at 0" if last_arrival_us <= 0
+           else "2x the last arrival")
+    print(f"warning: {left} of {n_requests} requests unfinished at the horizon "
+          f"{horizon_us / 1e6:.1f} s (replay's default, {why}); pass --horizon or horizon_us "
+          "to replay to completion", file=sys.stderr)
 
 
 def horizon_text(h: int) -> str:

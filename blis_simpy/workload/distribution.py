@@ -106,13 +106,16 @@ def distribution_spec(rate: float = 1.0, num_requests: int = 100, seed: int = 42
 
 
 def preset_spec(name: str, rate: float = 1.0, num_requests: int = 100, seed: int = 42,
-                client_id: str = DISTRIBUTION_CLIENT_ID) -> WorkloadSpecV2:
+                client_id: str = DISTRIBUTION_CLIENT_ID,
+                presets: dict[str, Preset] | None = None) -> WorkloadSpecV2:
     """The v2 spec of ``--workload <preset>`` (no length validation, as in BLIS).
 
-    ``client_id`` is ``distribution`` for ``run`` and ``preset-<name>`` for ``convert preset``.
+    ``client_id`` is ``distribution`` for ``run`` and ``preset-<name>`` for ``convert preset``;
+    ``presets`` replaces the built-in table (a defaults.yaml ``workloads:`` section).
     """
-    p = PRESETS.get(name)
+    table = PRESETS if presets is None else presets
+    p = table.get(name)
     if p is None:
         raise ConfigError(f"unknown workload {name!r} (valid: distribution, "
-                          f"{', '.join(PRESETS)})", field="--workload")
+                          f"{', '.join(table)})", field="--workload")
     return _synthesise(rate, num_requests, seed, p.prompt, p.output, p.prefix_tokens, client_id)
