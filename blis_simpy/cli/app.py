@@ -23,9 +23,12 @@ from typer.core import TyperGroup
 
 from blis_simpy.cli import flags as F
 from blis_simpy.cli import runner
+from blis_simpy.cli.calibrate_cmd import register as _register_calibrate
 from blis_simpy.cli.catalog_cmd import register as _register_catalog
 from blis_simpy.cli.convert_cmd import register as _register_convert
+from blis_simpy.cli.fit_cmd import register as _register_fit
 from blis_simpy.cli.observe_cmd import register as _register_observe
+from blis_simpy.cli.options import flag_parameters, given_flags
 from blis_simpy.config.scenario import TraceWorkload
 from blis_simpy.errors import BlisError, ConfigError
 
@@ -114,7 +117,7 @@ class Format(str, enum.Enum):
 
 # ---------------------------------------------------------------------------- run / replay
 def _simulate(command: str, scenario: Path | None, fmt: Format, raw: dict) -> None:
-    given = {f.name: raw[f.dest] for f in F.flags_for(command) if raw.get(f.dest) is not None}
+    given = given_flags(command, raw)
     setup_logging(given.get("--log"))
     plan = runner.prepare(command, given, str(scenario) if scenario is not None else None)
     show_progress = fmt is Format.table and sys.stderr.isatty()
@@ -208,17 +211,7 @@ def _command(command: str, doc: str):
                                                     "or BLIS's stdout layout",
                                                rich_help_panel=F.OUTPUT)),
     ]
-    for f in F.flags_for(command):
-        if f.boolean:
-            params.append(inspect.Parameter(
-                f.dest, inspect.Parameter.KEYWORD_ONLY, annotation=bool | None,
-                default=typer.Option(None, f"{f.name}/--no-{f.name[2:]}", help=f.help,
-                                     show_default=False, rich_help_panel=f.panel)))
-            continue
-        params.append(inspect.Parameter(
-            f.dest, inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
-            default=typer.Option(None, f.name, help=f.help, metavar=f.metavar, show_default=False,
-                                 rich_help_panel=f.panel)))
+    params += flag_parameters(command)
 
     def cmd(**kw) -> None:
         _simulate(command, kw.pop("scenario"), kw.pop("format"), kw)
@@ -255,6 +248,8 @@ def validate_cmd(path: Path = typer.Argument(..., metavar="FILE.yaml", help="sce
 
 _register_catalog(app)
 _register_convert(app)
+_register_calibrate(app)
+_register_fit(app)
 _register_observe(app)
 
 

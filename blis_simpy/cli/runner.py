@@ -84,9 +84,15 @@ def _ancestors(path: str):
         path = path[:cut] if cut > 0 else ""
 
 
-def prepare(command: str, given: dict[str, str], scenario_path: str | None = None) -> Plan:
-    """Scenario file (optional) + given flags → a validated :class:`Plan`."""
-    if scenario_path is not None:
+def prepare(command: str, given: dict[str, str], scenario_path: str | None = None, *,
+            data: dict | None = None, need_trace: bool = True) -> Plan:
+    """Scenario file (optional) + given flags → a validated :class:`Plan`. ``data``: scenario
+    keys to start from instead of a file; ``need_trace=False``: a replay whose workload comes
+    from elsewhere (calibrate/fit replay a measured run)."""
+    if data is not None:
+        src = Source()
+        load_plugins(data.get("plugins") or [])
+    elif scenario_path is not None:
         data, src = load_raw(scenario_path)
         plugins = data.get("plugins")
         if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
@@ -108,7 +114,7 @@ def prepare(command: str, given: dict[str, str], scenario_path: str | None = Non
         check_scenario(plan.scenario)
     except ConfigError as exc:
         raise plan.attribute(exc) from None
-    if command == REPLAY and not isinstance(plan.scenario.workload, TraceWorkload):
+    if command == REPLAY and need_trace and not isinstance(plan.scenario.workload, TraceWorkload):
         raise ConfigError("replay needs a trace: pass --trace-header and --trace-data, or a "
                           "scenario whose workload has kind: trace", field="--trace-header")
     return plan

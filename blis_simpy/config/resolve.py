@@ -332,7 +332,8 @@ def build_backend(backend: str, model_cfg, gpu, tp, alpha, beta, compat: str,
 
 def _with_coefficient_set(cfg, backend: str):
     """``latency.coefficients``: a physics set is read by the backend itself (checked here);
-    an alpha/beta set fills ``alpha_coeffs`` / ``beta_coeffs`` unless they are given.
+    an alpha/beta set replaces ``alpha_coeffs`` / ``beta_coeffs`` (the set is the more
+    specific choice: a file fitted for this deployment).
     Returns the latency config to use and a note (or None)."""
     if not cfg.coefficients:
         return cfg, None
@@ -344,9 +345,10 @@ def _with_coefficient_set(cfg, backend: str):
     note = f"{backend} coefficients: set {got.name or cfg.coefficients} ({cfg.coefficients})"
     if isinstance(got, PhysicsCoefficients):
         return cfg, note
-    return cfg.model_copy(update={
-        "alpha_coeffs": cfg.alpha_coeffs if cfg.alpha_coeffs is not None else list(got.alpha_coeffs),
-        "beta_coeffs": cfg.beta_coeffs if cfg.beta_coeffs is not None else list(got.beta_coeffs)}), note
+    if cfg.alpha_coeffs is not None or cfg.beta_coeffs is not None:
+        note += "; it replaces the alpha_coeffs/beta_coeffs also given"
+    return cfg.model_copy(update={"alpha_coeffs": list(got.alpha_coeffs),
+                                  "beta_coeffs": list(got.beta_coeffs)}), note
 
 
 def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:

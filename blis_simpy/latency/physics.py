@@ -79,10 +79,13 @@ class PhysicsModel(LatencyModel, name="physics"):
 
     @classmethod
     def from_config(cls, model: ModelConfig, gpu: GPUSpec, tp: int, alpha=None, beta=None, *,
-                    dp: int = 1, expert_parallel: bool = False, coefficients: str = "",
+                    dp: int = 1, expert_parallel: bool = False,
+                    coefficients: str | PhysicsCoefficients = "",
                     kv_bytes_per_element: float = 0.0, **_ignored) -> PhysicsModel:
-        """Build from catalog records; ``alpha``/``beta`` are not used (coefficient sets are)."""
-        coeffs, _ = load_coefficient_set(gpu.name, coefficients)
+        """Build from catalog records; ``alpha``/``beta`` are not used (coefficient sets are).
+        ``coefficients``: a set file (see :func:`load_coefficient_set`) or a set itself."""
+        coeffs = (coefficients if isinstance(coefficients, PhysicsCoefficients)
+                  else load_coefficient_set(gpu.name, coefficients)[0])
         return cls(model, gpu, tp, dp=dp, expert_parallel=expert_parallel, coefficients=coeffs,
                    kv_bytes_per_element=kv_bytes_per_element)
 

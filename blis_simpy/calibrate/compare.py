@@ -1,0 +1,120 @@
+"""Sim vs real: the numbers ``blis-simpy calibrate`` prints and ``fit`` minimises.
+
+Per metric (TTFT, TPOT, E2E, and scheduling delay where the log has it) over the requests
+both the run and the twin completed: real and sim mean/p50/p90/p99 with the signed error
+``100·(sim − real)/real`` %, and the per-request MAPE ``100·mean(|sim − real| / real)`` %
+(requests with real = 0 left out). Throughput is output tokens over the span from the first
+arrival to the last completion. Percentiles are numpy's linear interpolation. Units: ms
+unless named otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from blis_simpy.calibrate.twin import SimRun
+from blis_simpy.observed.run import ObservedRun
+
+METRICS = ("ttft", "tpot", "e2e", "sched")
+LABELS = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "sched": "sched delay"}
+STATS = ("mean", "p50", "p90", "p99")
+
+
+def real_values(run: ObservedRun, metric: str) -> dict[str, float]:
+    """Request id → the run's measured value of ``metric`` (ms); TPOT only for > 1 output
+    token; scheduling delay only where the log records the scheduling time."""
+    out = {}
+    for r in run.requests:
+        v = {"ttft": r.ttft_ms, "e2e": r.e2e_ms, "tpot": r.tpot_ms,
+             "sched": getattr(r, "sched_ms", None)}[metric]
+        if v is not None:
+            out[r.id] = v
+    return out
+
+
+def sim_values(sim: SimRun, metric: str) -> dict[str, float]:
+    return {"ttft": sim.ttft_ms, "e2e": sim.e2e_ms, "tpot": sim.tpot_ms, "sched": sim.sched_ms}[metric]
+
+
+def err_pct(sim: float, real: float) -> float:
+    """Signed error in % (``nan`` when real is 0)."""
+    return 100.0 * (sim - real) / real if real else float("nan")
+
+
+@dataclass
+class MetricRow:
+    metric: str
+    n: int
+    real: dict[str, float]
+    sim: dict[str, float]
+    err_pct: dict[str, float]
+    mape_pct: float
+
+    def to_dict(self) -> dict:
+        return {"n": self.n, "real_ms": self.real, "sim_ms": self.sim, "error_pct": self.err_pct,
+                "mape_pct": self.mape_pct}
+
+
+@dataclass
+class Comparison:
+    """Everything calibrate reports about one run."""
+
+    run: str
+    rows: list[MetricRow] = field(default_factory=list)
+    completed_real: int = 0
+    completed_sim: int = 0
+    offered: int = 0
+    throughput_real_tps: float = 0.0
+    throughput_sim_tps: float = 0.0
+    cache_hit_rate_sim: float = 0.0
+    preemptions_sim: int = 0
+
+    def row(self, metric: str) -> MetricRow | None:
+        return next((r for r in self.rows if r.metric == metric), None)
+
+    def to_dict(self) -> dict:
+        return {"run": self.run, "offered": self.offered, "completed_real": self.completed_real,
+                "completed_sim": self.completed_sim,
+                "metrics": {r.metric: r.to_dict() for r in self.rows},
+                "throughput_tps": {"real": self.throughput_real_tps, "sim": self.throughput_sim_tps,
+                                   "error_pct": err_pct(self.throughput_sim_tps, self.throughput_real_tps)},
+                "sim_cache_hit_rate": self.cache_hit_rate_sim,
+                "sim_preemptions": self.preemptions_sim}
+
+
+def stats(values) -> dict[str, float]:
+    a = np.asarray(values, dtype=float)
+    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
+            "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99))}
+
+
+def metric_row(metric: str, real: dict[str, float], sim: dict[str, float]) -> MetricRow | None:
+    keys = [k for k in real if k in sim]
+    if not keys:
+        return None
+    rv = np.array([real[k] for k in keys])
+    sv = np.array([sim[k] for k in keys])
+    rs, ss = stats(rv), stats(sv)
+    nz = rv != 0
+    mape = float(100.0 * np.mean(np.abs(sv[nz] - rv[nz]) / rv[nz])) if nz.any() else float("nan")
+    return MetricRow(metric, len(keys), rs, ss, {s: err_pct(ss[s], rs[s]) for s in STATS}, mape)
+
+
+def compare(run: ObservedRun, sim: SimRun) -> Comparison:
+    c = Comparison(run.name, offered=len(run.requests), completed_real=len(run.requests),
+                   completed_sim=sim.completed, cache_hit_rate_sim=sim.cache_hit_rate,
+                   preemptions_sim=sim.preemptions)
+    for m in METRICS:
+        row = metric_row(m, real_values(run, m), sim_values(sim, m))
+        if row is not None:
+            c.rows.append(row)
+    if run.requests:
+        start = min(r.arrival_us for r in run.requests) / 1e6
+        end = max(r.last_token_s - run.q0_s for r in run.requests)
+        toks = sum(r.output_toks for r in run.requests)
+        c.throughput_real_tps = toks / (end - start) if end > start else 0.0
+    if sim.end_us > 0:
+        c.throughput_sim_tps = sim.output_tokens / (sim.end_us / 1e6)
+    return c

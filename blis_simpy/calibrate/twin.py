@@ -1,0 +1,114 @@
+"""The simulated twin of a measured run: replay its requests through a scenario, to the end.
+
+:func:`scenario_data` turns a run's engine settings into scenario keys (the same keys a
+scenario file has, so flags can override them); :func:`simulate` replays the run's TraceV2
+rows (real prompt token IDs where the run has them) with no horizon, so every request
+finishes, and samples the engines once a simulated second (running, waiting, KV use) by a
+monitor process beside the instances — a read-only observer that stops when the last
+request is done. Units: ``*_us`` integer µs, ``*_ms`` ms, ``*_s`` s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from blis_simpy.cluster.simulation import Simulation
+from blis_simpy.config.resolve import Deployment, resolve
+from blis_simpy.config.scenario import Scenario
+from blis_simpy.observed.run import ObservedRun, Settings
+from blis_simpy.units import MAX_INT64
+from blis_simpy.workload.replay import trace_requests
+
+SAMPLE_PERIOD_US = 1_000_000
+
+
+def scenario_data(st: Settings, name: str = "") -> dict:
+    """Scenario keys for a run's engine settings (model, GPU, parallelism, vLLM limits, KV)."""
+    eng = {"block_size": st.block_size, "max_num_running_reqs": st.max_num_seqs,
+           "max_num_scheduled_tokens": st.max_num_batched_tokens,
+           "max_model_len": st.max_model_len,
+           "gpu_memory_utilization": st.gpu_memory_utilization}
+    if st.kv_blocks is not None:
+        eng["total_kv_blocks"] = st.kv_blocks
+    return {"name": name or "calibration", "seed": st.seed, "model": st.model,
+            "hardware": st.hardware, "tp": st.tp, "dp": st.dp,
+            "enable_expert_parallel": st.expert_parallel, "engine": eng}
+
+
+@dataclass
+class Sample:
+    """The engines at one instant: requests running and waiting, KV blocks in use (summed
+    over instances) and the KV cache use in % of all blocks. ``t_s``: simulated seconds."""
+
+    t_s: float
+    running: int
+    waiting: int
+    kv_cache_pct: float
+
+
+@dataclass
+class SimRun:
+    """What the twin did. Per request (keyed by the run's request id): TTFT, E2E, TPOT (ms;
+    TPOT only for > 1 output token) and scheduling delay (ms); the 1 s samples; totals."""
+
+    ttft_ms: dict[str, float] = field(default_factory=dict)
+    e2e_ms: dict[str, float] = field(default_factory=dict)
+    tpot_ms: dict[str, float] = field(default_factory=dict)
+    sched_ms: dict[str, float] = field(default_factory=dict)
+    samples: list[Sample] = field(default_factory=list)
+    completed: int = 0
+    offered: int = 0
+    output_tokens: int = 0
+    end_us: int = 0
+    cache_hit_rate: float = 0.0
+    preemptions: int = 0
+    total_kv_blocks: int = 0
+
+
+def _monitor(env, sim: Simulation, total: int, out: list[Sample], period_us: int):
+    """Sample every ``period_us`` until every request is done (never past the last one)."""
+    insts = sim.instances
+    blocks = sum(i.kv.total_blocks for i in insts) or 1
+    while True:
+        used = sum(i.kv.used for i in insts)
+        out.append(Sample(env.now / 1e6, sum(len(i.running) for i in insts),
+                          sum(len(i.waitq) for i in insts), 100.0 * used / blocks))
+        if sim._done_requests() >= total:
+            return
+        yield env.timeout(period_us)
+
+
+def simulate(scenario: Scenario, run: ObservedRun, *, deployment: Deployment | None = None,
+             horizon_us: int = MAX_INT64, sample_period_us: int = SAMPLE_PERIOD_US,
+             progress: Callable[[int, int], None] | None = None) -> SimRun:
+    """Replay ``run.records`` through ``scenario`` (``deployment``: a resolved deployment to
+    use instead of resolving the scenario, e.g. with fitted coefficients) and collect the
+    twin's per-request latencies. ``sample_period_us`` 0 = no timeline."""
+    reqs = trace_requests(run.records, scenario.seed)
+    dep = deployment if deployment is not None else resolve(scenario, quiet=True)
+    sim = Simulation(scenario, reqs, horizon_us=horizon_us, deployment=dep)
+    out = SimRun(offered=len(reqs))
+    if sample_period_us > 0:
+        sim.env.process(_monitor(sim.env, sim, len(reqs), out.samples, sample_period_us))
+    result = sim.run(progress=progress)
+    by_trace = {f"request_{r.trace_id}": r.id for r in run.requests}
+    cluster = result.cluster
+    metrics = [cluster] if cluster is not None else result.instances
+    for m in metrics:
+        for k, e2e in m.e2e.items():
+            rid = by_trace.get(k, k)
+            out.e2e_ms[rid] = e2e / 1000.0
+            out.ttft_ms[rid] = m.ttft[k] / 1000.0
+            if m.registry[k].output_len > 1:
+                out.tpot_ms[rid] = m.itl[k] / 1000.0
+            if k in m.scheduling_delay:
+                out.sched_ms[rid] = m.scheduling_delay[k] / 1000.0
+            out.end_us = max(out.end_us, m.completion_time[k])
+        out.completed += m.completed_requests
+        out.output_tokens += sum(m.registry[k].output_len for k in m.e2e)
+        out.preemptions += m.preemption_count
+    hits = [m.cache_hit_rate for m in result.instances]
+    out.cache_hit_rate = sum(hits) / len(hits) if hits else 0.0
+    out.total_kv_blocks = sum(i.kv.total_blocks for i in sim.instances)
+    return out

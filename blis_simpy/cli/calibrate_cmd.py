@@ -1,0 +1,158 @@
+"""``blis-simpy calibrate``: replay measured runs through the simulator and report sim vs real.
+
+A run is a raw vLLM log folder, a ``vllm bench`` result JSON, or the ``PREFIX`` of files
+``blis-simpy convert`` (or ``observe``) wrote (:func:`blis_simpy.observed.converted.load_observed`).
+The deployment is the run's logged settings (model, GPU, parallelism, vLLM limits, KV
+blocks), or ``--scenario FILE``; BLIS's replay flags override either (``--latency-model``,
+``--coefficients``, ``--hardware``, ...). The replay always runs to completion (no horizon)
+unless ``--horizon`` is given.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import json
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from blis_simpy.cli import flags as F
+from blis_simpy.cli import runner
+from blis_simpy.cli.options import flag_parameters, given_flags
+from blis_simpy.errors import ConfigError
+from blis_simpy.units import MAX_INT64
+
+#: replay flags that make no sense here (the workload is the measured run)
+SKIP = ("--trace-header", "--trace-data", "--trace-output", "--results-path")
+
+
+class CalFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+def run_plan(run, given: dict, scenario: str | None, command: str = "calibrate") -> runner.Plan:
+    """The scenario a measured run is replayed under: ``scenario`` (file) or the run's own
+    settings, with the given flags on top; no horizon unless ``--horizon`` is given."""
+    from blis_simpy.calibrate import scenario_data
+    given = dict(given)
+    if scenario is not None:
+        plan = runner.prepare(F.REPLAY, given, scenario, need_trace=False)
+    else:
+        if run.settings is None:
+            raise ConfigError(f"the run {run.name} records no engine settings (a vllm bench result): "
+                              "pass --scenario FILE.yaml or --model/--hardware/--tp", field=command)
+        data = scenario_data(run.settings, run.name)
+        data["latency"] = {"model": runner.BLIS_DEFAULT_LATENCY_MODEL}
+        plan = runner.prepare(F.REPLAY, given, data=data, need_trace=False)
+    if "--horizon" not in given:
+        plan.scenario = plan.scenario.model_copy(update={"horizon_us": MAX_INT64})
+    return plan
+
+
+def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat,
+              plot_dir: str | None, report_path: str | None, timeline: bool) -> None:
+    from rich.console import Console
+
+    from blis_simpy.calibrate import compare, simulate
+    from blis_simpy.calibrate.report import clean, paired_timeline, render, render_timeline, timeline_errors
+    from blis_simpy.observed.converted import load_observed
+    loaded = [load_observed(r) for r in runs]          # every input checked before any run
+    plans = [run_plan(r, given, scenario) for r in loaded]
+    docs, outputs = [], []
+    console = Console(file=sys.stdout, width=max(Console().width, 150))
+    for run, plan in zip(loaded, plans, strict=True):
+        s = plan.scenario
+        sim = simulate(s, run, horizon_us=s.horizon_us if s.horizon_us is not None else MAX_INT64)
+        c = compare(run, sim)
+        rows = paired_timeline(run.ticks, sim.samples) if timeline else []
+        doc = c.to_dict()
+        doc.update({"latency_model": s.latency.model, "coefficients": s.latency.coefficients,
+                    "hardware": s.hardware, "model": s.model, "tp": s.tp, "dp": s.dp,
+                    "total_kv_blocks": sim.total_kv_blocks, "notes": list(run.notes)})
+        if rows:
+            doc["timeline"] = rows
+            doc["timeline_errors"] = timeline_errors(rows)
+        docs.append(doc)
+        outputs.append((run, sim, c, rows))
+    if report_path:
+        _write_json(report_path, clean({"runs": docs}))
+    if plot_dir:
+        from blis_simpy.calibrate.plots import write_plots
+        for run, sim, _c, rows in outputs:
+            for p in write_plots(plot_dir, run, sim, rows):
+                print(f"wrote {p}", file=sys.stderr)
+    if fmt is CalFormat.json:
+        sys.stdout.write(json.dumps(clean({"runs": docs}), indent=2, sort_keys=False) + "\n")
+        return
+    for (run, sim, c, rows), doc in zip(outputs, docs, strict=True):
+        console.print(f"[bold]{run.name}[/bold]: {doc['latency_model']} on {doc['hardware']} "
+                      f"(TP {doc['tp']}, DP {doc['dp']}), {sim.total_kv_blocks} KV blocks"
+                      + (f", coefficients {doc['coefficients']}" if doc["coefficients"] else ""),
+                      highlight=False)
+        render(console, c)
+        if rows:
+            render_timeline(console, rows)
+            e = doc["timeline_errors"]
+            console.print(f"timeline mean |sim − real|: running {e['running_mean_abs_diff']:.1f}, "
+                          f"waiting {e['waiting_mean_abs_diff']:.1f} requests, "
+                          f"KV {e['kv_pct_mean_abs_diff']:.1f} points", highlight=False)
+
+
+def _write_json(path: str, obj) -> None:
+    final = Path(path)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, final)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"cannot write: {exc.strerror or exc}", file=path, field="--report") from None
+
+
+def register(app: typer.Typer) -> None:
+    params = [
+        inspect.Parameter("runs", inspect.Parameter.KEYWORD_ONLY, annotation=list[str],
+                          default=typer.Argument(..., metavar="RUN...",
+                                                 help="measured runs: a vLLM log folder, a vllm bench "
+                                                      "result .json, or the PREFIX of converted files")),
+        inspect.Parameter("scenario", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
+                          default=typer.Option(None, "--scenario", metavar="FILE.yaml",
+                                               help="deployment to replay under (default: the run's "
+                                                    "logged settings); flags override it")),
+        inspect.Parameter("format", inspect.Parameter.KEYWORD_ONLY, annotation=CalFormat,
+                          default=typer.Option(CalFormat.table, "--format", case_sensitive=False,
+                                               help="rich tables or one JSON document",
+                                               rich_help_panel=F.OUTPUT)),
+        inspect.Parameter("plot", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
+                          default=typer.Option(None, "--plot", metavar="DIR",
+                                               help="write PNGs: CDFs, per-request scatter, timelines",
+                                               rich_help_panel=F.OUTPUT)),
+        inspect.Parameter("report", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
+                          default=typer.Option(None, "--report", metavar="FILE.json",
+                                               help="write the JSON document to a file too",
+                                               rich_help_panel=F.OUTPUT)),
+        inspect.Parameter("timeline", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                          default=typer.Option(True, "--timeline/--no-timeline",
+                                               help="compare running/waiting/KV timelines where the "
+                                                    "run has a timeseries", rich_help_panel=F.OUTPUT)),
+    ] + flag_parameters(F.REPLAY, SKIP)
+
+    def cmd(**kw) -> None:
+        from blis_simpy.cli.app import setup_logging
+        runs, scenario, fmt = kw.pop("runs"), kw.pop("scenario"), kw.pop("format")
+        plot, report, timeline = kw.pop("plot"), kw.pop("report"), kw.pop("timeline")
+        given = given_flags(F.REPLAY, kw)
+        setup_logging(given.get("--log"))
+        calibrate(runs, str(scenario) if scenario else None, given, fmt,
+                  str(plot) if plot else None, str(report) if report else None, timeline)
+
+    cmd.__signature__ = inspect.Signature(params)
+    cmd.__name__ = "calibrate"
+    cmd.__doc__ = ("Replay measured runs (vLLM log folder, vllm bench result, converted PREFIX) "
+                   "to completion and report sim vs real: TTFT/TPOT/E2E/scheduling-delay "
+                   "errors, MAPE, throughput, timelines.")
+    app.command("calibrate")(cmd)

@@ -1,0 +1,149 @@
+"""``blis-simpy fit``: fit a latency backend's coefficients to measured runs and write them
+as a coefficient-set file (``--coefficients FILE`` / ``latency.coefficients`` load it).
+
+Runs are given as for ``calibrate`` (vLLM log folder, vllm bench result, converted PREFIX);
+each is replayed under its own logged settings (or ``--scenario``) with the flags on top.
+All runs must be on one GPU: a set describes a GPU, never a model.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+
+from blis_simpy.cli import flags as F
+from blis_simpy.cli.calibrate_cmd import SKIP, run_plan
+from blis_simpy.cli.options import flag_parameters, given_flags
+from blis_simpy.errors import ConfigError
+
+MAX_BUDGET_S = 7 * 24 * 3600.0
+
+
+def _summary(c) -> dict:
+    out = {}
+    for m in ("ttft", "tpot", "e2e"):
+        r = c.row(m)
+        if r is not None:
+            out[f"{m}_mean_error_pct"] = round(r.err_pct["mean"], 3)
+    e2e = c.row("e2e")
+    if e2e is not None:
+        out["e2e_mape_pct"] = round(e2e.mape_pct, 3)
+    return out
+
+
+def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, budget_s: float,
+            max_evaluations: int, cross_validate: bool, name: str, argv: list[str]) -> None:
+    from rich.console import Console
+    from rich.progress import Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from blis_simpy.fit import Case, fit, space_for
+    from blis_simpy.latency.coefficient_sets import write_set
+    from blis_simpy.observed.converted import load_observed
+    if not (0 < budget_s <= MAX_BUDGET_S):
+        raise ConfigError(f"must be > 0 and <= {MAX_BUDGET_S:.0f} s, got {budget_s}", field="--time-budget")
+    if not (1 <= max_evaluations <= 100_000):
+        raise ConfigError(f"must be in [1, 100000], got {max_evaluations}", field="--max-evaluations")
+    out_path = Path(output)
+    if not out_path.parent.is_dir():
+        raise ConfigError("no such folder for the output file", file=output, field="--output")
+    loaded = [load_observed(r) for r in runs]
+    cases = [Case(r, run_plan(r, given, scenario, "fit").scenario) for r in loaded]
+    first = cases[0].scenario
+    for c in cases[1:]:
+        s = c.scenario
+        if (s.hardware, s.latency.model) != (first.hardware, first.latency.model):
+            raise ConfigError(f"run {c.run.name} is on {s.hardware} ({s.latency.model}), run "
+                              f"{cases[0].run.name} on {first.hardware} ({first.latency.model}): a "
+                              "coefficient set describes one GPU and one backend", field="fit")
+    space = space_for(first)
+    err = Console(stderr=True)
+    bar = Progress(TextColumn("fitting {task.fields[backend]}: {task.completed} simulations, "
+                              "best cost {task.fields[cost]}"), TimeElapsedColumn(), console=err,
+                   transient=True, disable=not sys.stderr.isatty())
+    with bar:
+        task = bar.add_task("fit", total=None, backend=space.backend, cost="-")
+        n = [0]
+
+        def on_eval(evals: int, cost: float) -> None:
+            n[0] += 1
+            bar.update(task, completed=n[0], cost=f"{cost:.4g}")
+
+        res = fit(space, cases, time_budget_s=budget_s, max_evaluations=max_evaluations,
+                  cross_validate=cross_validate, on_eval=on_eval)
+    provenance = {
+        "command": "blis-simpy " + " ".join(shlex.quote(a) for a in argv),
+        "runs": [c.run.name for c in cases],
+        "parameters": {p.name: round(v, 6) for p, v in zip(space.params, res.x, strict=True)},
+        "in_sample": {c.run: _summary(c) for c in res.in_sample},
+        "evaluations": res.evaluations, "stopped": res.stopped,
+    }
+    if res.held_out:
+        provenance["leave_one_out"] = {c.run: _summary(c) for c in res.held_out}
+    cs = res.coefficient_set.model_copy(update={
+        "name": name or f"{first.hardware}-{space.backend}-fitted", "gpu": first.hardware,
+        "description": f"{space.backend} coefficients fitted to {len(cases)} measured run(s) on {first.hardware}",
+        "fit": provenance})
+    write_set(out_path, cs, comment=f"written by: {provenance['command']}")
+    con = Console(file=sys.stdout, width=max(Console().width, 120))
+    t = Table(title=f"fit: {space.backend} on {first.hardware} ({res.evaluations} simulations, "
+                    f"{res.seconds:.0f} s, {res.stopped})", title_justify="left")
+    for col in ("parameter", "start", "fitted", "bounds"):
+        t.add_column(col, justify="right" if col != "parameter" else "left")
+    for p, v in zip(space.params, res.x, strict=True):
+        t.add_row(p.name + (f" ({p.unit})" if p.unit else ""), f"{p.x0:.4g}", f"{v:.4g}", f"[{p.lo:.4g}, {p.hi:.4g}]")
+    con.print(t)
+    t = Table(title="error after the fit (mean sim vs real; E2E MAPE per request)", title_justify="left")
+    for col in ("run", "", "TTFT", "TPOT", "E2E", "E2E MAPE"):
+        t.add_column(col, justify="left" if col in ("run", "") else "right")
+    for label, comps in (("in-sample", res.in_sample), ("held out", res.held_out)):
+        for c in comps:
+            s = _summary(c)
+            t.add_row(c.run, label, *(f"{s.get(k, float('nan')):+.1f}%" for k in
+                                      ("ttft_mean_error_pct", "tpot_mean_error_pct", "e2e_mean_error_pct")),
+                      f"{s.get('e2e_mape_pct', float('nan')):.1f}%")
+    con.print(t)
+    con.print(f"wrote {output}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    P = inspect.Parameter
+    params = [
+        P("runs", P.KEYWORD_ONLY, annotation=list[str],
+          default=typer.Argument(..., metavar="RUN...", help="measured runs (as for calibrate), one GPU")),
+        P("output", P.KEYWORD_ONLY, annotation=Path,
+          default=typer.Option(..., "--output", "-o", metavar="FILE.yaml", help="coefficient-set file to write")),
+        P("scenario", P.KEYWORD_ONLY, annotation=Path | None,
+          default=typer.Option(None, "--scenario", metavar="FILE.yaml",
+                               help="deployment to replay under (default: each run's logged settings)")),
+        P("time_budget", P.KEYWORD_ONLY, annotation=float,
+          default=typer.Option(600.0, "--time-budget", metavar="S", help="stop after S seconds (best so far)")),
+        P("max_evaluations", P.KEYWORD_ONLY, annotation=int,
+          default=typer.Option(200, "--max-evaluations", metavar="N", help="at most N simulations per search")),
+        P("cross_validate", P.KEYWORD_ONLY, annotation=bool,
+          default=typer.Option(True, "--cross-validate/--no-cross-validate",
+                               help="with several runs, also fit leaving each out and score on it")),
+        P("name", P.KEYWORD_ONLY, annotation=str,
+          default=typer.Option("", "--name", help="name written into the set")),
+    ] + flag_parameters(F.REPLAY, SKIP)
+
+    def cmd(**kw) -> None:
+        from blis_simpy.cli.app import setup_logging
+        runs, output, scenario = kw.pop("runs"), kw.pop("output"), kw.pop("scenario")
+        budget, max_eval = kw.pop("time_budget"), kw.pop("max_evaluations")
+        cv, name = kw.pop("cross_validate"), kw.pop("name")
+        given = given_flags(F.REPLAY, kw)
+        setup_logging(given.get("--log"))
+        run_fit(runs, str(scenario) if scenario else None, given, str(output), budget, max_eval, cv, name,
+                ["fit", *sys.argv[2:]] if len(sys.argv) > 1 and sys.argv[1] == "fit" else ["fit", *runs])
+
+    cmd.__signature__ = inspect.Signature(params)
+    cmd.__name__ = "fit"
+    cmd.__doc__ = ("Fit a latency backend's coefficients (physics, trained-physics, blackbox) to "
+                   "measured runs by least squares with the simulator in the loop; write a "
+                   "coefficient-set file and print in-sample and leave-one-out error.")
+    app.command("fit")(cmd)

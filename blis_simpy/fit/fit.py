@@ -1,0 +1,77 @@
+"""``blis-simpy fit``: least squares with the simulator in the loop (scipy.optimize).
+
+:func:`fit` runs :func:`scipy.optimize.least_squares` (trust-region reflective, so every
+coefficient stays inside its physical bounds, :mod:`blis_simpy.fit.space`) on the residuals
+of :mod:`blis_simpy.fit.objective`. Gradients are forward differences with a relative step
+of :data:`DIFF_STEP`: step times are truncated to integer µs, so a smaller step would see a
+flat objective. The search stops at convergence, after ``max_evaluations`` simulations, or
+at the time budget (then the best point seen is returned). With several runs, each is also
+held out in turn (leave-one-out): fitted on the others, scored on it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from blis_simpy.calibrate.compare import Comparison
+from blis_simpy.fit.objective import BudgetExceeded, Case, Objective
+from blis_simpy.fit.space import Space
+from blis_simpy.latency.coefficient_sets import CoefficientSet
+
+DIFF_STEP = 0.02
+MAX_EVALUATIONS = 200
+
+
+@dataclass
+class FitResult:
+    x: list[float]
+    coefficient_set: CoefficientSet
+    cost: float
+    evaluations: int
+    seconds: float
+    stopped: str                                   # "converged" | "budget" | "evaluations"
+    in_sample: list[Comparison] = field(default_factory=list)
+    held_out: list[Comparison] = field(default_factory=list)   # leave-one-out, one per run
+
+
+def _search(space: Space, cases: list[Case], deadline: float, max_evaluations: int,
+            on_eval=None) -> tuple[Objective, str, float]:
+    obj = Objective(space, cases, deadline=deadline, on_eval=on_eval)
+    lo = np.array([p.lo for p in space.params])
+    hi = np.array([p.hi for p in space.params])
+    scale = np.array([p.scale for p in space.params])
+    x0 = np.array(space.x0())
+    try:
+        res = least_squares(obj.residuals, x0, bounds=(lo, hi), x_scale=scale, diff_step=DIFF_STEP,
+                            max_nfev=max_evaluations, method="trf")
+        stopped = "converged" if res.status > 0 else "evaluations"
+    except BudgetExceeded:
+        stopped = "budget"
+    return obj, stopped, obj.best_cost
+
+
+def fit(space: Space, cases: list[Case], *, time_budget_s: float = 600.0,
+        max_evaluations: int = MAX_EVALUATIONS, cross_validate: bool = True, on_eval=None) -> FitResult:
+    """Fit ``space`` to every case; then, with ≥ 2 cases and ``cross_validate``, refit
+    without each case and score on it. The budget covers everything: the main fit gets
+    it all if there is no cross-validation, else half, the held-out fits share the rest."""
+    t0 = time.monotonic()
+    k = len(cases)
+    cv = cross_validate and k >= 2
+    main_share = 0.5 if cv else 1.0
+    obj, stopped, cost = _search(space, cases, t0 + time_budget_s * main_share, max_evaluations, on_eval)
+    x = obj.best_x
+    result = FitResult(x, space.to_set(x), cost, obj.evaluations, 0.0, stopped,
+                       in_sample=[obj.comparison(c, x) for c in cases])
+    if cv:
+        per = (t0 + time_budget_s - time.monotonic()) / k
+        for i, held in enumerate(cases):
+            rest = cases[:i] + cases[i + 1:]
+            o, _, _ = _search(space, rest, time.monotonic() + max(per, 1.0), max_evaluations, on_eval)
+            result.held_out.append(o.comparison(held, o.best_x))
+    result.seconds = time.monotonic() - t0
+    return result
