@@ -19,7 +19,8 @@ Layout of a run folder ``DIR`` (docs/workloads.md, "vllm-log"):
 
 :func:`load_vllm_log` returns an :class:`~blis_simpy.observed.run.ObservedRun`. Every
 malformed input is a :class:`ConfigError` naming the file, line and field. Inputs are capped
-(:data:`MAX_ROWS` lines a file, :data:`MAX_TOKEN_IDS` token IDs a workload).
+(:data:`MAX_ROWS` lines a file, :data:`MAX_TOKEN_IDS` token IDs a workload,
+:data:`MAX_FILE_BYTES` bytes a file).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from blis_simpy.observed.run import ObservedRun, RealRequest, Settings, Tick, la
 from blis_simpy.workload.tracev2 import MAX_TOKEN_IDS_PER_FILE, TraceHeader, TraceRecord, TraceServer
 
 MAX_ROWS = 1_000_000                     # lines of one JSONL / CSV file
+MAX_FILE_BYTES = 2 << 30                 # 2 GiB: any one input file
+MAX_META_BYTES = 64 << 20                # meta.json
 MAX_TOKEN_IDS = MAX_TOKEN_IDS_PER_FILE   # token IDs of one workload file (all lines)
 
 
@@ -54,8 +57,18 @@ def read_jsonl(path: Path, numbers: tuple[str, ...] = (), integers: tuple[str, .
                id_lists: tuple[str, ...] = ()) -> list[dict]:
     """The rows of a JSONL file; each named key must be present with the right type
     (``id_lists``: lists of token IDs, integers >= 0)."""
+    try:
+        return _read_jsonl(path, numbers, integers, id_lists)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not valid UTF-8 ({exc.reason})", file=str(path)) from None
+
+
+def _read_jsonl(path: Path, numbers: tuple[str, ...], integers: tuple[str, ...],
+                id_lists: tuple[str, ...]) -> list[dict]:
     if not path.is_file():
         raise ConfigError("missing file", file=str(path))
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise ConfigError(f"larger than {MAX_FILE_BYTES} bytes", file=str(path))
     rows = []
     n_ids = 0
     with open(path, encoding="utf-8") as f:
@@ -93,10 +106,14 @@ def read_meta(path: Path) -> dict:
     """meta.json: a JSON object with an ``engine_kwargs`` object."""
     if not path.is_file():
         raise ConfigError("missing file", file=str(path))
+    if path.stat().st_size > MAX_META_BYTES:
+        raise ConfigError(f"larger than {MAX_META_BYTES} bytes", file=str(path))
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"not JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not valid UTF-8 ({exc.reason})", file=str(path)) from None
     if not isinstance(meta, dict) or not isinstance(meta.get("engine_kwargs"), dict):
         raise ConfigError("no engine_kwargs object", file=str(path), field="engine_kwargs")
     return meta
@@ -105,6 +122,15 @@ def read_meta(path: Path) -> dict:
 def read_ticks(path: Path) -> list[Tick]:
     """timeseries.csv: ``t,prompt_throughput,gen_throughput,running,waiting[,kv_cache_pct]``
     (``t_s`` instead of ``t`` is accepted, as ``convert`` writes it)."""
+    try:
+        return _read_ticks(path)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not valid UTF-8 ({exc.reason})", file=str(path)) from None
+    except csv.Error as exc:
+        raise ConfigError(f"malformed CSV: {exc}", file=str(path)) from None
+
+
+def _read_ticks(path: Path) -> list[Tick]:
     if not path.is_file():
         raise ConfigError("missing file", file=str(path))
     ticks = []

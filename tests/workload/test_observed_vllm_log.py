@@ -146,6 +146,8 @@ def test_no_timeseries_means_no_ticks_file(tmp_path):
      ("timeseries.csv", 4, None)),
     (lambda run: (run.parent / "workload-wl.jsonl").write_text('{"input_toks": 1}\n'),
      ("workload-wl.jsonl", None, None)),     # the hash no longer matches
+    (lambda run: (run / "requests.jsonl").write_bytes(b'{"request_id": "\xff"}\n'),
+     ("requests.jsonl", None, None)),        # not UTF-8
 ])
 def test_malformed_inputs_are_located(tmp_path, edit, where):
     run = write_run(tmp_path)
