@@ -85,6 +85,7 @@ class ObserveRun:
     observations: list[Observation]
     started_at: str                  # wall-clock start, ISO 8601 UTC
     duration_us: int                 # from the start to the last response
+    t0_ns: int = 0                   # the start on the time.perf_counter_ns clock
 
 
 class _BadStream(Exception):
@@ -135,7 +136,7 @@ class _Runner:
         if observations and all(o.unreachable for o in observations):
             raise ConfigError(f"no request reached {self.url}: {observations[-1].error_message}",
                               field="--server-url")
-        return ObserveRun(observations, started_at, duration)
+        return ObserveRun(observations, started_at, duration, self.t0_ns)
 
     async def _dispatch(self, requests: list) -> list[Observation]:
         """Send in arrival order (initial requests merged with session follow-ups)."""

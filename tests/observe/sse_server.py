@@ -11,8 +11,9 @@ misbehaviour; markers are far above any vocabulary so random prompts never hit t
 :data:`HTTP_500`, :data:`DROP` (two tokens, then the socket is cut mid-body), :data:`HANG`
 (nothing for :data:`HANG_S`), :data:`MALFORMED` (an SSE line that is not JSON) and
 :data:`NO_USAGE` (no usage chunk). ``stream: false`` gets one JSON body after all the
-delays. Every request is recorded (path, headers, body, receive time) and the server counts
-the most requests it ever had in flight.
+delays. Every request is recorded (path, headers, body, receive time ``t_recv`` in
+perf_counter seconds, ``chunk_ns``: the perf_counter_ns of each token chunk written) and the
+server counts the most requests it ever had in flight.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class SSEServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
-            t_recv = time.perf_counter()
+            t_recv = time.perf_counter()       # s; chunk_ns below: perf_counter_ns of each token
             lines = head.decode().split("\r\n")
             method, path, _ = lines[0].split(" ", 2)
             headers = {k.strip().lower(): v.strip() for k, v in
@@ -77,7 +78,8 @@ class SSEServer:
                 await writer.drain()
                 return
             body = json.loads(await reader.readexactly(int(headers.get("content-length", "0"))))
-            self.received.append({"path": path, "headers": headers, "body": body, "t_recv": t_recv})
+            rec = {"path": path, "headers": headers, "body": body, "t_recv": t_recv, "chunk_ns": []}
+            self.received.append(rec)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             left = []
@@ -87,7 +89,7 @@ class SSEServer:
                     left.append(True)
                     self.in_flight -= 1
             try:
-                await self._respond(path, body, writer, finish)
+                await self._respond(path, body, writer, finish, rec)
             finally:
                 finish()
         except (asyncio.CancelledError, ConnectionError, asyncio.IncompleteReadError):
@@ -95,7 +97,7 @@ class SSEServer:
         finally:
             writer.close()
 
-    async def _respond(self, path: str, body: dict, writer: asyncio.StreamWriter, finish) -> None:
+    async def _respond(self, path: str, body: dict, writer: asyncio.StreamWriter, finish, rec: dict) -> None:
         chat = path == "/v1/chat/completions"
         if chat:
             marker = 0
@@ -142,6 +144,7 @@ class SSEServer:
             choice = ({"index": 0, "delta": {"content": f"t{k} "}} if chat else
                       {"index": 0, "text": f"t{k} "})
             choice["finish_reason"] = "length" if last else None
+            rec["chunk_ns"].append(time.perf_counter_ns())      # just before the bytes go out
             self._event(writer, {"id": "x", "choices": [choice]})
             await writer.drain()
             if marker == DROP and k == 1:

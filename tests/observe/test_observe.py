@@ -2,9 +2,11 @@
 
 The server (tests/observe/sse_server.py) sends the first token 80 ms after a request arrives
 and one more every 20 ms; the recorded timings must show those delays. Lower bounds hold
-for every request (the server cannot answer sooner than it sleeps); medians may exceed the
-delays by at most 15 ms and single values by 60 ms (scheduling noise on a shared 2-core
-machine).
+for every request (the server cannot answer sooner than it sleeps); TTFT and E2E include
+connecting and sending, so they may exceed the delays by up to 60 ms on a busy shared
+machine. The tight check is against the server's own clock (it runs in this process, on
+the same perf_counter): every token is recorded after the server wrote it, with a median
+lag under 15 ms, and the median ITL is 20 ms within 15 ms.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def cfg(srv: SSEServer, **kw) -> ObserveConfig:
 def test_ttft_and_itl_follow_the_server_delays_and_usage_gives_token_counts(server):
     reqs = [req(i, 0, [100 + i, 5, 6, 7, 8], 6) for i in range(3)]
     run = observe(reqs, cfg(server))
-    itls, ttfts, spans = [], [], []
+    itls, lags = [], []
+    sent = {r["body"]["prompt"][0]: r for r in server.received}
     for o in run.observations:
         assert o.status == "ok", o.error_message
         assert FIRST_US <= o.ttft_us <= FIRST_US + LOOSE_US
@@ -51,19 +54,24 @@ def test_ttft_and_itl_follow_the_server_delays_and_usage_gives_token_counts(serv
         span = o.last_chunk_us - o.first_chunk_us          # 5 gaps the server slept through
         assert 5 * GAP_US <= span <= 5 * GAP_US + LOOSE_US
         assert o.e2e_us == o.ttft_us + span
-        ttfts.append(o.ttft_us)
-        spans.append(span)
         assert (o.prompt_tokens, o.completion_tokens, o.tokens_from) == (5 + PROMPT_TOKENS_REPORTED_EXTRA, 6,
                                                                          "usage")
         assert o.finish_reason == "length"
         itls += o.itl_us
+        # against the server's own clock (same perf_counter): sent before the server got it,
+        # each token recorded after the server wrote it, and soon after
+        got = sent[o.request.input_tokens[0]]
+        assert run.t0_ns + o.send_us * 1000 <= got["t_recv"] * 1e9
+        for c_us, w_ns in zip(o.chunk_us, got["chunk_ns"], strict=True):
+            lag_us = (run.t0_ns + c_us * 1000 - w_ns) / 1000
+            assert lag_us >= -1          # µs truncation of the client's clock
+            lags.append(lag_us)
     assert len(itls) == 15
-    assert statistics.median(ttfts) <= FIRST_US + SLACK_US
-    assert statistics.median(spans) <= 5 * GAP_US + SLACK_US
     assert GAP_US - 5_000 <= statistics.median(itls) <= GAP_US + SLACK_US
+    assert statistics.median(lags) <= SLACK_US
     s = summarize(run.observations)
     assert (s["ok"], s["errors"], s["timeouts"], s["output_tokens"]) == (3, 0, 0, 18)
-    assert FIRST_US / 1000 <= s["ttft_ms"]["p50"] <= (FIRST_US + SLACK_US) / 1000
+    assert FIRST_US / 1000 <= s["ttft_ms"]["p50"] <= (FIRST_US + LOOSE_US) / 1000
 
 
 def test_arrival_times_are_honoured(server):
