@@ -46,7 +46,8 @@ from blis_simpy.observed.vllm_log import (  # noqa: E402, F401
 )
 
 #: backends tried first, in this order, when registered; then every other analytical one
-PREFERRED = ("physics", "trained-physics", "roofline", "trained-roofline", "crossmodel")
+#: physics@default: physics with the physical default set (the "before" of a fitted GPU set)
+PREFERRED = ("physics", "physics@default", "trained-physics", "roofline", "trained-roofline", "crossmodel")
 LOW_LOAD_MAX_RUNNING = 4
 STATS = ("mean", "p50", "p90")
 METRICS = ("ttft", "tpot", "e2e")
@@ -193,14 +194,17 @@ class BackendResult:
 
 
 def build_scenario(st: Settings, backend: str):
+    """``backend`` is a latency model name, optionally ``name@SET`` with a coefficient set
+    (``physics@default`` = physics uncalibrated, whatever the GPU's shipped set)."""
     from blis_simpy.config.scenario import EngineConfig, LatencyConfig, Scenario
+    backend, _, cset = backend.partition("@")
     eng = EngineConfig(block_size=st.block_size, max_num_running_reqs=st.max_num_seqs,
                        max_num_scheduled_tokens=st.max_num_batched_tokens,
                        max_model_len=st.max_model_len, total_kv_blocks=st.kv_blocks,
                        gpu_memory_utilization=st.gpu_memory_utilization)
     return Scenario(name="realdata", seed=st.seed, model=st.model, hardware=st.hardware, tp=st.tp,
                     dp=st.dp, enable_expert_parallel=st.expert_parallel,
-                    latency=LatencyConfig(model=backend), engine=eng)
+                    latency=LatencyConfig(model=backend, coefficients=cset), engine=eng)
 
 
 def build_requests(run: Run) -> list:
@@ -275,8 +279,9 @@ def backend_list(asked: str | None) -> tuple[list[str], list[str]]:
         analytical = sorted(n for n in registered
                             if getattr(LatencyModel.lookup(n), "needs_model_config", False))
         want = list(PREFERRED) + [n for n in analytical if n not in PREFERRED]
-    run = [b for b in want if b in registered]
-    notes = [f"backend {b}: not registered in this build, skipped" for b in want if b not in registered]
+    run = [b for b in want if b.partition("@")[0] in registered]
+    notes = [f"backend {b}: not registered in this build, skipped" for b in want
+             if b.partition("@")[0] not in registered]
     return run, notes
 
 
