@@ -144,6 +144,8 @@ class _Runner:
         tasks: set[asyncio.Task] = set()
         observations: list[Observation] = []
         self.total = len(requests)
+        if self.progress is not None:
+            self.progress(0, self.total)
         waits = self.on_done is not None     # a running request may add a follow-up
         i = 0
         while True:

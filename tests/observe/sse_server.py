@@ -54,6 +54,12 @@ class SSEServer:
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
+    def close_listener(self) -> None:
+        """Stop accepting connections (a server that went away); running handlers go on."""
+        async def close():
+            self._server.close()
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
+
     def stop(self) -> None:
         async def shutdown():
             self._server.close()

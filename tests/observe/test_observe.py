@@ -119,6 +119,20 @@ def test_failures_are_recorded_per_request_and_the_run_goes_on(server):
     assert rows[1].num_chunks == 2 and rows[1].first_chunk_time_us > 0
 
 
+def test_a_server_that_goes_away_gives_per_request_connection_errors(server):
+    def went_away(o):
+        server.close_listener()      # after the first answer nothing listens any more
+        return []
+    run = observe([req(0, 0, [1], 2), req(1, 300_000, [2], 2), req(2, 310_000, [3], 2)], cfg(server),
+                  on_done=went_away)
+    first, *rest = run.observations
+    assert first.status == "ok"
+    for o in rest:
+        assert o.status == "error" and o.error_message.startswith("cannot connect: ")
+        assert o.unreachable and o.num_chunks == 0
+    assert summarize(run.observations)["errors"] == 2
+
+
 def test_completions_body_and_path(server):
     r = req(0, 0, [11, 22, 33], 4)
     observe([r], cfg(server, api_key="sk-test"))
