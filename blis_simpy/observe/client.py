@@ -97,7 +97,7 @@ def observe(requests: Sequence, config: ObserveConfig, *,
             on_done: Callable[[Observation], list] | None = None) -> ObserveRun:
     """Send ``requests`` (sorted by ``arrival_us``; each with ``input_tokens``,
     ``max_output_len`` and ``id``) and record what happened; see the module docstring.
-    ``progress(done, total)`` is called after each response."""
+    ``progress(done, total)`` is called once at the start and after each response."""
     config.check()
     if len(requests) > MAX_REQUESTS:
         raise ConfigError(f"{len(requests)} requests is more than observe sends "
