@@ -63,11 +63,12 @@ class Request:
         # --- engine state -----------------------------------------------------------------
         "state", "pi", "num_new_tokens", "computed_tokens", "ttft_set", "first_token_us",
         "itl", "scheduled_step", "finished_step", "length_capped", "batch_pos", "enqueue_us",
-        "first_itl_us",
+        "first_itl_us", "prefill_to", "last_emit_us",
         # --- KV cache (owned by the kv package) -------------------------------------------
         "kv_blocks", "kv_len", "kv_base", "_hash_bs", "_prompt_hashes",
         # --- lazy decode bookkeeping (owned by the engine) --------------------------------
-        "g0", "seg_start", "itl_segments", "comp_tick", "res_class",
+        "g0", "seg_start", "itl_segments", "comp_tick", "res_class", "last_emit_tick",
+        "itl_extra",
     )
 
     def __init__(self, id: str, arrival_us: int, input_tokens, output_tokens, *,
@@ -120,6 +121,10 @@ class Request:
         self.batch_pos = 0
         self.enqueue_us = -1
         self.first_itl_us = 0
+        # pi at which the current prefill ends: the prompt, or (vLLM recompute preemption)
+        # prompt + outputs so far, whose last position samples the next token
+        self.prefill_to = self.input_len
+        self.last_emit_us = 0      # end (µs) of the step that emitted the latest token
         self.kv_blocks = []
         self.kv_len = 0
         self.kv_base = 0
@@ -130,6 +135,8 @@ class Request:
         self.itl_segments = None
         self.comp_tick = -1
         self.res_class = -1
+        self.last_emit_tick = 0    # fast engine: tick of the latest non-lazy token
+        self.itl_extra = None      # fast engine: [(tick, µs)] ITL samples off the tick grid
 
     # ------------------------------------------------------------------ token views
     @property

@@ -108,7 +108,7 @@ class Simulation:
                     max_num_running_reqs=eng.max_num_running_reqs,
                     max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
                     long_prefill_token_threshold=eng.long_prefill_token_threshold,
-                    max_model_len=d.max_model_len)
+                    max_model_len=d.max_model_len, preemption_model=eng.preemption_model)
                 latency = d.new_latency_model()
                 if plan.interference:          # spec/06 §6: every instance, pools or not
                     latency = InterferenceModel(latency, plan.interference_prefill,

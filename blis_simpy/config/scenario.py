@@ -101,6 +101,9 @@ class EngineConfig(Strict):
     kv_capacity_model: Literal["vllm", "blis"] = Field(
         "vllm", description="KV auto-sizing: vllm (per GPU, as vLLM profiles it) or blis (BLIS's "
                             "formula, parity)")
+    preemption_model: Literal["vllm", "blis"] = Field(
+        "vllm", description="recompute preemption: vllm (prompt + outputs so far recomputed as a "
+                            "prefill, as vLLM v1) or blis (outputs regenerated, BLIS parity)")
     kv_cpu_blocks: NonNegInt = Field(0, description="CPU KV tier blocks; 0 = GPU tier only")
     kv_offload_threshold: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = Field(
         0.9, description="deprecated and ignored (BLIS keeps the flag)")

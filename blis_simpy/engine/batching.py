@@ -1,6 +1,12 @@
 """vLLM batch formation: chunked prefill, the token budget, the running cap and recompute
 preemption (spec/02 §4.1), as a mixin of :class:`~blis_simpy.engine.instance.Instance`.
 
+Recompute preemption follows ``limits.preemption_model`` (docs/kv-cache.md, "Preemption"):
+``vllm`` (default) re-queues a request that already emitted tokens with a recompute target
+``prefill_to`` = prompt + outputs so far, prefilled like a prompt; the step that reaches it
+samples the next token. ``blis`` restarts every preempted request at its first prompt token
+and regenerates its outputs (BLIS's behaviour, for parity).
+
 ``form_batch`` is the overridable hook. Phase 1 serves the running batch in order (each
 prefilling request its next chunk, each decoding request one token) and preempts from the
 tail when the KV cache is full; Phase 2 admits from the head of the wait queue under the
@@ -65,8 +71,8 @@ class BatchFormation:
                 log.debug("token budget exhausted at %s", req.id)
                 break
             pi = req.pi
-            if pi < req.input_len:
-                n = self._chunk(req.input_len - pi, pi, self._budget)
+            if pi < req.prefill_to:
+                n = self._chunk(req.prefill_to - pi, pi, self._budget)
                 if not self._preempt_for_tokens(req, n, order):
                     break
             elif req.output_len >= 1:
@@ -94,7 +100,8 @@ class BatchFormation:
         scheduled = []
         while (len(self.running) < cap and waitq and self._budget > 0 and not self._preempted):
             nxt = waitq[0]
-            if nxt.is_decode_sub:            # PD decode sub-request: prompt KV already held
+            if nxt.is_decode_sub and nxt.prefill_to == nxt.input_len:  # PD decode sub-request:
+                # its prompt KV already held (or BLIS's restart: one token, then a prefill)
                 if nxt.output_len == 0:       # nothing to decode: completes in this step
                     n = 0                     # (spec/06 §3.7 REC; BLIS would crash)
                 elif kv.allocate(nxt, nxt.pi, nxt.pi + 1):
@@ -119,9 +126,14 @@ class BatchFormation:
                 continue
             cached = kv.get_cached_blocks(nxt)
             start = len(cached) * bs
-            n = self._chunk(nxt.input_len - start, start, self._budget)
+            n = self._chunk(nxt.prefill_to - start, start, self._budget)
             if not kv.allocate(nxt, start, start + n, cached):
                 if not self.running and self._unblock_queue(nxt):
+                    continue
+                if ceil_div(nxt.prefill_to, bs) > kv.total_blocks:
+                    waitq.popleft()           # a vllm recompute longer than the whole cache
+                    kv.release(nxt)
+                    self._drop_hopeless(nxt)
                     continue
                 break
             waitq.popleft()
@@ -141,15 +153,15 @@ class BatchFormation:
                 log.debug("[tick %d] releasing the KV of queued %s to admit %s",
                           self.env.now, r.id, head.id)
                 self.kv.release(r)
-                r.pi = 0
-                r.computed_tokens = 0
+                self._reset_preempted(r)
                 self.metrics.preemption_count += 1
                 return True
         return False
 
     def _admit(self, req, n: int) -> None:
         self._add_running(req)
-        req.scheduled_step = self.step_count
+        if self.limits.preemption_model == "blis" or not req.scheduled_step:
+            req.scheduled_step = self.step_count   # vllm: a re-admission keeps the first
         req.state = RUNNING
         req.num_new_tokens = n
         self._budget -= n
@@ -192,15 +204,33 @@ class BatchFormation:
                 self._budget += victim.num_new_tokens
                 victim.num_new_tokens = 0
             victim.state = ST_QUEUED
-            victim.pi = 0
             kv.release(victim)
-            victim.computed_tokens = 0
+            self._reset_preempted(victim)
             if victim is req and not order and self._hopeless(req, need_tokens):
                 self._drop_hopeless(req)
                 return False
             self.waitq.appendleft(victim)
             if victim is req:
                 return False
+
+    def _reset_preempted(self, victim) -> None:
+        """``victim`` lost its KV (already released): it restarts at ``pi`` 0.
+
+        Under ``blis`` it restarts its prompt and regenerates its outputs. Under ``vllm``,
+        once it has emitted a token (its first, or a decode token of a PD decode
+        sub-request), it recomputes the prompt and every output so far, ``pi`` + 1 tokens
+        (the last one sampled but not yet fed), as a prefill; a request preempted again
+        while recomputing keeps its target. Before its first token it restarts its prompt.
+        """
+        if (self.limits.preemption_model == "vllm" and victim.prefill_to == victim.input_len
+                and (victim.ttft_set or victim.pi > victim.input_len)):
+            self._sync_last_emit(victim)
+            victim.prefill_to = victim.pi + 1
+        victim.pi = 0
+        victim.computed_tokens = 0
+
+    def _sync_last_emit(self, req) -> None:
+        """Hook: make ``req.last_emit_us`` current (the fast engine tracks ticks)."""
 
     def _hopeless(self, req, need_tokens: int) -> bool:
         """Can ``req``, alone in the batch and unable to get KV, ever finish?

@@ -14,6 +14,9 @@ requests in a *decode set* U and advances all of them at once:
 * Each request's ITL samples are the tick durations over a few contiguous tick segments;
   prefix sums give its ITL sum, a coverage difference array gives ``all_itls``.
 * Completions are bucketed by the tick at which they happen.
+* The token that ends a vLLM recompute after a preemption has an ITL sample off the tick
+  grid (the gap since the request's previous token); it is kept per request as
+  ``(tick, µs)`` in ``itl_extra``. ``tick_end`` holds each tick's end time (µs).
 
 When a step is not uniform — the token budget or the KV cache cannot serve everybody —
 the step falls back to BLIS's literal, ordered loop (preemption included), then re-bases
@@ -44,10 +47,11 @@ class FastInstance(Instance):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         self.running = {}          # request -> None, in batch order
-        self.prefilling = {}       # running requests with pi < input_len, batch order
+        self.prefilling = {}       # running requests with pi < prefill_to, batch order
         self.T = 0                 # executed steps (ticks)
         self.tick_cum = array("q", [0])   # prefix sums of tick ITL values (adv + OTPT)
         self.cov = array("q", [0])        # coverage difference array over ticks
+        self.tick_end = array("q")        # end time of each tick, µs
         bs = self.kv.block_size
         self.classes = [set() for _ in range(bs)]
         self.comp_at: dict[int, list] = {}
@@ -116,7 +120,7 @@ class FastInstance(Instance):
         fresh = self.classes[T % bs]
         need = len(fresh)
         for r in self.prefilling:
-            n = self._chunk(r.input_len - r.pi, r.pi, budget)
+            n = self._chunk(r.prefill_to - r.pi, r.pi, budget)
             chunks.append(n)
             demand += n
             room = len(r.kv_blocks) * bs - r.kv_len
@@ -183,6 +187,15 @@ class FastInstance(Instance):
         req.kv_len -= 1               # stored values are "before this tick's slot"
         self._join_u(req, self.T)
 
+    def _sync_last_emit(self, req) -> None:
+        """The end time of the request's latest token: its last explicit one (first token,
+        end of a recompute) or its last lazy decode tick, whichever came later."""
+        t = req.last_emit_tick
+        segs = req.itl_segments
+        if segs and segs[-1][1] - 1 > t:
+            t = segs[-1][1] - 1
+        req.last_emit_us = self.tick_end[t]
+
     # ================================================================= latency view
     def batch_view(self) -> BatchView:
         v = BatchView(decode_count=self.u_count,
@@ -190,7 +203,7 @@ class FastInstance(Instance):
                       decode_pi_sum=self.u_pi_off + self.u_count * self.T,
                       size=len(self.running), entries_fn=self._entries)
         for r in self.prefilling:
-            if r.pi < r.input_len:
+            if r.pi < r.prefill_to:
                 v.prefill.append(r)
             elif r.output_len >= 1:
                 v.decode_count += 1
@@ -205,7 +218,7 @@ class FastInstance(Instance):
         for r in self.running:
             if r.res_class >= 0:
                 yield False, r.pi + T - r.g0, 0 if r in skipped else 1, r.input_len
-            elif r.pi < r.input_len:
+            elif r.pi < r.prefill_to:
                 yield True, r.pi, r.num_new_tokens, r.input_len
             elif r.output_len >= 1:
                 yield False, r.pi, r.num_new_tokens, r.input_len
@@ -213,13 +226,24 @@ class FastInstance(Instance):
     # ================================================================= execute
     def execute(self, now: int, adv: int) -> None:
         met = self.metrics
-        val = adv + self.otpt_us
-        first_tok = now + val
+        otpt = self.otpt_us
+        val = adv + otpt
+        end = now + adv
+        first_tok = end + otpt
+        self.tick_end.append(end)
         finished = []
         for r in self.prefilling:
             r.pi = r.computed_tokens
-            if r.pi == r.input_len:
-                self._ttft(r, first_tok)
+            if r.pi == r.prefill_to:
+                if r.pi > r.input_len:    # a vLLM recompute done: its next output token
+                    met.total_output_tokens += 1
+                    if r.itl_extra is None:
+                        r.itl_extra = []
+                    r.itl_extra.append((self.T, end - r.last_emit_us + otpt))
+                    r.last_emit_tick = self.T
+                    r.prefill_to = r.input_len
+                else:
+                    self._ttft(r, first_tok)
                 finished.append(r)
         for r in finished:
             del self.prefilling[r]
@@ -246,6 +270,7 @@ class FastInstance(Instance):
 
     def _ttft(self, r, first_tok: int) -> None:
         r.ttft_set = True
+        r.last_emit_tick = self.T
         ttft = first_tok - r.arrival_us
         r.first_token_us = ttft
         met = self.metrics
@@ -307,9 +332,18 @@ class FastInstance(Instance):
         cov = self.cov
         itl_sum = 0
         n_itl = 0
-        if segs:
+        extra = req.itl_extra
+        if segs and not (extra and extra[0][0] < segs[0][0]):
             s0 = segs[0][0]
             req.first_itl_us = cum[s0 + 1] - cum[s0]
+        elif extra:
+            req.first_itl_us = extra[0][1]
+        if extra:
+            hist = met.all_itls
+            for _, v in extra:
+                itl_sum += v
+                hist[v] += 1
+            n_itl += len(extra)
         for s, e in segs:
             itl_sum += cum[e] - cum[s]
             n_itl += e - s
@@ -340,7 +374,10 @@ class FastInstance(Instance):
             if r.state != COMPLETED and r.itl_segments is not None:
                 if r.res_class >= 0:
                     self._close_segment(r, self.T)
-                r.itl = [cum[t + 1] - cum[t] for s, e in r.itl_segments for t in range(s, e)]
+                pairs = [(t, cum[t + 1] - cum[t]) for s, e in r.itl_segments for t in range(s, e)]
+                if r.itl_extra:
+                    pairs = sorted(pairs + r.itl_extra)
+                r.itl = [v for _, v in pairs]
         if self.T:
             counts = np.cumsum(np.frombuffer(self.cov, dtype=np.int64)[: self.T])
             cum = np.frombuffer(self.tick_cum, dtype=np.int64)

@@ -41,14 +41,28 @@ from blis_simpy.units import ceil_div
 log = logging.getLogger("blis_simpy.engine")
 
 
+#: recompute-preemption models: vLLM v1's (default) and BLIS's (parity); docs/kv-cache.md
+PREEMPTION_MODELS = ("vllm", "blis")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineLimits:
-    """Per-instance batch limits (spec/02 §4.1). Token counts in tokens; 0 disables."""
+    """Per-instance batch limits (spec/02 §4.1). Token counts in tokens; 0 disables.
+
+    ``preemption_model`` picks what a preempted request recomputes (docs/kv-cache.md):
+    ``vllm`` its prompt and outputs so far, as a prefill; ``blis`` everything, regenerating
+    its outputs one decode step at a time."""
 
     max_num_running_reqs: int = 256
     max_num_scheduled_tokens: int = 2048
     long_prefill_token_threshold: int = 0
     max_model_len: int = 0
+    preemption_model: str = "vllm"
+
+    def __post_init__(self):
+        if self.preemption_model not in PREEMPTION_MODELS:
+            raise ValueError(f"preemption model must be one of {', '.join(PREEMPTION_MODELS)}, "
+                             f"got {self.preemption_model!r}")
 
 
 class InstanceListener:
@@ -295,8 +309,11 @@ class Instance(BatchFormation):
         self.reorder_queue(now)
         scheduled = self.form_batch(now)
         met = self.metrics
+        sd = met.scheduling_delay
+        keep_first = self.limits.preemption_model == "vllm"
         for req in scheduled:
-            met.scheduling_delay[req.id] = now - req.arrival_us
+            if not (keep_first and req.id in sd):   # blis: a re-admission overwrites it
+                sd[req.id] = now - req.arrival_us
         met.waitq_len_sum += len(self.waitq)
         met.running_len_sum += len(self.running)
         met.step_samples += 1
@@ -331,7 +348,7 @@ class Instance(BatchFormation):
 
     def batch_view(self) -> BatchView:
         """Summary of the running batch for the latency model (after batch formation)."""
-        return BatchView.of(self.running)
+        return view_of(self.running)
 
     def step_time(self, batch: BatchView) -> int:
         """Hook: the latency model's step duration (µs)."""
@@ -342,25 +359,46 @@ class Instance(BatchFormation):
 
     # ---------------------------------------------------------------- execute
     def execute(self, now: int, adv: int) -> None:
-        """Advance every running request by its scheduled tokens (spec/02 §4 step 2)."""
+        """Advance every running request by its scheduled tokens (spec/02 §4 step 2).
+
+        A prefill that completes the prompt emits the first token (TTFT); one that completes
+        a vLLM recompute (``prefill_to`` beyond the prompt) emits the next output token,
+        whose ITL sample is the gap since the request's previous token (plus OTPT, as every
+        sample). A decode step emits one token. A decoder that got no token while at the
+        end of its prompt records its TTFT again (BLIS's Execute does).
+        """
         met = self.metrics
         otpt = self.otpt_us
         itl_val = adv + otpt
-        first_tok = now + adv + otpt
+        end = now + adv
+        first_tok = end + otpt
         for req in self.running:
             n_in = req.input_len
-            if req.pi < n_in:
-                req.pi = req.computed_tokens
+            pi = req.pi
+            if pi < req.prefill_to:
+                pi = req.pi = req.computed_tokens
+                if pi != req.prefill_to:
+                    continue
+                if pi > n_in:                 # a recompute done: its next output token
+                    met.total_output_tokens += 1
+                    req.itl.append(end - req.last_emit_us + otpt)
+                    req.last_emit_us = end
+                    req.prefill_to = n_in
+                    continue
             elif req.num_new_tokens > 0:
-                req.pi += 1
+                req.pi = pi + 1
                 met.total_output_tokens += 1
                 req.itl.append(itl_val)
-            if req.pi == n_in:
-                req.ttft_set = True
-                ttft = first_tok - req.arrival_us
-                req.first_token_us = ttft
-                met.ttft_sum += ttft
-                met.ttft[req.id] = ttft
+                req.last_emit_us = end
+                continue
+            elif pi != n_in:
+                continue
+            req.ttft_set = True
+            req.last_emit_us = end
+            ttft = first_tok - req.arrival_us
+            req.first_token_us = ttft
+            met.ttft_sum += ttft
+            met.ttft[req.id] = ttft
 
     # ---------------------------------------------------------------- completion
     def complete(self, now: int, adv: int) -> list:
@@ -430,3 +468,27 @@ class Instance(BatchFormation):
         met.cache_hit_rate = self.kv.cache_hit_rate()
         met.kv_thrashing_rate = self.kv.kv_thrashing_rate()
         return met
+
+
+def view_of(batch) -> BatchView:
+    """:meth:`BatchView.of` with the engine's phase rule: a request is prefill-phase while
+    ``pi < prefill_to`` — its prompt, or a vLLM recompute of prompt + outputs."""
+    v = BatchView()
+    v.entries_fn = lambda: _entries(batch)
+    for r in batch:
+        v.size += 1
+        if r.pi < r.prefill_to:
+            v.prefill.append(r)
+        elif r.output_len >= 1:
+            v.decode_count += 1
+            v.decode_tokens += r.num_new_tokens
+            v.decode_pi_sum += r.pi
+    return v
+
+
+def _entries(batch):
+    for r in batch:
+        if r.pi < r.prefill_to:
+            yield True, r.pi, r.num_new_tokens, r.input_len
+        elif r.output_len >= 1:
+            yield False, r.pi, r.num_new_tokens, r.input_len

@@ -88,13 +88,14 @@ class KVCache:
     def allocate(self, req, start: int, end: int, cached: list[int] | tuple = ()) -> bool:
         """Reserve slots for sequence positions ``[start, end)`` of ``req`` (all or nothing).
 
-        While the request is in prefill (``req.pi < req.input_len``) these are prompt tokens;
-        otherwise exactly one output token. The first allocation of a request commits the
+        While the request is in prefill (``req.pi < req.prefill_to``) these are prompt tokens
+        (or, recomputing after a preemption, prompt and output tokens); otherwise exactly one
+        output token. The first allocation of a request commits the
         ``cached`` prefix blocks. Returns False on failure, with the cache unchanged except
         the LRU position of committed cached blocks (back at the tail, as in BLIS).
         """
         bs = self.block_size
-        in_prefill = req.pi < req.input_len
+        in_prefill = req.pi < req.prefill_to
         count = end - start
         blocks = req.kv_blocks
         if in_prefill:

@@ -210,7 +210,7 @@ class TieredKVCache(KVCache):
 
     def _gpu_allocate(self, req, start: int, end: int, cached) -> bool:
         """The GPU tier's allocate, without re-entering :meth:`append_token` for decode."""
-        if req.pi < req.input_len:
+        if req.pi < req.prefill_to:
             return KVCache.allocate(self, req, start, end, cached)
         if end <= start:
             return True

@@ -39,6 +39,7 @@ SAMPLES = {
     "--kv-offload-threshold": ("0.5", 0.5),
     "--gpu-memory-utilization": ("0.5", 0.5),
     "--kv-capacity-model": ("blis", "blis"),
+    "--preemption-model": ("blis", "blis"),
     "--coefficients": (str(CATALOG_DATA / "blackbox-set.yaml"), str(CATALOG_DATA / "blackbox-set.yaml")),
     "--kv-cache-dtype": ("fp8", "fp8"),
     "--enable-expert-parallel": ("true", True),

@@ -37,6 +37,9 @@ PENDING = {
 #: B18b (KV blocks auto-calculated): BLIS's capacity formula (``--kv-capacity-model blis``);
 #: our default is vLLM's own per-GPU rule (docs/kv-capacity.md).
 PARITY_ARGS = {"B15": ["--latency-compat", "checkout"], "B18b": ["--kv-capacity-model", "blis"]}
+#: switches every case runs with: BLIS's recompute preemption (a preempted request regenerates
+#: its outputs and takes a new TTFT); our default is vLLM v1's (docs/kv-cache.md, "Preemption")
+PARITY_ARGS_ALL = ["--preemption-model", "blis"]
 
 
 def _cases() -> list[Path]:
@@ -83,6 +86,7 @@ def _run_case(case: Path, tmp_path: Path, *, parity: bool = True) -> tuple[subpr
     args = list(spec.get("blis_simpy_args") or spec["args"])
     args += list(spec.get("extra_args") or [])
     if parity:
+        args += PARITY_ARGS_ALL
         args += next((a for prefix, a in PARITY_ARGS.items() if case.name.startswith(prefix)), [])
     args += ["--format", "blis"]
     proc = subprocess.run([sys.executable, "-m", "blis_simpy", *args], cwd=work,

@@ -38,14 +38,15 @@ IMPLS = ["fast", "reference"]
 
 def pd_scenario(*, n=2, P=1, D=1, decider="always", dparams=None, compat="fixed", impl="fast",
                 alpha=(1000.0, 0.0, 0.0), beta=(5000.0, 10.0, 100.0), kv=1000, max_running=64,
-                decode_pool=None, prefill_pool=None, transfer=None, **extra) -> Scenario:
+                decode_pool=None, prefill_pool=None, transfer=None, preemption_model="vllm",
+                **extra) -> Scenario:
     t = {"bandwidth_gbps": 25.0, "base_latency_ms": 0.05, "kv_bytes_per_token": 512, "contention": "none"}
     t.update(transfer or {})
     data = {
         "seed": 7, "model": "m",
         "latency": {"model": "blackbox", "alpha_coeffs": list(alpha), "beta_coeffs": list(beta)},
         "engine": {"total_kv_blocks": kv, "block_size": 16, "max_num_running_reqs": max_running,
-                   "implementation": impl},
+                   "implementation": impl, "preemption_model": preemption_model},
         "cluster": {"num_instances": n},
         "disaggregation": {"prefill_instances": P, "decode_instances": D,
                            "decider": {"policy": decider, "params": dparams or {}},
@@ -205,9 +206,39 @@ def test_decode_deadline_passed_during_transfer_times_out_at_injection(impl):
 def test_preempted_decode_subrequest_is_recomputed_and_completes(impl):
     """Two 48-token prompts with 40 output tokens decode side by side on a decode instance of
     8 KV blocks (128 tokens): they outgrow it, the later one is preempted, loses its
-    transferred KV and is recomputed from PI = 0 as a prefill on the decode instance (so it
-    records a TTFT there), then completes."""
+    transferred KV and is recomputed as a prefill on the decode instance, then completes.
+
+    Under vLLM's model (default), by hand (decode step 5000 + 10/prefill token + 100/decode
+    token, no OTPT): both sub-requests are admitted at 7011 with 3 prompt blocks each; 16
+    two-token steps (5200 µs) fill a 4th block each, to 90211. At pi 64 "a" needs a 5th
+    block: "b" (the tail) is preempted after 16 decode tokens, and "a" takes its last two
+    blocks, decoding alone to pi 87 in 23 steps (5100 µs): done at 207511. "b" then
+    recomputes 64 + 1 tokens: 2 prompt blocks are still cached, 33 tokens are prefilled
+    (5330 µs) and the step that ends at 212841 emits its next token, ITL 212841 − 90211 =
+    122630; 22 decode steps end at 325041. No TTFT is recorded on the decode instance, each
+    sub-request has L − 1 = 39 ITL samples, and each parent's E2E is its completion time."""
     sc = pd_scenario(impl=impl, decode_pool={"total_kv_blocks": 8}, max_running=4)
+    reqs = [req("a", 0, 48, 40), req("b", 0, 48, 40, base=1000)]
+    sim, res = run(sc, reqs, setup=lambda s: _spy_prefill_on(s, 1))
+    dec = res.instances[1]
+    assert dec.preemption_count == 1 and sim.prefill_batches_on_decode == 1
+    pa, pb = sim.cluster.parents["a"], sim.cluster.parents["b"]
+    assert pa.completed and pb.completed and dec.ttft == {}
+    assert dict(dec.all_itls) == {5200: 32, 5100: 23 + 22, 122630: 1}
+    assert dec.total_output_tokens == 2 * 39
+    agg = res.cluster
+    assert agg.completed_requests == 2 and no_sub_keys(agg)
+    assert agg.ttft == {"a": 7011 + 5200, "b": 7011 + 5200}
+    assert agg.e2e == {"a": 207511, "b": 325041}
+    assert (pa.phase_times()[-1], pb.phase_times()[-1]) == (207511, 325041)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_preempted_decode_subrequest_restarts_under_blis(impl):
+    """BLIS's model: the preempted sub-request restarts from PI = 0 as a prefill on the
+    decode instance (so it records a TTFT there) and regenerates its outputs."""
+    sc = pd_scenario(impl=impl, decode_pool={"total_kv_blocks": 8}, max_running=4,
+                     preemption_model="blis")
     reqs = [req("a", 0, 48, 40), req("b", 0, 48, 40, base=1000)]
     sim, res = run(sc, reqs, setup=lambda s: _spy_prefill_on(s, 1))
     dec = res.instances[1]
@@ -217,6 +248,7 @@ def test_preempted_decode_subrequest_is_recomputed_and_completes(impl):
     recomputed = [p for p in (pa, pb) if p.decode_sub_id in dec.ttft]
     assert recomputed, "no decode sub-request was recomputed as a prefill"
     assert sim.prefill_batches_on_decode > 0
+    assert dec.total_output_tokens > 2 * 39             # regenerated tokens count again
     for p in (pa, pb):
         assert p.decode_sub.pi >= p.original.input_len + p.original.output_len - 1
     agg = res.cluster

@@ -93,7 +93,8 @@ def pd_runs(draw):
         "engine": {"total_kv_blocks": kv, "block_size": bs,
                    "max_num_running_reqs": draw(st.integers(1, 6)),
                    "max_num_scheduled_tokens": draw(st.sampled_from([24, 64, 2048])),
-                   "implementation": draw(st.sampled_from(["fast", "reference"]))},
+                   "implementation": draw(st.sampled_from(["fast", "reference"])),
+                   "preemption_model": draw(st.sampled_from(["vllm", "blis"]))},
         "cluster": {"num_instances": n, "routing": draw(routings()),
                     "admission_latency_us": draw(st.sampled_from([0, 0, 300])),
                     "routing_latency_us": draw(st.sampled_from([0, 0, 700])),
@@ -467,9 +468,10 @@ def check_projection(sc, p, agg, res, probe) -> None:
     else:
         sd = raw[("scheduling_delay", p.decode_sub_id)]
         if p.decode_sub.ttft_set:
-            # it recorded its own (arrival-relative) TTFT: no output, or recomputed after a
-            # preemption on the decode instance; its engine E2E is then the parent's (with
-            # BLIS's quirk that ITLs from before a preemption still count, spec/10 D2)
+            # it recorded its own (arrival-relative) TTFT: no output, or its prompt recomputed
+            # after a preemption on the decode instance (vllm: before its first decode token;
+            # blis: at any point); its engine E2E is then the parent's (under blis with BLIS's
+            # quirk that ITLs from before a preemption still count, spec/10 D2)
             assert agg.e2e[p.id] == agg.ttft[p.id] or p.original.output_len > 0
             assert agg.e2e[p.id] == raw[("e2e", p.decode_sub_id)]
             assert agg.completion_time[p.id] == p.arrival_us + agg.e2e[p.id]

@@ -4,12 +4,14 @@
 reproduces every A* conformance case. :class:`~blis_simpy.engine.fast.FastInstance`
 advances decoding requests lazily. On random workloads chosen to hit chunked prefill,
 budget exhaustion, preemption, prefix-cache hits, MaxModelLen caps and timeouts, every
-counter, every per-request latency and the full ITL histogram must be identical.
+counter, every per-request latency and the full ITL histogram must be identical — under
+both recompute-preemption models (``vllm``, the default, and ``blis``).
 """
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+import pytest
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from blis_simpy.request import COMPLETED
@@ -54,6 +56,7 @@ def workloads(draw):
         "max_model_len": draw(st.sampled_from([0, 0, 200, 400])),
         "scheduler": draw(st.sampled_from(["fcfs", "fcfs", "sjf", "priority-fcfs"])),
         "priority_policy": draw(st.sampled_from(["constant", "slo-based"])),
+        "preemption_model": draw(st.sampled_from(["vllm", "blis"])),
     }
     bs = engine["block_size"]
     if engine["max_model_len"]:
@@ -66,7 +69,10 @@ def workloads(draw):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_fast_engine_equals_reference(w):
-    specs, groups, engine, seed, horizon = w
+    _assert_same(*w)
+
+
+def _assert_same(specs, groups, engine, seed, horizon):
     results = {}
     for impl in ("reference", "fast"):
         reqs = make_requests(specs, seed=seed, prefixes=groups)
@@ -75,6 +81,41 @@ def test_fast_engine_equals_reference(w):
     ref, fast = results["reference"], results["fast"]
     for f in (*FIELDS, "unfinished", "first_itl"):
         assert fast[f] == ref[f], f"{f} differs: fast={fast[f]!r} reference={ref[f]!r}"
+    return ref
+
+
+@st.composite
+def preemption_heavy(draw):
+    """Overlapping requests with long outputs on a KV cache that holds any one of them but
+    far from all: running requests outgrow it and are preempted, often repeatedly."""
+    bs = draw(st.sampled_from([1, 2, 4, 8]))
+    groups = draw(st.sampled_from([{}, {"g": 16}]))
+    specs = []
+    t = 0
+    for _ in range(draw(st.integers(2, 14))):
+        t += draw(st.integers(0, 3_000))
+        group = draw(st.sampled_from(["", *sorted(groups)])) if groups else ""
+        specs.append((t, draw(st.integers(0, 40)), draw(st.integers(2, 80)), 0, group))
+    need = [-(-(n_in + groups.get(g, 0) + n_out) // bs) for _, n_in, n_out, _, g in specs]
+    engine = {
+        "block_size": bs,
+        "total_kv_blocks": draw(st.integers(max(need), max(max(need), sum(need) // 2))),
+        "max_num_running_reqs": draw(st.integers(2, 16)),
+        "max_num_scheduled_tokens": draw(st.integers(16, 256)),
+        "long_prefill_token_threshold": draw(st.sampled_from([0, 0, 8])),
+        "scheduler": draw(st.sampled_from(["fcfs", "fcfs", "sjf"])),
+    }
+    return specs, groups, engine, draw(st.integers(0, 2**31))
+
+
+@pytest.mark.parametrize("model", ["vllm", "blis"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(w=preemption_heavy())
+def test_fast_engine_equals_reference_under_preemption(model, w):
+    specs, groups, engine, seed = w
+    ref = _assert_same(specs, groups, {**engine, "preemption_model": model}, seed, None)
+    n = ref["preemption_count"]
+    event("no preemption" if n == 0 else "1-9 preemptions" if n < 10 else "10+ preemptions")
 
 
 def test_preemption_heavy_long_outputs_finish():

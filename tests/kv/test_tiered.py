@@ -529,7 +529,7 @@ class SpecKV:
     def gpu_allocate(self, req, start, end, cached):
         bs, rid = self.bs, req.id
         seq = [int(t) for t in req.tokens]
-        prefill = req.pi < req.input_len
+        prefill = req.pi < req.prefill_to    # the prompt, or a vLLM recompute of prompt + outputs
         if prefill:
             new = seq[start:end]
             eff = len(new)
@@ -824,7 +824,8 @@ def tight_workloads(draw):
     engine = {"block_size": 4, "total_kv_blocks": draw(st.integers(14, 40)),
               "max_num_running_reqs": draw(st.integers(1, 6)),
               "max_num_scheduled_tokens": draw(st.integers(5, 80)),
-              "long_prefill_token_threshold": draw(st.sampled_from([0, 0, 7]))}
+              "long_prefill_token_threshold": draw(st.sampled_from([0, 0, 7])),
+              "preemption_model": draw(st.sampled_from(["vllm", "blis"]))}
     tier = {"cpu_blocks": draw(st.sampled_from([2, 8, 30, 200])),
             "transfer_bandwidth": draw(st.sampled_from([0.5, 50.0])),
             "transfer_base_latency_us": draw(st.sampled_from([0, 100]))}
