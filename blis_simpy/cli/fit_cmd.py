@@ -84,6 +84,15 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
     }
     if res.held_out:
         provenance["leave_one_out"] = {c.run: _summary(c) for c in res.held_out}
+    step_line = ""
+    if res.prefit is not None:
+        from blis_simpy.fit.prefit import step_mape_pct
+        pre = res.prefit.to_dict()
+        pre["step_mape_fitted_pct"] = round(step_mape_pct(space, [c.run for c in cases], res.x), 3)
+        provenance["step_prefit"] = pre
+        step_line = (f"step-level pre-fit on {pre['ticks']} pure-decode ticks: step MAPE "
+                     f"{pre['step_mape_before_pct']:.1f}% at the base set, {pre['step_mape_after_pct']:.1f}% "
+                     f"after the pre-fit (a second start), {pre['step_mape_fitted_pct']:.1f}% with the fitted set")
     cs = res.coefficient_set.model_copy(update={
         "name": name or f"{first.hardware}-{space.backend}-fitted", "gpu": first.hardware,
         "description": f"{space.backend} coefficients fitted to {len(cases)} measured run(s) on {first.hardware}",
@@ -107,6 +116,8 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
                                       ("ttft_mean_error_pct", "tpot_mean_error_pct", "e2e_mean_error_pct")),
                       f"{s.get('e2e_mape_pct', float('nan')):.1f}%")
     con.print(t)
+    if step_line:
+        con.print(step_line, highlight=False)
     con.print(f"wrote {output}", highlight=False)
 
 
