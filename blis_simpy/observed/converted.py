@@ -3,7 +3,8 @@
 For an output ``PREFIX``:
 
 * ``PREFIX.header.yaml`` + ``PREFIX.csv`` — the run as TraceV2, mode ``real``
-  (:mod:`blis_simpy.workload.tracev2`; vllm-log rows carry ``input_token_ids``);
+  (:mod:`blis_simpy.workload.tracev2`; vllm-log rows carry ``input_token_ids`` and, when
+  the log has ``scheduled_ts``, ``scheduled_time_us``);
 * ``PREFIX.scenario.yaml`` — (vllm-log) a scenario with the run's model, GPU, parallelism and
   engine settings whose workload is that trace: ``blis-simpy replay --scenario`` runs it;
 * ``PREFIX.timeseries.csv`` — (vllm-log, when the log has ticks) ``t_s, running, waiting,
@@ -151,7 +152,9 @@ def load_converted(prefix: str | os.PathLike) -> ObservedRun:
     ``PREFIX.timeseries.csv`` when present). ``requests`` are the rows with status ``ok``,
     at least one output token and chunk times (latencies from ``send_time_us``), named
     ``request_<request_id>`` like the replay names them; ``prompts`` the rows'
-    ``input_token_ids`` (None when no row has them); ``outputs`` None; ``q0_s`` 0."""
+    ``input_token_ids`` (None when no row has them); ``outputs`` None; ``q0_s`` 0. A row's
+    ``scheduled_time_us`` > 0 gives its scheduling delay ``sched_ms`` = (scheduled_time_us −
+    send_time_us)/1000 (left unknown when not within send_time_us … first_chunk_time_us)."""
     p = paths(prefix)
     header = read_trace_header(p["header"])
     records = read_trace_records(p["data"])
@@ -162,11 +165,14 @@ def load_converted(prefix: str | os.PathLike) -> ObservedRun:
             continue
         first, last = r.first_chunk_time_us / 1e6, r.last_chunk_time_us / 1e6
         ttft, e2e, tpot = latencies(first, last, r.send_time_us / 1e6, r.output_tokens)
+        sched = r.scheduled_time_us
+        known = sched > 0 and r.send_time_us <= sched <= r.first_chunk_time_us
         reqs.append(RealRequest(
             id=f"request_{r.request_id}", arrival_us=r.arrival_time_us,
             input_toks=r.prefix_length + r.input_tokens, output_toks=r.output_tokens,
             first_token_s=first, last_token_s=last, ttft_ms=ttft, e2e_ms=e2e, tpot_ms=tpot,
-            trace_id=r.request_id))
+            trace_id=r.request_id, sched_ms=(sched - r.send_time_us) / 1000.0 if known else None,
+            scheduled_s=sched / 1e6 if known else None))
         prompts.append(r.input_token_ids)
     settings = _settings(p["scenario"]) if p["scenario"].is_file() else None
     from blis_simpy.observed.vllm_log import read_ticks

@@ -21,7 +21,9 @@ class RealRequest:
     latencies in ms (``tpot_ms`` is None for a single output token); ``first_token_s`` and
     ``last_token_s`` on the log's own clock (s; for a converted run: the trace origin).
     ``trace_id`` is its ``request_id`` in the TraceV2 rows, so the replay names it
-    ``request_<trace_id>``."""
+    ``request_<trace_id>``. ``sched_ms``: the scheduling delay, its first scheduling by the
+    engine minus its arrival at the server (ms), and ``scheduled_s`` that scheduling time on
+    the same clock as ``first_token_s``; both None when the source does not record it."""
 
     id: str
     arrival_us: int
@@ -33,6 +35,8 @@ class RealRequest:
     e2e_ms: float
     tpot_ms: float | None
     trace_id: int = -1
+    sched_ms: float | None = None
+    scheduled_s: float | None = None
 
 
 @dataclass(frozen=True)

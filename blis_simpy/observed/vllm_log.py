@@ -168,11 +168,26 @@ def _index(rid: str, ln: int) -> int:
     return int(m.group(1)) if m else ln - 1
 
 
+def _scheduled(r: dict, q: float, first: float, file: str, ln: int) -> float | None:
+    """The row's ``scheduled_ts`` (s): None when absent or null, else a finite number with
+    queued_ts <= scheduled_ts <= first_token_ts."""
+    s = r.get("scheduled_ts")
+    if s is None:
+        return None
+    if not _number(s):
+        raise ConfigError("not a finite number", file=file, line=ln, field="scheduled_ts")
+    if not q <= s <= first:
+        raise ConfigError("needs queued_ts <= scheduled_ts <= first_token_ts", file=file, line=ln,
+                          field="scheduled_ts")
+    return float(s)
+
+
 def real_requests(rows: list[dict], *, file: str = "requests.jsonl") -> list[RealRequest]:
     """Per-request latencies of the log: TTFT = first_token_ts − queued_ts, E2E =
-    last_token_ts − queued_ts, TPOT = (last − first)/(output_toks − 1); arrival = queued_ts
-    minus the earliest queued_ts, rounded to the nearest µs. ``trace_id`` is the workload
-    line (:func:`_index`)."""
+    last_token_ts − queued_ts, TPOT = (last − first)/(output_toks − 1), scheduling delay =
+    scheduled_ts − queued_ts (None where the row has no ``scheduled_ts``); arrival =
+    queued_ts minus the earliest queued_ts, rounded to the nearest µs. ``trace_id`` is the
+    workload line (:func:`_index`)."""
     q0 = min(float(r["queued_ts"]) for r in rows)
     out = []
     for ln, r in enumerate(rows, 1):
@@ -181,12 +196,14 @@ def real_requests(rows: list[dict], *, file: str = "requests.jsonl") -> list[Rea
         if not q <= first <= last or n_out < 1 or int(r["input_toks"]) < 1:
             raise ConfigError("needs queued_ts <= first_token_ts <= last_token_ts and at least one "
                               "input and one output token", file=file, line=ln)
+        sched = _scheduled(r, q, first, file, ln)
         rid = str(r.get("request_id", f"bench-{ln - 1}"))
         ttft, e2e, tpot = latencies(first, last, q, n_out)
         out.append(RealRequest(
             id=rid, arrival_us=round((q - q0) * 1e6), input_toks=int(r["input_toks"]),
             output_toks=n_out, first_token_s=first, last_token_s=last, ttft_ms=ttft, e2e_ms=e2e,
-            tpot_ms=tpot, trace_id=_index(rid, ln)))
+            tpot_ms=tpot, trace_id=_index(rid, ln),
+            sched_ms=None if sched is None else (sched - q) * 1000.0, scheduled_s=sched))
     return out
 
 
@@ -375,7 +392,8 @@ def load_vllm_log(run_dir: str | os.PathLike, workload: str | os.PathLike | None
 def trace_of(run: ObservedRun, meta: dict) -> tuple[TraceHeader, list[TraceRecord]]:
     """The run as TraceV2, mode ``real``: per request ``arrival_time_us`` = ``send_time_us`` =
     queued_ts − the earliest queued_ts, ``first_chunk_time_us`` / ``last_chunk_time_us`` its
-    first / last token on the same origin (all rounded to the nearest µs); ``input_tokens``
+    first / last token and ``scheduled_time_us`` its scheduled_ts on the same origin (all
+    rounded to the nearest µs; ``scheduled_time_us`` 0 when not logged); ``input_tokens``
     and ``input_token_ids`` the real prompt (no prefix group: sharing is in the IDs);
     ``server_input_tokens`` the server's count; streaming, status ``ok``; ``num_chunks`` 0
     and ``finish_reason`` empty (the log does not say); ``model`` empty (the header's
@@ -390,7 +408,8 @@ def trace_of(run: ObservedRun, meta: dict) -> tuple[TraceHeader, list[TraceRecor
             output_tokens=r.output_toks, server_input_tokens=r.input_toks,
             arrival_time_us=r.arrival_us, send_time_us=r.arrival_us,
             first_chunk_time_us=us(r.first_token_s), last_chunk_time_us=us(r.last_token_s),
-            status="ok", input_token_ids=np.asarray(ids, dtype=np.int32)))
+            status="ok", input_token_ids=np.asarray(ids, dtype=np.int32),
+            scheduled_time_us=0 if r.scheduled_s is None else us(r.scheduled_s)))
     records.sort(key=lambda rec: rec.arrival_time_us)
     created = meta.get("started_at")
     server = TraceServer(

@@ -9,10 +9,16 @@ float text) and goes through temporary files renamed into place.
 Units: every ``*_us`` column is an integer number of microseconds; token columns are token
 counts; ``reason_ratio`` is a fraction in [0, 1].
 
-Our one extension (docs/workloads.md): an optional 28th column ``input_token_ids`` — the
-request's full prompt token IDs (prefix included), space-separated decimal integers, empty
-when unknown. It is read when the header row names it and written only when at least one
-record carries IDs, so a trace without IDs is byte-identical to BLIS's export, and BLIS's
+Our extensions (docs/workloads.md): optional columns after the 27 BLIS ones, recognised by
+their name in the header row, in any order (other extra columns are ignored, as BLIS does):
+
+* ``input_token_ids`` — the request's full prompt token IDs (prefix included),
+  space-separated decimal integers, empty when unknown;
+* ``scheduled_time_us`` — when the server first scheduled the request (integer µs on the
+  trace's time origin, like ``send_time_us``); 0 or empty = unknown.
+
+Each is written only when at least one record carries it (IDs; a positive scheduling time),
+always in that order, so a trace without them is byte-identical to BLIS's export, and BLIS's
 reader (which tolerates extra columns) still reads ours.
 """
 
@@ -43,8 +49,12 @@ TRACE_COLUMNS: tuple[str, ...] = (
     "finish_reason",
 )
 NUM_COLUMNS = len(TRACE_COLUMNS)
-#: the optional 28th column (our extension): full prompt token IDs, space-separated
+#: our extension column: full prompt token IDs, space-separated
 TOKEN_IDS_COLUMN = "input_token_ids"
+#: our extension column: first scheduling by the server, µs on the trace's origin (0 = unknown)
+SCHEDULED_COLUMN = "scheduled_time_us"
+#: our extension columns, in the order they are written after the 27 BLIS ones
+EXTENSION_COLUMNS: tuple[str, ...] = (TOKEN_IDS_COLUMN, SCHEDULED_COLUMN)
 #: cap on the token IDs one CSV file may carry (all rows together)
 MAX_TOKEN_IDS_PER_FILE = 10_000_000
 _MAX_FIELD_CHARS = 12 * MAX_TOKEN_IDS_PER_FILE   # csv field-size limit while reading
@@ -96,9 +106,10 @@ class TraceHeader(_Strict):
 
 @dataclass(slots=True)
 class TraceRecord:
-    """One CSV row. The first 27 fields are the TraceV2 columns, in order; the last,
-    ``input_token_ids``, is the optional extension column (an int32 array of the full
-    prompt, prefix included, or None when unknown)."""
+    """One CSV row. The first 27 fields are the TraceV2 columns, in order; then our optional
+    extension columns: ``input_token_ids`` (an int32 array of the full prompt, prefix
+    included, or None when unknown) and ``scheduled_time_us`` (the server's first scheduling
+    of the request, µs on the trace's origin; 0 = unknown)."""
 
     request_id: int = 0
     client_id: str = ""
@@ -129,10 +140,12 @@ class TraceRecord:
     finish_reason: str = ""
     # not part of ==: compare arrays with np.array_equal
     input_token_ids: np.ndarray | None = field(default=None, compare=False)
+    scheduled_time_us: int = 0      # µs on the trace's origin; 0 = unknown
 
 
 assert tuple(f.name for f in fields(TraceRecord))[:NUM_COLUMNS] == TRACE_COLUMNS
 assert fields(TraceRecord)[NUM_COLUMNS].name == TOKEN_IDS_COLUMN
+assert tuple(f.name for f in fields(TraceRecord))[NUM_COLUMNS:] == EXTENSION_COLUMNS
 
 
 @dataclass
@@ -169,7 +182,7 @@ _NONNEG = frozenset(("request_id", "round_index", "prefix_length", "input_tokens
                      "output_tokens", "text_tokens", "image_tokens", "audio_tokens",
                      "video_tokens", "server_input_tokens", "num_chunks", "arrival_time_us",
                      "send_time_us", "first_chunk_time_us", "last_chunk_time_us",
-                     "deadline_us"))
+                     "deadline_us", SCHEDULED_COLUMN))
 
 
 class _RowParser:
@@ -183,15 +196,17 @@ class _RowParser:
     def err(self, col: str, problem: str) -> ConfigError:
         return ConfigError(problem, file=self.path, line=self.line, field=col)
 
-    def int(self, i: int) -> int:
+    def int(self, i: int, col: str | None = None) -> int:
+        """Cell ``i`` as an int64 (``col``: its name, default the BLIS column ``i``)."""
         s = self.row[i]
+        col = col or TRACE_COLUMNS[i]
         if not (s.isascii() and s.isdigit()) and not _INT_RE.match(s):
-            raise self.err(TRACE_COLUMNS[i], f"expected an integer, got {s!r}")
+            raise self.err(col, f"expected an integer, got {s!r}")
         v = int(s)
-        if v < 0 and TRACE_COLUMNS[i] in _NONNEG:
-            raise self.err(TRACE_COLUMNS[i], f"must be >= 0, got {v}")
+        if v < 0 and col in _NONNEG:
+            raise self.err(col, f"must be >= 0, got {v}")
         if v > _INT64_MAX or v < _INT64_MIN:
-            raise self.err(TRACE_COLUMNS[i], f"out of the int64 range: {s}")
+            raise self.err(col, f"out of the int64 range: {s}")
         return v
 
     def float(self, i: int) -> float:
@@ -225,10 +240,11 @@ def _parse_row(p: _RowParser) -> TraceRecord:
 _NOT_ID_CHARS = str.maketrans("", "", "0123456789 ")
 
 
-def _parse_token_ids(p: _RowParser, rec: TraceRecord) -> np.ndarray | None:
-    """The ``input_token_ids`` cell: None when empty, else an int32 array whose length must
-    be ``prefix_length + input_tokens``; IDs are decimal integers in [0, 2^31)."""
-    s = p.row[NUM_COLUMNS]
+def _parse_token_ids(p: _RowParser, rec: TraceRecord, j: int) -> np.ndarray | None:
+    """The ``input_token_ids`` cell (column ``j``): None when empty, else an int32 array
+    whose length must be ``prefix_length + input_tokens``; IDs are decimal integers in
+    [0, 2^31)."""
+    s = p.row[j]
     if s == "":
         return None
     if s.translate(_NOT_ID_CHARS) or s[0] == " " or s[-1] == " " or "  " in s:
@@ -249,8 +265,21 @@ def _parse_token_ids(p: _RowParser, rec: TraceRecord) -> np.ndarray | None:
     return ids.astype(np.int32)
 
 
-def _check_header_row(row: list[str], path: str) -> bool:
-    """Check the 27 column names; True when the 28th is ``input_token_ids``."""
+def _parse_scheduled(p: _RowParser, rec: TraceRecord, j: int) -> int:
+    """The ``scheduled_time_us`` cell (column ``j``): 0 when empty, else an integer µs >= 0;
+    a positive time must not be before ``arrival_time_us``."""
+    if p.row[j] == "":
+        return 0
+    v = p.int(j, SCHEDULED_COLUMN)
+    if 0 < v < rec.arrival_time_us:
+        raise p.err(SCHEDULED_COLUMN, f"scheduled at {v}, before arrival_time_us {rec.arrival_time_us}")
+    return v
+
+
+def _check_header_row(row: list[str], path: str) -> dict[str, int]:
+    """Check the 27 column names; returns our extension columns found after them (name →
+    0-based column index), recognised by name in any order; other extra columns are
+    ignored. A name given twice is an error."""
     if len(row) < NUM_COLUMNS:
         raise ConfigError(f"missing from the header row ({len(row)} columns, expected {NUM_COLUMNS})",
                           file=path, line=1, field=TRACE_COLUMNS[len(row)])
@@ -259,14 +288,24 @@ def _check_header_row(row: list[str], path: str) -> bool:
         if got != name:
             raise ConfigError(f"header column {j + 1} is {got!r}, expected {name!r}",
                               file=path, line=1, field=name)
-    return len(row) > NUM_COLUMNS and row[NUM_COLUMNS].strip() == TOKEN_IDS_COLUMN
+    ext: dict[str, int] = {}
+    for j in range(NUM_COLUMNS, len(row)):
+        name = row[j].strip()
+        if name in EXTENSION_COLUMNS:
+            if name in ext:
+                raise ConfigError(f"header columns {ext[name] + 1} and {j + 1} are both {name!r}",
+                                  file=path, line=1, field=name)
+            ext[name] = j
+    return ext
 
 
 def read_trace_records(path: str | os.PathLike) -> list[TraceRecord]:
     """Parse and validate a TraceV2 CSV (header row + one row per request, file order).
 
-    When the header row's 28th column is ``input_token_ids``, each row's IDs are read into
-    ``TraceRecord.input_token_ids`` (at most :data:`MAX_TOKEN_IDS_PER_FILE` per file)."""
+    Our extension columns are read when the header row names them after the 27 BLIS ones
+    (any order): ``input_token_ids`` into ``TraceRecord.input_token_ids`` (at most
+    :data:`MAX_TOKEN_IDS_PER_FILE` per file), ``scheduled_time_us`` into
+    ``TraceRecord.scheduled_time_us``. A row too short to reach one leaves it unknown."""
     path = str(path)
     p = _RowParser(path)
     records: list[TraceRecord] = []
@@ -278,13 +317,16 @@ def read_trace_records(path: str | os.PathLike) -> list[TraceRecord]:
         csv.field_size_limit(max(old_limit, _MAX_FIELD_CHARS))   # one row may hold many IDs
         with open(path, encoding="utf-8-sig", newline="") as f:
             reader = csv.reader(f, strict=True)
-            header_seen = has_ids = False
+            header_seen = False
+            ids_col = sched_col = -1
             for row in reader:
                 start, line = line + 1, reader.line_num
                 if not row:
                     continue  # blank line (Go's csv reader skips them too)
                 if not header_seen:
-                    has_ids = _check_header_row(row, path)
+                    ext = _check_header_row(row, path)
+                    ids_col = ext.get(TOKEN_IDS_COLUMN, -1)
+                    sched_col = ext.get(SCHEDULED_COLUMN, -1)
                     header_seen = True
                     continue
                 p.line = start
@@ -293,12 +335,14 @@ def read_trace_records(path: str | os.PathLike) -> list[TraceRecord]:
                                       file=path, line=start, field=TRACE_COLUMNS[len(row)])
                 p.row = row
                 rec = _parse_row(p)
-                if has_ids and len(row) > NUM_COLUMNS:
-                    n_ids += row[NUM_COLUMNS].count(" ") + 1
+                if 0 <= ids_col < len(row):
+                    n_ids += row[ids_col].count(" ") + 1
                     if n_ids > MAX_TOKEN_IDS_PER_FILE:
                         raise p.err(TOKEN_IDS_COLUMN, f"more than {MAX_TOKEN_IDS_PER_FILE} token IDs "
                                                       "in the file")
-                    rec.input_token_ids = _parse_token_ids(p, rec)
+                    rec.input_token_ids = _parse_token_ids(p, rec, ids_col)
+                if 0 <= sched_col < len(row):
+                    rec.scheduled_time_us = _parse_scheduled(p, rec, sched_col)
                 first = seen_ids.setdefault(rec.request_id, start)
                 if first != start:
                     raise p.err("request_id", f"duplicate request_id {rec.request_id} "
@@ -398,13 +442,34 @@ def _format_ratio(x: float) -> str:
     return np.format_float_positional(float(x), unique=True, trim="-")
 
 
-def record_to_csv_line(r: TraceRecord, with_ids: bool = False) -> str:
-    """One CSV row (with trailing newline) in BLIS's export format; ``with_ids`` adds the
-    ``input_token_ids`` cell (empty when the record has none)."""
+def _extension_cell(r: TraceRecord, name: str) -> str:
+    if name == TOKEN_IDS_COLUMN:
+        ids = r.input_token_ids
+        return "" if ids is None else " ".join(map(str, np.asarray(ids).tolist()))
+    return str(r.scheduled_time_us)
+
+
+def _has_extension(r: TraceRecord, name: str) -> bool:
+    return r.input_token_ids is not None if name == TOKEN_IDS_COLUMN else r.scheduled_time_us > 0
+
+
+def extension_columns(records: Iterable[TraceRecord]) -> tuple[str, ...]:
+    """The extension columns a CSV of ``records`` carries: those some record has (IDs not
+    None; a scheduling time > 0), in :data:`EXTENSION_COLUMNS` order."""
+    records = list(records)
+    return tuple(c for c in EXTENSION_COLUMNS if any(_has_extension(r, c) for r in records))
+
+
+def record_to_csv_line(r: TraceRecord, with_ids: bool = False, *,
+                       extensions: tuple[str, ...] | None = None) -> str:
+    """One CSV row (with trailing newline) in BLIS's export format, then the cells of the
+    ``extensions`` columns (:data:`EXTENSION_COLUMNS` names, in the given order; an unknown
+    ``input_token_ids`` is empty, an unknown ``scheduled_time_us`` 0). ``with_ids`` is the
+    short form of ``extensions=("input_token_ids",)``."""
     q = _csv_field
-    ids = ""
-    if with_ids and r.input_token_ids is not None:
-        ids = " ".join(map(str, np.asarray(r.input_token_ids).tolist()))
+    if extensions is None:
+        extensions = (TOKEN_IDS_COLUMN,) if with_ids else ()
+    tail = "".join("," + _extension_cell(r, c) for c in extensions)
     return ",".join((
         str(r.request_id), q(r.client_id), q(r.tenant_id), q(r.slo_class), q(r.session_id),
         str(r.round_index), q(r.prefix_group), str(r.prefix_length),
@@ -413,17 +478,17 @@ def record_to_csv_line(r: TraceRecord, with_ids: bool = False) -> str:
         _format_ratio(r.reason_ratio), q(r.model), str(r.deadline_us),
         str(r.server_input_tokens), str(r.arrival_time_us), str(r.send_time_us),
         str(r.first_chunk_time_us), str(r.last_chunk_time_us), str(r.num_chunks),
-        q(r.status), q(r.error_message), q(r.finish_reason))) + ("," + ids if with_ids else "") + "\n"
+        q(r.status), q(r.error_message), q(r.finish_reason))) + tail + "\n"
 
 
 def trace_csv_text(records: Iterable[TraceRecord]) -> str:
-    """The whole CSV: header row and rows. The ``input_token_ids`` column is present only
-    when at least one record carries IDs (so a trace without IDs is BLIS's layout, byte for
-    byte)."""
+    """The whole CSV: header row and rows. Each extension column is present only when at
+    least one record carries it (:func:`extension_columns`), so a trace without them is
+    BLIS's layout, byte for byte."""
     records = list(records)
-    with_ids = any(r.input_token_ids is not None for r in records)
-    head = ",".join(TRACE_COLUMNS + ((TOKEN_IDS_COLUMN,) if with_ids else ())) + "\n"
-    return head + "".join(record_to_csv_line(r, with_ids) for r in records)
+    ext = extension_columns(records)
+    head = ",".join(TRACE_COLUMNS + ext) + "\n"
+    return head + "".join(record_to_csv_line(r, extensions=ext) for r in records)
 
 
 def _atomic_write(final: Path, text: str) -> Path:
