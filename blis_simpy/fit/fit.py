@@ -14,7 +14,9 @@ held out in turn (leave-one-out): fitted on the others, scored on it.
 
 from __future__ import annotations
 
+import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +45,21 @@ class FitResult:
     prefit: PrefitResult | None = None             # the step-level pre-fit (physics with ticks)
 
 
+@contextmanager
+def _quiet_engine():
+    """The engine's per-run warnings (e.g. a failed final-token KV allocation under KV
+    pressure) would repeat once per simulation of the search: silenced there unless
+    debugging; the in-sample and held-out comparisons log as usual."""
+    eng = logging.getLogger("blis_simpy.engine")
+    old = eng.level
+    if not eng.isEnabledFor(logging.DEBUG):
+        eng.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        eng.setLevel(old)
+
+
 def _search(space: Space, cases: list[Case], deadline: float, max_evaluations: int,
             on_eval=None, start: list[float] | None = None) -> tuple[Objective, str, float]:
     obj = Objective(space, cases, deadline=deadline, on_eval=on_eval)
@@ -50,12 +67,13 @@ def _search(space: Space, cases: list[Case], deadline: float, max_evaluations: i
     hi = np.array([p.hi for p in space.params])
     scale = np.array([p.scale for p in space.params])
     x0 = np.clip(np.array(start if start is not None else space.x0()), lo, hi)
-    try:
-        res = least_squares(obj.residuals, x0, bounds=(lo, hi), x_scale=scale, diff_step=DIFF_STEP,
-                            max_nfev=max_evaluations, method="trf")
-        stopped = "converged" if res.status > 0 else "evaluations"
-    except BudgetExceeded:
-        stopped = "budget"
+    with _quiet_engine():
+        try:
+            res = least_squares(obj.residuals, x0, bounds=(lo, hi), x_scale=scale, diff_step=DIFF_STEP,
+                                max_nfev=max_evaluations, method="trf")
+            stopped = "converged" if res.status > 0 else "evaluations"
+        except BudgetExceeded:
+            stopped = "budget"
     return obj, stopped, obj.best_cost
 
 

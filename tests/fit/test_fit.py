@@ -84,3 +84,21 @@ def test_fit_refuses_what_it_cannot_fit(measured, tmp_path):
     res = _cli("fit", prefix, "--scenario", wrong, "-o", tmp_path / "x.yaml", "--time-budget", "-1")
     assert res.exit_code == 2 and "--time-budget" in res.stderr
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_time_budget_keeps_the_best_point_seen(measured):
+    """A deadline already past: the search evaluates the start (so there is a best point)
+    and stops at the next evaluation; the fit reports 'budget' and returns the start."""
+    import time
+
+    from blis_simpy.cli.calibrate_cmd import run_plan
+    from blis_simpy.fit import Case, space_for
+    from blis_simpy.fit.fit import _search
+    from blis_simpy.observed.converted import load_observed
+    prefix, wrong = measured
+    run = load_observed(prefix)
+    case = Case(run, run_plan(run, {}, str(wrong)).scenario)
+    space = space_for(case.scenario)
+    obj, stopped, cost = _search(space, [case], time.monotonic() - 1.0, 100)
+    assert stopped == "budget" and obj.evaluations == 1
+    assert obj.best_x == space.x0() and cost == obj.history[0]
