@@ -3,7 +3,8 @@
 Per metric (TTFT, TPOT, E2E, and scheduling delay where the log has it) over the requests
 both the run and the twin completed: real and sim mean/p50/p90/p99 with the signed error
 ``100·(sim − real)/real`` %, and the per-request MAPE ``100·mean(|sim − real| / real)`` %
-(requests with real = 0 left out). Throughput is output tokens over the span from the first
+over the requests whose real value is at least :data:`MAPE_FLOOR_MS` (1 ms; in practice
+this only matters for scheduling delays, which a server can keep to microseconds). Throughput is output tokens over the span from the first
 arrival to the last completion. Percentiles are numpy's linear interpolation. Units: ms
 unless named otherwise.
 """
@@ -20,6 +21,9 @@ from blis_simpy.observed.run import ObservedRun
 METRICS = ("ttft", "tpot", "e2e", "sched")
 LABELS = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "sched": "sched delay"}
 STATS = ("mean", "p50", "p90", "p99")
+#: the per-request MAPE leaves out requests whose real value is below this (ms): a request
+#: the server scheduled 20 µs after arrival would turn any simulated delay into +10,000%
+MAPE_FLOOR_MS = 1.0
 
 
 def real_values(run: ObservedRun, metric: str) -> dict[str, float]:
@@ -51,10 +55,11 @@ class MetricRow:
     sim: dict[str, float]
     err_pct: dict[str, float]
     mape_pct: float
+    mape_n: int = 0            # requests in the MAPE (real value >= MAPE_FLOOR_MS)
 
     def to_dict(self) -> dict:
         return {"n": self.n, "real_ms": self.real, "sim_ms": self.sim, "error_pct": self.err_pct,
-                "mape_pct": self.mape_pct}
+                "mape_pct": self.mape_pct, "mape_n": self.mape_n}
 
 
 @dataclass
@@ -97,9 +102,10 @@ def metric_row(metric: str, real: dict[str, float], sim: dict[str, float]) -> Me
     rv = np.array([real[k] for k in keys])
     sv = np.array([sim[k] for k in keys])
     rs, ss = stats(rv), stats(sv)
-    nz = rv != 0
+    nz = rv >= MAPE_FLOOR_MS
     mape = float(100.0 * np.mean(np.abs(sv[nz] - rv[nz]) / rv[nz])) if nz.any() else float("nan")
-    return MetricRow(metric, len(keys), rs, ss, {s: err_pct(ss[s], rs[s]) for s in STATS}, mape)
+    return MetricRow(metric, len(keys), rs, ss, {s: err_pct(ss[s], rs[s]) for s in STATS}, mape,
+                     int(nz.sum()))
 
 
 def compare(run: ObservedRun, sim: SimRun) -> Comparison:

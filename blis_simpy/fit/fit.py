@@ -95,9 +95,9 @@ def fit(space: Space, cases: list[Case], *, time_budget_s: float = 600.0,
     starts = [None] + ([start] if start is not None else [])
     best = None
     evaluations = 0
-    for k, st in enumerate(starts):
+    for j, st in enumerate(starts):
         left = t0 + time_budget_s * main_share - time.monotonic()
-        found = _search(space, cases, time.monotonic() + left / (len(starts) - k), max_evaluations, on_eval, st)
+        found = _search(space, cases, time.monotonic() + left / (len(starts) - j), max_evaluations, on_eval, st)
         evaluations += found[0].evaluations
         if best is None or found[2] < best[2]:
             best = found

@@ -40,7 +40,8 @@ def test_sched_delay_exact(tiny_sched):
     assert s["real_ms"]["mean"] == pytest.approx(0.7) and s["sim_ms"]["mean"] == pytest.approx(0.25)
     assert s["real_ms"]["p50"] == pytest.approx(0.7) and s["sim_ms"]["p50"] == pytest.approx(0.25)
     assert s["error_pct"]["mean"] == pytest.approx(100 * (0.25 - 0.7) / 0.7)     # -64.29 %
-    assert s["mape_pct"] == pytest.approx(100 * (0.4 / 0.4 + 0.5 / 1.0) / 2)     # 75 %
+    # MAPE over real delays >= 1 ms only: request 7 (|0.5 - 1.0| / 1.0); request 0's 0.4 ms is out
+    assert s["mape_pct"] == pytest.approx(50.0) and s["mape_n"] == 1
 
 
 def test_sched_delay_row_in_the_table(tiny_sched):
@@ -51,7 +52,7 @@ def test_sched_delay_row_in_the_table(tiny_sched):
     (i,) = [i for i, ln in enumerate(lines) if "sched delay" in ln]
     assert lines[i].split("│")[2:4] == [" real ", " 2 "]
     sim = lines[i + 1]                         # the sim line under it: errors and MAPE
-    assert "sim" in sim and "(-64.3%)" in sim and "75.0%" in sim
+    assert "sim" in sim and "(-64.3%)" in sim and "50.0%" in sim
 
 
 def test_no_scheduling_time_no_sched_metric(tiny_sched, tmp_path):
