@@ -43,7 +43,10 @@ def render(console: Console, c: Comparison, title: str = "") -> None:
 
 
 def paired_timeline(ticks: list[Tick], samples: list[Sample]) -> list[dict]:
-    """Per real tick, the sim sample at the same instant (the latest at or before it)."""
+    """Per real tick, the sim sample at the same instant (the latest at or before it). A KV
+    column that reads 0 at every tick although requests ran is taken as not recorded (the
+    RTX PRO 6000 log's gauge is all zeros): its real values become None."""
+    kv_recorded = any(tk.kv_cache_pct for tk in ticks) or not any(tk.running for tk in ticks)
     rows = []
     j = 0
     for tk in ticks:
@@ -51,7 +54,7 @@ def paired_timeline(ticks: list[Tick], samples: list[Sample]) -> list[dict]:
             j += 1
         s = samples[j] if samples and samples[j].t_s <= tk.t_s else None
         rows.append({"t_s": tk.t_s, "real_running": tk.running, "real_waiting": tk.waiting,
-                     "real_kv_pct": tk.kv_cache_pct,
+                     "real_kv_pct": tk.kv_cache_pct if kv_recorded else None,
                      "sim_running": s.running if s else None, "sim_waiting": s.waiting if s else None,
                      "sim_kv_pct": round(s.kv_cache_pct, 2) if s else None})
     return rows

@@ -97,9 +97,11 @@ def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat
         if rows:
             render_timeline(console, rows)
             e = doc["timeline_errors"]
+            kv = e["kv_pct_mean_abs_diff"]
+            kv_text = "KV not recorded" if kv != kv else f"KV {kv:.1f} points"
             console.print(f"timeline mean |sim − real|: running {e['running_mean_abs_diff']:.1f}, "
-                          f"waiting {e['waiting_mean_abs_diff']:.1f} requests, "
-                          f"KV {e['kv_pct_mean_abs_diff']:.1f} points", highlight=False)
+                          f"waiting {e['waiting_mean_abs_diff']:.1f} requests, {kv_text}",
+                          highlight=False)
 
 
 def _write_json(path: str, obj) -> None:

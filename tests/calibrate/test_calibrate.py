@@ -103,3 +103,10 @@ def test_real_vllm_runs_replay_to_completion_with_timelines(run, tmp_path):
     for m in ("ttft", "tpot", "e2e"):
         assert abs(doc["metrics"][m]["error_pct"]["mean"]) < 5.0, (m, doc["metrics"][m])
     assert doc["metrics"]["e2e"]["mape_pct"] < 10.0
+    te = doc["timeline_errors"]
+    assert te["running_mean_abs_diff"] < 3 and te["waiting_mean_abs_diff"] < 5
+    if run.startswith("vllm-rtxpro6000"):      # its KV gauge reads 0 throughout: not recorded
+        assert te["kv_pct_mean_abs_diff"] is None
+        assert all(r["real_kv_pct"] is None for r in doc["timeline"])
+    else:
+        assert te["kv_pct_mean_abs_diff"] < 5
