@@ -348,7 +348,7 @@ class Instance(BatchFormation):
 
     def batch_view(self) -> BatchView:
         """Summary of the running batch for the latency model (after batch formation)."""
-        return view_of(self.running)
+        return BatchView.of(self.running)
 
     def step_time(self, batch: BatchView) -> int:
         """Hook: the latency model's step duration (µs)."""
@@ -468,27 +468,3 @@ class Instance(BatchFormation):
         met.cache_hit_rate = self.kv.cache_hit_rate()
         met.kv_thrashing_rate = self.kv.kv_thrashing_rate()
         return met
-
-
-def view_of(batch) -> BatchView:
-    """:meth:`BatchView.of` with the engine's phase rule: a request is prefill-phase while
-    ``pi < prefill_to`` — its prompt, or a vLLM recompute of prompt + outputs."""
-    v = BatchView()
-    v.entries_fn = lambda: _entries(batch)
-    for r in batch:
-        v.size += 1
-        if r.pi < r.prefill_to:
-            v.prefill.append(r)
-        elif r.output_len >= 1:
-            v.decode_count += 1
-            v.decode_tokens += r.num_new_tokens
-            v.decode_pi_sum += r.pi
-    return v
-
-
-def _entries(batch):
-    for r in batch:
-        if r.pi < r.prefill_to:
-            yield True, r.pi, r.num_new_tokens, r.input_len
-        elif r.output_len >= 1:
-            yield False, r.pi, r.num_new_tokens, r.input_len

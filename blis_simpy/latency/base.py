@@ -15,7 +15,9 @@ from blis_simpy.units import to_int64
 class BatchView:
     """What a latency model may know about one step's running batch.
 
-    A request is *prefill-phase* if ``pi < input_len`` (its step tokens are
+    A request is *prefill-phase* if ``pi < prefill_to`` (its prompt length, or — while a
+    preempted request recomputes its prompt and outputs — that recompute's end; requests
+    without ``prefill_to`` use ``input_len``; its step tokens are
     ``num_new_tokens``); *decode-phase* if ``pi >= input_len`` and it has at least one
     output token (step tokens 0 or 1). Values are as at step start, before execution.
 
@@ -62,7 +64,7 @@ class BatchView:
         v.entries_fn = lambda: _entries(batch)
         for r in batch:
             v.size += 1
-            if r.pi < r.input_len:
+            if r.pi < _prefill_end(r):
                 v.prefill.append(r)
             elif r.output_len >= 1:
                 v.decode_count += 1
@@ -71,9 +73,13 @@ class BatchView:
         return v
 
 
+def _prefill_end(r) -> int:
+    return getattr(r, "prefill_to", r.input_len)
+
+
 def _entries(batch) -> Iterator[tuple[bool, int, int, int]]:
     for r in batch:
-        if r.pi < r.input_len:
+        if r.pi < _prefill_end(r):
             yield True, r.pi, r.num_new_tokens, r.input_len
         elif r.output_len >= 1:
             yield False, r.pi, r.num_new_tokens, r.input_len
