@@ -20,13 +20,13 @@ Every malformed value is a :class:`ConfigError` naming the file and the field
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
 
 from blis_simpy.errors import ConfigError
 from blis_simpy.observed.run import ObservedRun, RealRequest, latencies
+from blis_simpy.observed.vllm_log import read_json_object
 from blis_simpy.workload.tracev2 import TraceHeader, TraceRecord, TraceServer
 
 MAX_REQUESTS = 1_000_000
@@ -40,19 +40,7 @@ def _is_num(v) -> bool:
 
 
 def _read(path: Path) -> dict:
-    if not path.is_file():
-        raise ConfigError("missing file", file=str(path))
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise ConfigError(f"larger than {MAX_FILE_BYTES} bytes", file=str(path))
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"not JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"not valid UTF-8 ({exc.reason})", file=str(path)) from None
-    if not isinstance(data, dict):
-        raise ConfigError("not a JSON object", file=str(path))
-    return data
+    return read_json_object(path, MAX_FILE_BYTES)
 
 
 def _rate(data: dict, file: str) -> float:

@@ -102,19 +102,27 @@ def _read_jsonl(path: Path, numbers: tuple[str, ...], integers: tuple[str, ...],
     return rows
 
 
-def read_meta(path: Path) -> dict:
-    """meta.json: a JSON object with an ``engine_kwargs`` object."""
+def read_json_object(path: Path, max_bytes: int) -> dict:
+    """A JSON file holding one object, at most ``max_bytes``; errors are located."""
     if not path.is_file():
         raise ConfigError("missing file", file=str(path))
-    if path.stat().st_size > MAX_META_BYTES:
-        raise ConfigError(f"larger than {MAX_META_BYTES} bytes", file=str(path))
+    if path.stat().st_size > max_bytes:
+        raise ConfigError(f"larger than {max_bytes} bytes", file=str(path))
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"not JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not valid UTF-8 ({exc.reason})", file=str(path)) from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("engine_kwargs"), dict):
+    if not isinstance(data, dict):
+        raise ConfigError("not a JSON object", file=str(path))
+    return data
+
+
+def read_meta(path: Path) -> dict:
+    """meta.json: a JSON object with an ``engine_kwargs`` object."""
+    meta = read_json_object(path, MAX_META_BYTES)
+    if not isinstance(meta.get("engine_kwargs"), dict):
         raise ConfigError("no engine_kwargs object", file=str(path), field="engine_kwargs")
     return meta
 
