@@ -21,11 +21,6 @@ _MASK64 = (1 << 64) - 1
 _FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = 0x100000001B3
 
-#: The stream names BLIS uses (spec/01 §5).
-STREAM_NAMES = ("router", "prefill-router", "decode-router", "workload-gen",
-                "node-provisioning", "instance-loading")
-
-
 def to_signed64(x: int) -> int:
     """Wrap an arbitrary Python int to a signed 64-bit integer (two's complement)."""
     x &= _MASK64

@@ -21,11 +21,6 @@ class BlackboxModel(LatencyModel, name="blackbox"):
         t = to_int64(b0 + b1 * batch.prefill_tokens + b2 * batch.decode_tokens)
         return t if t > 1 else 1
 
-    def step_time_sums(self, prefill_tokens: int, decode_tokens: int) -> int:
-        """Fast path for callers that already hold the token sums."""
-        t = to_int64(self.beta[0] + self.beta[1] * prefill_tokens + self.beta[2] * decode_tokens)
-        return t if t > 1 else 1
-
     def queueing_time(self, req) -> int:
         return to_int64(self.alpha[0] + self.alpha[1] * req.input_len)
 

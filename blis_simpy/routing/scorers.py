@@ -161,7 +161,3 @@ def check_scorer(name: str, weight: float, seen: set[str]) -> None:
     if not math.isfinite(weight) or weight <= 0:
         raise ValueError(f"scorer {name!r} weight must be finite and > 0, got {weight:g}")
     seen.add(name)
-
-
-def format_scorers(specs) -> str:
-    return ", ".join(f"{s.name}:{s.weight:g}" for s in specs)

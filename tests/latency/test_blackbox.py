@@ -8,6 +8,7 @@ OTPT          = to_int64(α2);  post_decode = 0
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -33,6 +34,14 @@ def _batch(prefill_new=(), decode_new=()):
     return BatchView.of(reqs)
 
 
+def _sums(m, prefill_tokens: int, decode_tokens: int) -> int:
+    """``m``'s step time for a batch holding these token sums (one prefill chunk of
+    ``prefill_tokens``, ``decode_tokens`` decoders)."""
+    pre = [SimpleNamespace(num_new_tokens=prefill_tokens)] if prefill_tokens else []
+    return m.step_time(BatchView(prefill=pre, decode_count=decode_tokens, decode_tokens=decode_tokens,
+                                 size=len(pre) + decode_tokens))
+
+
 def test_registered_under_blackbox():
     assert LatencyModel.lookup("blackbox") is BlackboxModel
 
@@ -50,20 +59,16 @@ def test_step_time_linear_in_prefill_and_decode_tokens():
     b = _batch(prefill_new=(3, 5), decode_new=(1, 1, 0))
     assert b.prefill_tokens == 8 and b.decode_tokens == 2
     assert m.step_time(b) == 1020
-    assert m.step_time_sums(8, 2) == 1020
 
 
 def test_step_time_truncates_the_float_sum():
     m = BlackboxModel([0, 0, 0], [100.0, 0.3, 0.3])
     # 100 + 0.3*3 + 0.3*3 = 101.8 (float: 101.79999999999998) -> 101; round would give 102
     assert m.step_time(_batch(prefill_new=(3,), decode_new=(1, 1, 1))) == 101
-    assert m.step_time_sums(3, 3) == 101
 
 
 def test_step_time_prefill_and_decode_use_their_own_coefficient():
     m = BlackboxModel([0, 0, 0], [10.0, 100.0, 1.0])
-    assert m.step_time_sums(1, 0) == 110
-    assert m.step_time_sums(0, 1) == 11
     assert m.step_time(_batch(prefill_new=(1,))) == 110
     assert m.step_time(_batch(decode_new=(1,))) == 11
 
@@ -79,7 +84,6 @@ def test_step_time_prefill_and_decode_use_their_own_coefficient():
 def test_step_time_floor_at_one(beta, expected):
     m = BlackboxModel([0, 0, 0], beta)
     assert m.step_time(_batch()) == expected
-    assert m.step_time_sums(0, 0) == expected
 
 
 def test_requests_outside_prefill_and_decode_are_ignored():
@@ -92,7 +96,7 @@ def test_requests_outside_prefill_and_decode_are_ignored():
 def test_extra_coefficients_are_ignored():
     m3 = BlackboxModel([1, 2, 3], [10, 20, 30])
     m5 = BlackboxModel([1, 2, 3, 99, 99], [10, 20, 30, 99, 99])
-    assert m5.step_time_sums(2, 3) == m3.step_time_sums(2, 3) == 10 + 40 + 90
+    assert _sums(m5, 2, 3) == _sums(m3, 2, 3) == 10 + 40 + 90
     r = _req("r", 7, 1)
     assert m5.queueing_time(r) == m3.queueing_time(r) == 1 + 14
     assert m5.output_token_processing_time() == 3
@@ -102,7 +106,7 @@ def test_extra_coefficients_are_ignored():
        st.integers(0, 10_000), st.integers(0, 10_000))
 def test_step_time_property(beta, p, d):
     m = BlackboxModel([0, 0, 0], beta)
-    got = m.step_time_sums(p, d)
+    got = _sums(m, p, d)
     assert got == max(1, math.trunc(beta[0] + beta[1] * p + beta[2] * d))
     assert got >= 1
 
@@ -131,7 +135,7 @@ def test_otpt_truncated_and_post_decode_zero():
 
 def test_results_are_ints():
     m = BlackboxModel([1.5, 0.5, 2.5], [3.5, 0.5, 0.5])
-    for v in (m.step_time_sums(1, 1), m.queueing_time(_req("a", 3, 1)),
+    for v in (_sums(m, 1, 1), m.queueing_time(_req("a", 3, 1)),
               m.output_token_processing_time()):
         assert type(v) is int
 
@@ -159,4 +163,4 @@ def test_coefficient_validation(bad, which):
 
 def test_zero_coefficients_are_valid():
     m = BlackboxModel([0, 0, 0], [0, 0, 0])
-    assert m.step_time_sums(5, 5) == 1
+    assert _sums(m, 5, 5) == 1
