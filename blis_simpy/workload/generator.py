@@ -41,8 +41,9 @@ from blis_simpy.errors import ConfigError
 from blis_simpy.request import Request
 from blis_simpy.rng import child_seed, derive_seed, numpy_rng, to_signed64
 from blis_simpy.units import MAX_INT64
+from blis_simpy.workload.arrivals import make_arrival_sampler
 from blis_simpy.workload.expand import expand_cohorts, expand_inference_perf, load_servegen
-from blis_simpy.workload.samplers import VOCAB_SIZE, RequestSampler, make_arrival_sampler
+from blis_simpy.workload.samplers import VOCAB_SIZE, RequestSampler
 from blis_simpy.workload.sessions import (
     SESSION_DEFAULT_TIMEOUT_US,
     SessionBlueprint,

@@ -21,11 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from blis_simpy.errors import ConfigError
 from blis_simpy.workload import _yaml
-from blis_simpy.workload.samplers import (
-    ARRIVAL_PROCESSES,
-    WEIBULL_CV_RANGE,
-    make_length_sampler,
-)
+from blis_simpy.workload.arrivals import ARRIVAL_PROCESSES, WEIBULL_CV_RANGE
+from blis_simpy.workload.lengths import make_length_sampler
 
 log = logging.getLogger(__name__)
 

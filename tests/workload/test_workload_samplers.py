@@ -11,19 +11,17 @@ from hypothesis import strategies as st
 
 from blis_simpy.errors import ConfigError
 from blis_simpy.units import MAX_INT64
-from blis_simpy.workload.samplers import (
+from blis_simpy.workload.arrivals import (
     ConstantArrival,
-    EmpiricalSampler,
     GammaArrival,
     PoissonArrival,
     WeibullArrival,
-    empirical_sampler,
     gamma_variate,
     make_arrival_sampler,
-    make_length_sampler,
     weibull_cv,
     weibull_shape_from_cv,
 )
+from blis_simpy.workload.lengths import EmpiricalSampler, empirical_sampler, make_length_sampler
 
 
 class FakeRng:
