@@ -1,4 +1,4 @@
-"""Inter-arrival-time samplers (docs/workloads.md, "Arrival processes").
+"""Inter-arrival-time samplers (docs/workloads.md, "The workload-spec v2", `arrival`).
 
 Each returns inter-arrival times in integer µs (truncated, floored at 1) for a client rate
 ``λ`` given in requests per µs, drawing from the client's :class:`numpy.random.Generator`.

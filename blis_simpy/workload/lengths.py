@@ -1,4 +1,4 @@
-"""Token-length samplers (docs/workloads.md, "Distributions").
+"""Token-length samplers (docs/workloads.md, "The workload-spec v2", length distributions).
 
 Every sampler draws from a :class:`numpy.random.Generator` passed to it (one per client),
 never from a global RNG, and returns token counts (int ≥ 1). Go → NumPy draw mapping:
