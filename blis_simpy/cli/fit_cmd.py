@@ -21,6 +21,9 @@ from blis_simpy.cli.options import flag_parameters, given_flags
 from blis_simpy.errors import ConfigError
 
 MAX_BUDGET_S = 7 * 24 * 3600.0
+#: blackbox's start when the run's model has no catalog row: 5 ms a step, 0.5 µs a prefill
+#: token, 50 µs a decode token (the magnitude of the catalog's 8B rows)
+BLACKBOX_START = "5000,0.5,50"
 
 
 def _summary(c) -> dict:
@@ -52,6 +55,10 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
     if not out_path.parent.is_dir():
         raise ConfigError("no such folder for the output file", file=output, field="--output")
     loaded = [load_observed(r) for r in runs]
+    if given.get("--latency-model") == "blackbox" and scenario is None and not (
+            "--alpha-coeffs" in given or "--beta-coeffs" in given):
+        # a model with no catalog row still fits: start from a generic point
+        given = {**given, "--alpha-coeffs": "0,0,0", "--beta-coeffs": BLACKBOX_START}
     cases = [Case(r, run_plan(r, given, scenario, "fit").scenario) for r in loaded]
     first = cases[0].scenario
     for c in cases[1:]:

@@ -102,3 +102,22 @@ def test_time_budget_keeps_the_best_point_seen(measured):
     obj, stopped, cost = _search(space, [case], time.monotonic() - 1.0, 100)
     assert stopped == "budget" and obj.evaluations == 1
     assert obj.best_x == space.x0() and cost == obj.history[0]
+
+
+def test_blackbox_fit_of_a_model_with_no_catalog_row(tmp_path):
+    """Llama-3.1-8B (base) has no blackbox row: fit starts from a generic point instead of
+    refusing, and the set it writes replays the run with the fitted betas."""
+    from tests.conftest import shared_or_skip
+    run = shared_or_skip("realdata", "vllm-rtxpro6000-llama-3.1-8b")
+    out = tmp_path / "bb.yaml"
+    res = _cli("fit", run, "--latency-model", "blackbox", "-o", out, "--max-evaluations", "15")
+    assert res.exit_code == 0, res.output
+    cs = yaml.safe_load(out.read_text())
+    assert cs["backend"] == "blackbox" and cs["gpu"] == "RTX-PRO-6000"
+    assert cs["beta_coeffs"] != [5000.0, 0.5, 50.0] and cs["alpha_coeffs"] == [0.0, 0.0, 0.0]
+    cal = _cli("calibrate", run, "--latency-model", "blackbox", "--coefficients", out, "--format", "json",
+               "--no-timeline")
+    assert cal.exit_code == 0, cal.output
+    e2e = json.loads(cal.stdout)["runs"][0]["metrics"]["e2e"]["error_pct"]["mean"]
+    assert e2e == pytest.approx(cs["fit"]["in_sample"]["vllm-rtxpro6000-llama-3.1-8b"]["e2e_mean_error_pct"],
+                                abs=1e-3)
