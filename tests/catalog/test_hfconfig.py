@@ -17,7 +17,7 @@ from blis_simpy.catalog.hfconfig import (
 )
 from blis_simpy.catalog.types import ModelConfig
 from blis_simpy.errors import ConfigError
-from tests.conftest import shared_or_skip
+from tests.conftest import conformance_case
 
 BASE = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
         "intermediate_size": 11008, "vocab_size": 32000, "torch_dtype": "bfloat16",
@@ -36,7 +36,7 @@ def cfg(**kw) -> dict:
 
 # ------------------------------------------------------------------------- basic fields
 def test_qwen3_conformance_config():
-    path = shared_or_skip("conformance", "B13_roofline_qwen3_14b_h100_tp1", "model_config.json")
+    path = conformance_case("B13_roofline_qwen3_14b_h100_tp1") / "model_config.json"
     m = parse_hf_config(path, name="qwen/qwen3-14b")
     assert (m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads) == (40, 5120, 40, 8)
     assert (m.intermediate_size, m.vocab_size, m.bytes_per_param) == (17408, 151936, 2.0)
@@ -49,7 +49,7 @@ def test_qwen3_conformance_config():
 
 
 def test_mixtral_conformance_config():
-    path = shared_or_skip("conformance", "B15_roofline_mixtral_moe_h100_tp2", "model_config.json")
+    path = conformance_case("B15_roofline_mixtral_moe_h100_tp2") / "model_config.json"
     m = parse_hf_config(path)
     assert (m.num_local_experts, m.num_experts_per_tok, m.moe_intermediate_size) == (8, 2, 0)
     assert m.is_moe and m.shared_expert_intermediate_size == 0

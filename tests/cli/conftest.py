@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -27,10 +28,19 @@ def trace_files(tmp_path: Path) -> tuple[Path, Path]:
 
 @pytest.fixture
 def cli():
-    """Invoke the app in-process; returns the typer/click Result (stdout, stderr separate)."""
+    """Invoke the app in-process; returns the typer/click Result (stdout, stderr separate).
+
+    ``--log`` reconfigures the ``blis_simpy`` logger; its level, propagation and handlers are
+    restored afterwards so a later test's ``caplog`` still sees warnings.
+    """
     runner = CliRunner()
+    log = logging.getLogger("blis_simpy")
+    saved = (log.level, log.propagate, log.handlers[:])
 
     def invoke(*args):
         return runner.invoke(app, [str(a) for a in args])
 
-    return invoke
+    yield invoke
+    log.setLevel(saved[0])
+    log.propagate = saved[1]
+    log.handlers[:] = saved[2]

@@ -10,19 +10,15 @@ import json
 
 import pytest
 
-from .support import REPO
-
-CONFORMANCE = REPO.parent / "shared" / "conformance"
+from tests.conftest import conformance_case
 
 
 @pytest.mark.parametrize("case", ["A01_golden1", "C19_cluster_rr"])
 def test_blis_stdout_and_results_match(cli, tmp_path, monkeypatch, case):
-    src = CONFORMANCE / case
-    if not src.exists():
-        pytest.skip(f"{src} not available")
+    src = conformance_case(case)
     work = tmp_path / case
     work.mkdir()
-    for f in src.iterdir():  # contents only: the shared folder is read-only
+    for f in src.iterdir():  # contents only: the recorded case stays untouched
         if f.is_file():
             (work / f.name).write_bytes(f.read_bytes())
     meta = json.loads((work / "case.json").read_text())

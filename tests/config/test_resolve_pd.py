@@ -23,7 +23,7 @@ from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.vllm_capacity import vllm_kv_capacity
 from blis_simpy.latency import BlackboxModel, RooflineModel
-from tests.conftest import shared_or_skip
+from tests.conftest import conformance_case
 
 QWEN = "qwen/qwen3-14b"
 LLAMA = "meta-llama/llama-3.1-8b-instruct"
@@ -231,7 +231,7 @@ def test_kv_bytes_per_token_of_qwen3_14b_is_hand_computed_and_matches_d29():
     assert kv_bytes_per_token(builtin_models().get(QWEN)) == 2 * 40 * 8 * 128 * 2 == 163_840
     plan = resolve_pools(sc(pools()), quiet=True)
     assert plan.kv_bytes_per_token == 163_840
-    d29 = shared_or_skip("conformance", "D29_pd_transfer_contention")
+    d29 = conformance_case("D29_pd_transfer_contention")
     args = json.loads((d29 / "case.json").read_text())["args"]
     assert int(args[args.index("--pd-kv-bytes-per-token") + 1]) == 163_840
     assert kv_bytes_per_token(parse_hf_config(d29 / "model_config.json", name=QWEN)) == 163_840

@@ -1,7 +1,7 @@
 """Replay the original Go BLIS's conformance cases and compare with what it printed.
 
-Each folder of ``../shared/conformance`` holds a trace, BLIS's arguments and BLIS's exact
-output (see its README). We run ``blis-simpy <args> <extra_args> --format blis`` in a
+Each folder of ``tests/conformance/cases`` holds a trace, BLIS's arguments and BLIS's exact
+output, recorded with the Go BLIS (see the README there). We run ``blis-simpy <args> <extra_args> --format blis`` in a
 scratch copy of the folder and require:
 
 * the same ``=== Simulation Metrics ===`` JSON blocks, in order, every key within 1e-9
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONFORMANCE
+from tests.conftest import CONFORMANCE, conformance_case
 
 #: case-name prefix -> why it cannot pass yet
 PENDING = {
@@ -43,8 +43,6 @@ PARITY_ARGS_ALL = ["--preemption-model", "blis"]
 
 
 def _cases() -> list[Path]:
-    if not CONFORMANCE.exists():
-        return []
     return sorted(p for p in CONFORMANCE.iterdir() if (p / "case.json").exists())
 
 
@@ -132,11 +130,10 @@ def test_conformance_case(case: Path, tmp_path: Path):
     assert not bad, f"{len(bad)} requests differ, first: {bad[:3]}"
 
 
-def test_conformance_folder_present_or_skipped():
-    """The suite must not silently pass with zero cases when the folder exists."""
-    if not CONFORMANCE.exists():
-        pytest.skip(f"{CONFORMANCE} not available")
+def test_conformance_cases_are_all_present():
+    """The suite must not silently pass with zero cases: all 25 recorded cases are replayed."""
     names = [p.name for p in _cases()]
+    assert len(names) == 25, names
     assert any(n.startswith("A") for n in names)
     assert all(_pending_reason(n) is None for n in names if n.startswith("A"))
 
@@ -151,9 +148,7 @@ def test_b15_fixed_moe_roofline(tmp_path: Path):
     experts). BLIS's mean ITL (0.476 ms) is below this bound because its expert weights count
     as zero. The cluster figures below are pinned so that a change is noticed.
     """
-    case = CONFORMANCE / "B15_roofline_mixtral_moe_h100_tp2"
-    if not case.exists():
-        pytest.skip(f"{case} not available")
+    case = conformance_case("B15_roofline_mixtral_moe_h100_tp2")
     proc, _ = _run_case(case, tmp_path, parity=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     ours = _json_blocks(proc.stdout)[-1]

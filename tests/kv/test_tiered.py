@@ -31,7 +31,7 @@ from blis_simpy.metrics.blis_text import render_blis
 from blis_simpy.metrics.report import Report
 from blis_simpy.metrics.summary import metrics_output, replay_results
 from blis_simpy.request import Request, hash_block, hash_chain
-from tests.conftest import shared_or_skip
+from tests.conftest import conformance_case
 
 BS = 4
 COST = 101          # base 100 µs + ceil(4 tokens / 50 blocks per µs)
@@ -424,7 +424,7 @@ def _b19_arg(args, name):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_b19_tiered_kv_offload_reproduces_blis(impl):
-    case = shared_or_skip("conformance", "B19_tiered_kv_offload")
+    case = conformance_case("B19_tiered_kv_offload")
     from blis_simpy.workload import read_trace, trace_requests
     spec = json.loads((case / "case.json").read_text())
     expected = json.loads((case / "expected.json").read_text())

@@ -25,7 +25,7 @@ from blis_simpy.config.scenario import Scenario
 from blis_simpy.latency import LatencyModel, RooflineModel
 from blis_simpy.metrics.summary import aggregate, metrics_output, replay_results
 from blis_simpy.workload import read_trace, trace_requests
-from tests.conftest import shared_or_skip
+from tests.conftest import conformance_case
 from tests.latency.support import A100, H100
 
 GPUS = {"H100": H100, "A100-SXM": A100}
@@ -37,7 +37,7 @@ def _arg(args: list[str], name: str) -> str:
 
 class Case:
     def __init__(self, name: str):
-        self.dir = shared_or_skip("conformance", name)
+        self.dir = conformance_case(name)
         self.spec = json.loads((self.dir / "case.json").read_text())
         self.expected = json.loads((self.dir / "expected.json").read_text())
         a = self.args = self.spec["args"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from blis_simpy.metrics.records import InstanceMetrics
 from blis_simpy.request import Request
-from tests.conftest import shared_or_skip
+from tests.conftest import conformance_case
 
 
 def req(rid: str, arrival_us: int, n_in: int = 4, n_out: int = 3, **kw) -> Request:
@@ -32,7 +32,7 @@ def instance(instance_id: str = "instance_0", *, requests=(), ttft=None, e2e=Non
 
 
 def case_dir(name: str) -> Path:
-    return shared_or_skip("conformance", name)
+    return conformance_case(name)
 
 
 def load_expected(name: str) -> OrderedDict:
