@@ -2,16 +2,28 @@
 
 BLIS keeps one event heap for the cluster and one per instance, each ordered by
 ``(time, priority, seq)``; cluster events win ties with instance events, and among
-instances the lowest index wins, one event at a time (spec/01 §3–§4). All of that is one
-total order, so a single SimPy heap can hold it: SimPy orders its queue by
-``(time, priority, insertion id)`` and accepts any integer as the priority. We encode
+instances the lowest index wins, one event at a time (docs/architecture.md, "Time and
+event order"). All of that is one total order, so a single SimPy heap can hold it: SimPy
+orders its queue by ``(time, priority, insertion id)`` and accepts any integer as the
+priority. We encode
 
 * cluster event of BLIS priority ``p``  → key ``CLUSTER_BASE + 2p`` (``+1`` for session
   follow-up arrivals, which BLIS pushes after every pre-generated arrival);
 * event of BLIS priority ``p`` on instance ``k`` → key ``INSTANCE_BASE + 8k + p``.
 
-SimPy's own URGENT/NORMAL (0/1) events (process start-up) sort before all of these; they
-never change simulation state. The clock is an integer number of microseconds.
+SimPy's own URGENT/NORMAL (0/1) events (process start-up, interrupts, the acknowledgements
+of resource requests) sort before all of these; they never change simulation state. The
+clock is an integer number of microseconds.
+
+**The one place that touches SimPy's private event fields.** SimPy's public way to fire an
+event, :meth:`simpy.events.Event.succeed`, always schedules it *now* at priority NORMAL,
+and :class:`simpy.events.Timeout` always uses NORMAL too. BLIS's deterministic order needs
+events at an explicit time *and* key, so this module triggers events itself, exactly as
+SimPy's own ``Timeout`` and ``Environment.run`` do internally: set ``_ok``/``_value``, then
+:meth:`~simpy.core.Environment.schedule` (public) with the key as the priority. That
+happens in :class:`Call`, :class:`Wake` and :func:`succeed_at` only; every other module
+goes through :meth:`SimEnv.call_at`, :meth:`SimEnv.wake_at`, :func:`succeed_at` and
+:class:`Mailbox` (a :class:`simpy.Store`), and never writes an event's private fields.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from collections import deque
 
 import simpy
 from simpy.events import Event
+from simpy.resources.store import StoreGet, StorePut
 
 CLUSTER_BASE = 2
 CLUSTER_ARRIVAL = CLUSTER_BASE + 0
@@ -42,8 +55,32 @@ def instance_key(index: int, prio: int) -> int:
     return INSTANCE_BASE + INSTANCE_STRIDE * index + prio
 
 
+def succeed_at(event: Event, time_us: int, key: int, value=None) -> Event:
+    """Trigger the pending ``event`` with ``value`` so that it is processed at ``time_us``
+    (integer µs, not before now) with heap key ``key``; returns the event.
+
+    The keyed counterpart of :meth:`simpy.events.Event.succeed` (which always means "now,
+    NORMAL priority"). Raises RuntimeError if the event was already triggered, ValueError
+    if ``time_us`` is in the past.
+    """
+    if event.triggered:
+        raise RuntimeError(f"{event} has already been triggered")
+    env = event.env
+    delay = time_us - env.now
+    if delay < 0:
+        raise ValueError(f"cannot schedule at {time_us} us: the clock is at {env.now} us")
+    event._ok = True
+    event._value = value
+    env.schedule(event, key, delay)
+    return event
+
+
 class Call(Event):
-    """An event that calls ``fn(arg)`` when it is processed (a plain timed callback)."""
+    """An event that calls ``fn(arg)`` when it is processed (a plain timed callback).
+
+    Born triggered, like SimPy's own ``Timeout`` (whose constructor sets the same fields);
+    scheduled by :meth:`SimEnv.call_at`.
+    """
 
     __slots__ = ("fn", "arg")
 
@@ -60,7 +97,8 @@ class Call(Event):
 
 
 class Wake(Event):
-    """A triggered event that a process can wait on, scheduled at an explicit key."""
+    """A triggered event that a process can wait on, scheduled at an explicit key
+    (by :meth:`SimEnv.wake_at`)."""
 
     __slots__ = ()
 
@@ -91,51 +129,51 @@ class SimEnv(simpy.Environment):
         return ev
 
     def run_to_horizon(self) -> None:
-        """Process every event with time ≤ horizon (spec/01 §4: events at the horizon run)."""
+        """Process every event with time ≤ horizon (events at the horizon run)."""
         self.run(until=self.horizon_us + 1)
 
 
-class Mailbox:
+class Mailbox(simpy.Store):
     """A FIFO hand-off between processes whose deliveries run at a fixed event key.
 
-    ``put(item)`` at time *t* delivers to a waiting ``get()`` as an event at ``(t, key)``,
-    exactly where BLIS would have pushed the corresponding event; items put while the
-    reader is busy queue up and are delivered in order, each at the reader's next ``get``.
-    (A deque plus a wake-up event: SimPy's Store schedules at NORMAL priority, which would
-    break BLIS's ordering.)
+    A :class:`simpy.Store` (unbounded) customised through SimPy's documented hooks:
+
+    * ``_do_put`` stores the item, accepts the put at once (``put`` never blocks) and
+      serves the longest-waiting reader straight away;
+    * ``_do_get`` hands the oldest item to a reader *as an event at* ``(now, key)``
+      (:func:`succeed_at`) instead of SimPy's ``(now, NORMAL)``, and tells the get queue
+      to go on to the next reader while items remain.
+
+    So ``put(item)`` at time *t* delivers to a waiting ``get()`` as an event at ``(t,
+    key)``, exactly where BLIS would have pushed the corresponding event; items put while
+    no reader waits queue up and are delivered in order, each at a reader's next ``get``.
+    Any number of readers may wait: they are served first come, first served (SimPy's get
+    queue). ``len(mailbox)`` is the number of undelivered items.
     """
 
-    __slots__ = ("env", "key", "items", "_getter")
-
     def __init__(self, env: simpy.Environment, key: int):
-        self.env = env
+        super().__init__(env)
         self.key = key
         self.items: deque = deque()
-        self._getter: Event | None = None
 
-    def put(self, item) -> None:
-        g = self._getter
-        if g is not None:
-            self._getter = None
-            g._ok = True
-            g._value = item
-            self.env.schedule(g, self.key, 0)
-        else:
-            self.items.append(item)
+    def _do_put(self, event: StorePut) -> bool:
+        self.items.append(event.item)
+        event.succeed()                # accepted (a NORMAL event with no effect on the run)
+        self._trigger_get(event)       # a waiting reader gets it now, at this mailbox's key
+        return True
 
-    def put_at(self, time_us: int, item) -> None:
-        """Deliver ``item`` at a later time (a keyed timed event that puts it)."""
-        ev = Call(self.env, self.put, item)
-        self.env.schedule(ev, self.key, time_us - self.env.now)
+    def _do_get(self, event: StoreGet) -> bool:
+        items = self.items
+        if not items:
+            return False               # nothing to hand out: later readers wait too
+        succeed_at(event, self._env.now, self.key, items.popleft())
+        return True                    # the next waiting reader may get the next item
 
-    def get(self) -> Event:
-        ev = Event(self.env)
-        if self.items:
-            ev._ok = True
-            ev._value = self.items.popleft()
-            self.env.schedule(ev, self.key, 0)
-        else:
-            self._getter = ev
+    def put_at(self, time_us: int, item) -> Call:
+        """Put ``item`` at a later time (a keyed timed event at ``(time_us, key)`` that puts it)."""
+        env = self._env
+        ev = Call(env, self.put, item)
+        env.schedule(ev, self.key, time_us - env.now)
         return ev
 
     def __len__(self) -> int:

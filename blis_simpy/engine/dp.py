@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from simpy.events import Event
 
+from blis_simpy.des import succeed_at
 from blis_simpy.latency.base import BatchView
 
 
@@ -131,9 +132,7 @@ class LockstepGroup:
         if bell is None:
             return
         self._doorbell = None
-        bell._ok = True
-        bell._value = None
-        self.env.schedule(bell, self.key, max(t_us, self.free_at_us) - self.env.now)
+        succeed_at(bell, max(t_us, self.free_at_us), self.key)
 
     # ------------------------------------------------------------------ one step
     def step(self, now: int) -> int | None:
