@@ -24,6 +24,7 @@ from blis_simpy.config.loader import Source, check_scenario, load_raw, undotted,
 from blis_simpy.config.pools import resolve_pools
 from blis_simpy.config.resolve import build_latency_model
 from blis_simpy.config.scenario import Scenario, SpecWorkload, TraceWorkload
+from blis_simpy.engine.batching import BatchingPolicy
 from blis_simpy.errors import ConfigError
 from blis_simpy.metrics.fitness import compute_fitness
 from blis_simpy.metrics.report import Report, write_results
@@ -130,6 +131,8 @@ def check_components(s: Scenario) -> None:
     for key, cfg in (("admission", s.cluster.admission), ("routing", s.cluster.routing)):
         cls = fam[key].lookup(cfg.policy, field=f"cluster.{key}.policy")
         cls.parse_params(cfg.params, field=f"cluster.{key}.params")
+    BatchingPolicy.lookup(s.engine.batching, field="engine.batching").parse_params(
+        s.engine.batching_params, field="engine.batching_params")
     resolve_pools(s, quiet=True)   # PD topology, decider, pools (spec/09 §2 step 8)
 
 

@@ -31,6 +31,7 @@ from blis_simpy.config.pools import resolve_pools
 from blis_simpy.config.resolve import Deployment, resolve
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.des import SimEnv
+from blis_simpy.engine.batching import BatchingPolicy
 from blis_simpy.engine.dp import DPEngine
 from blis_simpy.engine.fast import FastInstance
 from blis_simpy.engine.instance import EngineLimits, Instance
@@ -88,6 +89,8 @@ class Simulation:
         self.plan = plan = resolve_pools(scenario, deployment=dep)
         sched_cls = Scheduler.lookup(eng.scheduler, field="engine.scheduler")
         prio_cls = PriorityPolicy.lookup(eng.priority_policy, field="engine.priority_policy")
+        batching_cls = BatchingPolicy.lookup(eng.batching, field="engine.batching")
+        batching_params = batching_cls.parse_params(eng.batching_params, field="engine.batching_params")
         inst_cls = FastInstance if eng.implementation == "fast" else Instance
         dp = scenario.dp
         if dp > 1 and plan.enabled:
@@ -115,7 +118,8 @@ class Simulation:
                                                 plan.interference_decode)
                 kv = d.new_kv_cache()          # per rank: each DP rank has its own KV pool
                 try:
-                    inst = inst_cls(self.env, k, limits, latency, kv, sched_cls(), prio_cls())
+                    inst = inst_cls(self.env, k, limits, latency, kv, sched_cls(), prio_cls(),
+                                    batching=batching_cls(batching_params))
                 except ValueError as exc:
                     raise ConfigError(str(exc), field="engine.max_model_len") from None
                 inst.model = scenario.model

@@ -111,6 +111,11 @@ class EngineConfig(Strict):
     kv_transfer_base_latency_us: NonNegInt = Field(0, description="fixed cost per reloaded block, µs")
     implementation: Literal["fast", "reference"] = Field(
         "fast", description="fast (lazy decode set) or reference (literal per-request loops)")
+    batching: str = Field(
+        "vllm", description="registered batching policy: vllm (chunked prefill, recompute "
+                            "preemption) or a plugin's name (docs/extending.md)")
+    batching_params: dict = Field(default_factory=dict, description="the batching policy's own "
+                                                                     "parameters (its Params)")
 
 
 class AdmissionConfig(Strict):

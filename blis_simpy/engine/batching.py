@@ -1,104 +1,170 @@
-"""vLLM batch formation: chunked prefill, the token budget, the running cap and recompute
-preemption (spec/02 §4.1), as a mixin of :class:`~blis_simpy.engine.instance.Instance`.
+"""Batching policies: which running requests get how many tokens in a step, who is
+preempted and who is admitted (spec/02 §4.1 describes vLLM's, the built-in ``vllm``).
 
-Recompute preemption follows ``limits.preemption_model`` (docs/kv-cache.md, "Preemption"):
-``vllm`` (default) re-queues a request that already emitted tokens with a recompute target
-``prefill_to`` = prompt + outputs so far, prefilled like a prompt; the step that reaches it
-samples the next token. ``blis`` restarts every preempted request at its first prompt token
-and regenerates its outputs (BLIS's behaviour, for parity).
+Batching is a policy family, a registry like schedulers and routers: a policy is one class
+(in one file) that subclasses :class:`BatchingPolicy` with a name, is selected by the
+scenario key ``engine.batching: NAME`` and may declare pydantic ``Params``
+(``engine.batching_params``). Once per step the instance loop calls
+:meth:`BatchingPolicy.form_batch` with a :class:`StepAllocator`: a read-only view of the
+engine (the running batch, the wait queue, the limits, the free KV blocks) and a narrow
+allocator through which the policy's decisions take effect.
 
-``form_batch`` is the overridable hook. Phase 1 serves the running batch in order (each
-prefilling request its next chunk, each decoding request one token) and preempts from the
-tail when the KV cache is full; Phase 2 admits from the head of the wait queue under the
-running cap and the remaining budget. The small ``_add_running`` / ``_alloc`` / ``_evict`` /
-``_admitted_*`` hooks let :class:`~blis_simpy.engine.fast.FastInstance` keep its own
-structures in step while reusing this code.
+Why an allocator and not a returned plan: whether a request fits depends on the KV
+allocations made before it in the same step (prefix-cache hits, partly filled blocks,
+preemption freeing blocks), and vLLM decides preemption and admission one request at a
+time against that state. A plan computed up front would have to re-implement the KV
+cache to stay exact; so the policy decides and the allocator applies each decision at
+once, in order:
 
-The mixin expects the instance's ``limits``, ``kv``, ``running``, ``waitq``, ``metrics``,
-``step_count``, ``env``, ``id`` and ``listener``.
+* :meth:`StepAllocator.serve_all` — serve the whole running batch (prefill chunks, one
+  token per decoder) when it fits the budget and the free KV; the lazy engine does this in
+  O(1) per decoder-free step, so a policy should try it first;
+* :meth:`StepAllocator.batch` — the running requests, materialised, in batch order;
+* :meth:`StepAllocator.grant` — reserve KV for a running request's next tokens;
+* :meth:`StepAllocator.preempt` — recompute-preempt a running request (back to the head of
+  the wait queue; what it recomputes follows ``engine.preemption_model``);
+* :meth:`StepAllocator.admit_head` — admit the head of the wait queue with a chunk.
+
+Engine mechanics that every policy shares stay in the allocator: prefix-cache lookup, PD
+decode sub-requests (their prompt KV already held), unblocking a queue whose queued
+requests hold the KV the head needs, and dropping a request that can never fit.
+
+Times are integer µs; budgets and chunks count tokens.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
+from blis_simpy.plugins import Pluggable
 from blis_simpy.request import DROPPED, RUNNING
 from blis_simpy.request import QUEUED as ST_QUEUED
 from blis_simpy.units import ceil_div
 
 log = logging.getLogger("blis_simpy.engine")
 
+#: ``chunk(remaining_tokens, pos, budget_tokens)``: the prefill tokens to schedule for a
+#: request with ``remaining_tokens`` left to prefill from position ``pos``; None refuses.
+Chunk = Callable[[int, int, int], "int | None"]
 
-class BatchFormation:
-    """Batch formation for an engine instance (see the module docstring)."""
 
-    def form_batch(self, now: int) -> list:
-        """vLLM FCFS batch formation with chunked prefill and recompute preemption.
+class BatchingPolicy(Pluggable, family="batching policy"):
+    """Forms each step's batch through a :class:`StepAllocator` (see the module docstring).
 
-        Phase 1 serves the running batch in order; Phase 2 admits from the wait queue.
-        Returns the requests newly admitted in this step.
-        """
-        for r in self.running:
-            r.num_new_tokens = 0
-        self._budget = self.limits.max_num_scheduled_tokens
-        self._preempted = False
-        self._phase1(self.running)
-        return self._admit_from_queue()
+    The instance builds one policy per instance with its validated ``params`` and calls
+    :meth:`bind` with the instance's :class:`~blis_simpy.engine.instance.EngineLimits`.
+    """
 
-    def _chunk(self, remaining: int, pos: int, budget: int) -> int:
-        """Prefill tokens to schedule: capped by the long-prefill threshold, the token
-        budget and the MaxModelLen stop (never beyond position M - 1)."""
-        lim = self.limits
-        n = remaining
-        thr = lim.long_prefill_token_threshold
-        if 0 < thr < n:
-            n = thr
-        if n > budget:
-            n = budget
-        mml = lim.max_model_len
-        if mml > 0:
-            n = min(n, max(mml - 1 - pos, 0))
-        return n
+    def __init__(self, params=None):
+        self.params = params if params is not None else type(self).Params()
+        self.limits = None
 
-    def _phase1(self, order: list) -> None:
-        """Phase 1 (spec/02 §4.1): every running request in batch order; ``order`` is a
-        list of them that preemption shrinks from the tail."""
-        mml = self.limits.max_model_len
-        i = 0
-        while i < len(order):
-            req = order[i]
-            if self._budget <= 0:
-                log.debug("token budget exhausted at %s", req.id)
-                break
-            pi = req.pi
-            if pi < req.prefill_to:
-                n = self._chunk(req.prefill_to - pi, pi, self._budget)
-                if not self._preempt_for_tokens(req, n, order):
-                    break
-            elif req.output_len >= 1:
-                if mml > 0 and pi + 1 > mml - 1:
-                    i += 1
-                    continue
-                n = 1
-                if not self._preempt_for_tokens(req, 1, order):
-                    break
-            else:
-                i += 1
-                continue
-            self._budget -= n
-            req.num_new_tokens = n
-            req.computed_tokens += n
-            i += 1
+    def bind(self, limits) -> None:
+        """The limits (token budget, running cap, MaxModelLen, ...) of the instance."""
+        self.limits = limits
 
-    def _admit_from_queue(self) -> list:
-        """Phase 2: admit from the head of the wait queue while the running cap, the token
-        budget and the KV cache allow, unless Phase 1 preempted (spec/02 §4.1)."""
+    def form_batch(self, a: StepAllocator) -> None:
+        """Decide this step's batch, applying each decision through ``a``."""
+        raise NotImplementedError
+
+
+class StepAllocator:
+    """The engine as a batching policy sees it in one step (see the module docstring).
+
+    Read-only view (never change these directly): ``limits``, ``running`` (the running
+    batch in batch order; its requests' ``pi``, ``prefill_to``, ``input_len``,
+    ``output_len`` and ``num_new_tokens`` are materialised once :meth:`batch` returned),
+    ``waitq`` (the wait queue, head first), :attr:`free_blocks`, ``block_size``.
+    ``admitted`` lists the requests admitted in this step.
+    """
+
+    def __init__(self, inst, ledger, policy: BatchingPolicy):
+        self._inst = inst
+        self._ledger = ledger
+        self._policy = policy
+        self.limits = inst.limits
+        self.kv = inst.kv
+        self.block_size = inst.kv.block_size
+        self.running = ledger.running
+        self.waitq = inst.waitq
+        self.admitted: list = []
+        self._pos = 0                          # batch-position counter (admission order)
+        self._want = None                      # (request, tokens) of the last failed grant
+        self._stuck_at: dict[str, int] = {}    # request -> progress count when it got stuck
+
+    @property
+    def free_blocks(self) -> int:
+        return self.kv.total_blocks - self.kv.used
+
+    def form(self) -> list:
+        """Run the policy for one step; returns the requests admitted in it."""
+        self.admitted = []
+        self._want = None
+        ledger = self._ledger
+        ledger.start_batching()
+        self._policy.form_batch(self)
+        ledger.end_batching()
+        return self.admitted
+
+    # ------------------------------------------------------------------ running requests
+    def serve_all(self, chunk: Chunk, budget_tokens: int) -> int | None:
+        """Serve every running request at once — prefilling ones ``chunk(...)`` tokens,
+        decoding ones one token — if all of it fits ``budget_tokens`` and the free KV
+        blocks. Returns the budget left, or None when it did nothing (then walk
+        :meth:`batch` request by request). The reference engine always returns None."""
+        return self._ledger.serve_all(chunk, budget_tokens)
+
+    def batch(self) -> list:
+        """The running requests in batch order, materialised (a new list)."""
+        return self._ledger.batch()
+
+    def grant(self, req, n_tokens: int) -> bool:
+        """Reserve KV for running ``req``'s next ``n_tokens`` (one for a decoder) and
+        schedule them (``num_new_tokens``). False, with nothing changed, when the KV cache
+        cannot hold them."""
+        if self._ledger.alloc(req, n_tokens):
+            req.num_new_tokens = n_tokens
+            req.computed_tokens += n_tokens
+            self._want = None
+            return True
+        self._want = (req, req.pi + n_tokens)
+        return False
+
+    def preempt(self, victim) -> int:
+        """Recompute-preempt running ``victim``: it leaves the batch, loses its KV and goes
+        back to the head of the wait queue (docs/kv-cache.md, "Preemption"). Returns the
+        tokens it had been granted in this step. If it was the request whose grant just
+        failed, it is alone in the batch, and it can never get the KV it needs, it is
+        dropped as unservable instead (BLIS would recompute it forever)."""
+        inst = self._inst
+        self._ledger.remove(victim)
+        log.debug("[tick %d] preemption: evicting %s to make room", inst.env.now, victim.id)
+        inst.metrics.preemption_count += 1
+        granted = victim.num_new_tokens
+        victim.num_new_tokens = 0
+        victim.state = ST_QUEUED
+        self.kv.release(victim)
+        self._reset_preempted(victim)
+        want = self._want
+        if (want is not None and want[0] is victim and not self.running
+                and self._hopeless(victim, want[1])):
+            self._drop_hopeless(victim)
+        else:
+            self.waitq.appendleft(victim)
+        return granted
+
+    # ------------------------------------------------------------------ admission
+    def admit_head(self, chunk: Chunk, budget_tokens: int) -> int | None:
+        """Admit the head of the wait queue: a prompt (or recompute) chunk of
+        ``chunk(remaining, start, budget_tokens)`` tokens after its prefix-cache hit, or
+        a PD decode sub-request's first decode slot. Returns the tokens it got, or None
+        when the queue is empty or its head cannot be admitted now (the caller checks the
+        running cap and the budget before calling)."""
         kv = self.kv
-        bs = kv.block_size
-        cap = self.limits.max_num_running_reqs
+        bs = self.block_size
         waitq = self.waitq
-        scheduled = []
-        while (len(self.running) < cap and waitq and self._budget > 0 and not self._preempted):
+        while waitq:
             nxt = waitq[0]
             if nxt.is_decode_sub and nxt.prefill_to == nxt.input_len:  # PD decode sub-request:
                 # its prompt KV already held (or BLIS's restart: one token, then a prefill)
@@ -114,19 +180,15 @@ class BatchFormation:
                     self._drop_hopeless(nxt)
                     continue
                 else:
-                    break
+                    return None
                 waitq.popleft()
-                self._admit(nxt, n)
-                nxt.computed_tokens = nxt.pi + n
-                if n and nxt.pi >= nxt.input_len:
-                    self._admitted_decode_sub(nxt)
-                else:                         # preempted earlier: recomputed as a prefill
-                    self._admitted_prefill(nxt)
-                scheduled.append(nxt)
-                continue
+                self._admit(nxt, n, nxt.pi + n, decoding=bool(n) and nxt.pi >= nxt.input_len)
+                return n
             cached = kv.get_cached_blocks(nxt)
             start = len(cached) * bs
-            n = self._chunk(nxt.prefill_to - start, start, self._budget)
+            n = chunk(nxt.prefill_to - start, start, budget_tokens)
+            if n is None:
+                return None
             if not kv.allocate(nxt, start, start + n, cached):
                 if not self.running and self._unblock_queue(nxt):
                     continue
@@ -135,14 +197,24 @@ class BatchFormation:
                     kv.release(nxt)
                     self._drop_hopeless(nxt)
                     continue
-                break
+                return None
             waitq.popleft()
-            self._admit(nxt, n)
-            nxt.computed_tokens = start + n
-            self._admitted_prefill(nxt)
-            scheduled.append(nxt)
-        return scheduled
+            self._admit(nxt, n, start + n, decoding=False)
+            return n
+        return None
 
+    def _admit(self, req, n: int, computed: int, *, decoding: bool) -> None:
+        if self.limits.preemption_model == "blis" or not req.scheduled_step:
+            req.scheduled_step = self._inst.step_count   # vllm: a re-admission keeps the first
+        req.state = RUNNING
+        req.num_new_tokens = n
+        self._pos += 1
+        req.batch_pos = self._pos
+        req.computed_tokens = computed
+        self._ledger.add(req, decoding)
+        self.admitted.append(req)
+
+    # ------------------------------------------------------------------ engine mechanics
     def _unblock_queue(self, head) -> bool:
         """The batch is empty and ``head`` cannot get KV because *queued* requests hold it
         (PD decode sub-requests with pre-allocated prompts, CPU-tier commits). Nothing
@@ -151,67 +223,12 @@ class BatchFormation:
         for r in reversed(self.waitq):
             if r is not head and r.kv_blocks:
                 log.debug("[tick %d] releasing the KV of queued %s to admit %s",
-                          self.env.now, r.id, head.id)
+                          self._inst.env.now, r.id, head.id)
                 self.kv.release(r)
                 self._reset_preempted(r)
-                self.metrics.preemption_count += 1
+                self._inst.metrics.preemption_count += 1
                 return True
         return False
-
-    def _admit(self, req, n: int) -> None:
-        self._add_running(req)
-        if self.limits.preemption_model == "blis" or not req.scheduled_step:
-            req.scheduled_step = self.step_count   # vllm: a re-admission keeps the first
-        req.state = RUNNING
-        req.num_new_tokens = n
-        self._budget -= n
-        self._pos += 1
-        req.batch_pos = self._pos
-
-    # Hooks the fast engine overrides to keep its own structures in step.
-    def _add_running(self, req) -> None:
-        self.running.append(req)
-
-    def _admitted_prefill(self, req) -> None:
-        """A request was admitted from the queue with a prompt chunk."""
-
-    def _admitted_decode_sub(self, req) -> None:
-        """A PD decode sub-request was admitted with its first token slot."""
-
-    def _alloc(self, req, n: int) -> bool:
-        """Reserve KV for the next ``n`` tokens of a running request."""
-        return self.kv.allocate(req, req.pi, req.pi + n)
-
-    def _evict(self, victim) -> None:
-        """``victim`` was popped from the Phase 1 order by preemption."""
-
-    def _preempt_for_tokens(self, req, n: int, order: list) -> bool:
-        """Allocate for ``req``, evicting from the tail of ``order`` until it fits."""
-        kv = self.kv
-        need_tokens = req.pi + n
-        while True:
-            if self._alloc(req, n):
-                return True
-            if not order:
-                log.warning("KV cache full and nothing to preempt for %s", req.id)
-                return False
-            self._preempted = True
-            victim = order.pop()
-            self._evict(victim)
-            log.debug("[tick %d] preemption: evicting %s to make room", self.env.now, victim.id)
-            self.metrics.preemption_count += 1
-            if victim.num_new_tokens > 0:
-                self._budget += victim.num_new_tokens
-                victim.num_new_tokens = 0
-            victim.state = ST_QUEUED
-            kv.release(victim)
-            self._reset_preempted(victim)
-            if victim is req and not order and self._hopeless(req, need_tokens):
-                self._drop_hopeless(req)
-                return False
-            self.waitq.appendleft(victim)
-            if victim is req:
-                return False
 
     def _reset_preempted(self, victim) -> None:
         """``victim`` lost its KV (already released): it restarts at ``pi`` 0.
@@ -224,13 +241,10 @@ class BatchFormation:
         """
         if (self.limits.preemption_model == "vllm" and victim.prefill_to == victim.input_len
                 and (victim.ttft_set or victim.pi > victim.input_len)):
-            self._sync_last_emit(victim)
+            self._ledger.sync_last_emit(victim)
             victim.prefill_to = victim.pi + 1
         victim.pi = 0
         victim.computed_tokens = 0
-
-    def _sync_last_emit(self, req) -> None:
-        """Hook: make ``req.last_emit_us`` current (the fast engine tracks ticks)."""
 
     def _hopeless(self, req, need_tokens: int) -> bool:
         """Can ``req``, alone in the batch and unable to get KV, ever finish?
@@ -240,9 +254,9 @@ class BatchFormation:
         re-queues it, which can succeed once — but if it ends up alone and stuck again
         with nothing finished on this instance in between, it would loop forever.
         """
-        if ceil_div(need_tokens, self.kv.block_size) > self.kv.total_blocks:
+        if ceil_div(need_tokens, self.block_size) > self.kv.total_blocks:
             return True
-        m = self.metrics
+        m = self._inst.metrics
         progress = m.completed_requests + m.timed_out_requests + m.dropped_unservable
         stuck = self._stuck_at.get(req.id)
         self._stuck_at[req.id] = progress
@@ -252,12 +266,13 @@ class BatchFormation:
         """A request that can never get the KV it needs (see :meth:`_hopeless`) would be
         recomputed forever (BLIS livelocks here). It is dropped as unservable instead, like
         an enqueue-guard drop."""
+        inst = self._inst
         log.warning("dropping request %s: it cannot get the KV blocks it needs on %s "
                     "(%d KV blocks in all) and would be recomputed forever",
-                    req.id, self.id, self.kv.total_blocks)
+                    req.id, inst.id, self.kv.total_blocks)
         req.state = DROPPED
-        met = self.metrics
+        met = inst.metrics
         met.dropped_unservable += 1
         for table in (met.registry, met.ttft, met.scheduling_delay):
             table.pop(req.id, None)
-        self.listener.on_request_done(self, req, self.env.now)
+        inst.listener.on_request_done(inst, req, inst.env.now)

@@ -4,9 +4,18 @@ The instance is a process running a fixed loop: wait on its doorbell until there
 then run steps back to back — one SimPy event per engine step — until the batch and the
 wait queue are empty. Each step calls three overridable hooks:
 
-* :meth:`form_batch` — vLLM batch formation (continuing requests, then admissions);
+* :meth:`form_batch` — batch formation by the instance's batching policy
+  (:mod:`blis_simpy.engine.batching`; the built-in ``vllm`` policy by default);
 * :meth:`step_time` — the step duration from the latency model;
 * :meth:`on_step_end` — called with the requests that completed in the step.
+
+The progress of the running requests is kept by a *ledger*
+(:mod:`blis_simpy.engine.ledger`): this class uses the eager reference ledger,
+:class:`~blis_simpy.engine.fast.FastInstance` the lazy one. Hooks, listeners and policies
+see materialised request state under both: an instance whose :meth:`on_step_end` is
+overridden (or whose listener sets ``wants_request_state``) has every running and completed
+request — ``pi``, ``kv_len``, ``num_new_tokens``, ``itl`` — brought up to date before its
+hooks run; the completion rule is :func:`~blis_simpy.engine.ledger.completion_pi`.
 
 A step is :meth:`begin_step` (reorder, form the batch, statistics, batch view), the
 duration, then :meth:`finish_step` (execute, KV statistics, completions, on_step_end); the
@@ -30,9 +39,11 @@ from dataclasses import dataclass
 
 from simpy.events import Event
 
-from blis_simpy.des import QUEUED, STEP, TIMEOUT, SimEnv, instance_key, succeed_at
-from blis_simpy.engine.batching import BatchFormation
+from blis_simpy.des import QUEUED, STEP, TIMEOUT, SimEnv, instance_key
+from blis_simpy.engine.batching import BatchingPolicy, StepAllocator
+from blis_simpy.engine.ledger import EagerLedger
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
+from blis_simpy.engine.vllm_batching import VLLMBatching
 from blis_simpy.latency.base import BatchView, LatencyModel
 from blis_simpy.metrics.records import InstanceMetrics
 from blis_simpy.request import COMPLETED, DROPPED, RUNNING, TIMED_OUT
@@ -74,8 +85,12 @@ class InstanceListener:
     def on_event_end(self, inst: Instance) -> None:
         """Called after each instance event (step, enqueue, timeout) is processed."""
 
+    #: True: requests reach :meth:`on_request_done` with their ``itl`` list materialised
+    #: under every ledger (it costs the lazy ledger O(batch) per step); ``pi`` always is.
+    wants_request_state = False
 
-class Instance(BatchFormation):
+
+class Instance:
     """An engine instance: wait queue, running batch, KV cache, latency model, metrics.
 
     With data parallelism (``dp > 1``) an instance is one DP rank of an engine:
@@ -88,10 +103,12 @@ class Instance(BatchFormation):
     dp_engine = None     # the DPEngine this instance is a rank of (None: no DP)
     dp_rank = 0
     lockstep = None      # the LockstepGroup that steps this rank (None: it steps itself)
+    #: how the progress of running requests is kept (eager: the literal reference)
+    ledger_class = EagerLedger
 
     def __init__(self, env: SimEnv, index: int, limits: EngineLimits, latency: LatencyModel,
                  kv, scheduler: Scheduler, priority: PriorityPolicy,
-                 listener: InstanceListener | None = None):
+                 listener: InstanceListener | None = None, batching: BatchingPolicy | None = None):
         if limits.max_model_len > 0 and ceil_div(limits.max_model_len, kv.block_size) > kv.total_blocks:
             raise ValueError(
                 f"max_model_len {limits.max_model_len} needs "
@@ -116,7 +133,11 @@ class Instance(BatchFormation):
         self.post_decode_us = latency.post_decode_fixed_overhead()
 
         self.waitq: deque = deque()
-        self.running: list = []
+        self.ledger = ledger = self.ledger_class(self)
+        self.running = ledger.running      # batch order; only the ledger changes it
+        self.batching = batching if batching is not None else VLLMBatching()
+        self.batching.bind(limits)
+        self.allocator = StepAllocator(self, ledger, self.batching)
         self.step_pending = False
         self._steps_scheduled = 0   # Step events in the heap (stale ones included)
         self.step_count = 0
@@ -124,8 +145,6 @@ class Instance(BatchFormation):
         self.in_queueing_delay = 0  # injected, Queued event not yet processed
         self.injected = 0
         self._doorbell: Event | None = None
-        self._pos = 0              # batch-position counter (admission order)
-        self._stuck_at: dict[str, int] = {}   # request -> progress count when it got stuck
         self.process = env.process(self._run())
 
     # ================================================================= process structure
@@ -162,7 +181,9 @@ class Instance(BatchFormation):
         bell = self._doorbell
         if bell is not None:
             self._doorbell = None
-            succeed_at(bell, t_us, self.key_step)
+            bell._ok = True
+            bell._value = None
+            self.env.schedule(bell, self.key_step, t_us - self.env.now)
         else:
             self.env.process(self._orphan_chain(self.env.wake_at(t_us, self.key_step)))
 
@@ -255,9 +276,10 @@ class Instance(BatchFormation):
         was_running = req.state == RUNNING
         req.state = TIMED_OUT
         self.metrics.timed_out_requests += 1
+        if was_running:
+            self.ledger.remove(req)         # materialised as it leaves, before its KV goes
         self.kv.release(req)
         if was_running:
-            self._remove_running(req)
             if not self.running:
                 self.step_pending = False   # the scheduled step becomes stale, not cancelled
         else:
@@ -269,9 +291,6 @@ class Instance(BatchFormation):
             self._push_step(now)
         self.listener.on_request_done(self, req, now)
         self.listener.on_event_end(self)
-
-    def _remove_running(self, req) -> None:
-        self.running.remove(req)
 
     # ================================================================= the step
     def step(self, now: int) -> int | None:
@@ -331,7 +350,20 @@ class Instance(BatchFormation):
         self.kv.mirror_to_cpu(running)
         completed = self.complete(now, adv)
         self.on_step_end(now, adv, completed)
+        if completed:
+            self.ledger.forget(completed)
         return completed
+
+    @property
+    def observed(self) -> bool:
+        """Do hooks need materialised request state (:meth:`on_step_end` overridden, or
+        the listener's ``wants_request_state``)?"""
+        return type(self).on_step_end is not Instance.on_step_end or self.listener.wants_request_state
+
+    def form_batch(self, now: int) -> list:
+        """Hook: form the step's batch with the instance's batching policy
+        (:mod:`blis_simpy.engine.batching`); returns the requests admitted in this step."""
+        return self.allocator.form()
 
     def reorder_queue(self, now: int) -> None:
         """Recompute priorities of queued requests, then let the scheduler reorder."""
@@ -346,7 +378,7 @@ class Instance(BatchFormation):
 
     def batch_view(self) -> BatchView:
         """Summary of the running batch for the latency model (after batch formation)."""
-        return BatchView.of(self.running)
+        return self.ledger.view()
 
     def step_time(self, batch: BatchView) -> int:
         """Hook: the latency model's step duration (µs)."""
@@ -357,102 +389,54 @@ class Instance(BatchFormation):
 
     # ---------------------------------------------------------------- execute
     def execute(self, now: int, adv: int) -> None:
-        """Advance every running request by its scheduled tokens (spec/02 §4 step 2).
-
-        A prefill that completes the prompt emits the first token (TTFT); one that completes
-        a vLLM recompute (``prefill_to`` beyond the prompt) emits the next output token,
-        whose ITL sample is the gap since the request's previous token (plus OTPT, as every
-        sample). A decode step emits one token. A decoder that got no token while at the
-        end of its prompt records its TTFT again (BLIS's Execute does).
-        """
-        met = self.metrics
-        otpt = self.otpt_us
-        itl_val = adv + otpt
-        end = now + adv
-        first_tok = end + otpt
-        for req in self.running:
-            n_in = req.input_len
-            pi = req.pi
-            if pi < req.prefill_to:
-                pi = req.pi = req.computed_tokens
-                if pi != req.prefill_to:
-                    continue
-                if pi > n_in:                 # a recompute done: its next output token
-                    met.total_output_tokens += 1
-                    req.itl.append(end - req.last_emit_us + otpt)
-                    req.last_emit_us = end
-                    req.prefill_to = n_in
-                    continue
-            elif req.num_new_tokens > 0:
-                req.pi = pi + 1
-                met.total_output_tokens += 1
-                req.itl.append(itl_val)
-                req.last_emit_us = end
-                continue
-            elif pi != n_in:
-                continue
-            req.ttft_set = True
-            req.last_emit_us = end
-            ttft = first_tok - req.arrival_us
-            req.first_token_us = ttft
-            met.ttft_sum += ttft
-            met.ttft[req.id] = ttft
+        """Advance every running request by its scheduled tokens (spec/02 §4 step 2; the
+        ledger's :meth:`~blis_simpy.engine.ledger.Ledger.execute`)."""
+        self.ledger.execute(now, adv)
 
     # ---------------------------------------------------------------- completion
     def complete(self, now: int, adv: int) -> list:
-        """The completion pass (spec/02 §5); keeps the rest running, in batch order."""
+        """The completion pass (spec/02 §5): the requests that emitted their last token
+        (or reached MaxModelLen) leave the batch, in batch order; the rest keep running."""
+        ledger = self.ledger
+        done = ledger.complete()
+        if self.observed:
+            ledger.materialise(done)
         kv = self.kv
-        mml = self.limits.max_model_len
-        remaining = []
-        done = []
-        for req in self.running:
-            n_in = req.input_len
-            L = req.output_len
-            if req.pi >= n_in + (L if L > 1 else 1) - 1:
-                if L > 0 and req.pi < n_in + L:
-                    if not kv.allocate(req, req.pi, req.pi + 1):
-                        log.error("KV allocation failed for the final token of %s", req.id)
-                        self.metrics.kv_allocation_failures += 1
-                kv.release(req)
-                self._record_completion(req, now, adv, capped=False)
-                done.append(req)
-            elif mml > 0 and req.pi >= mml - 1:
-                log.warning("request %s reached MaxModelLen %d: force-completed", req.id, mml)
-                self.metrics.length_capped_requests += 1
-                req.length_capped = True
-                kv.release(req)
-                self._record_completion(req, now, adv, capped=True)
-                done.append(req)
-            else:
-                remaining.append(req)
-        self.running = remaining
+        met = self.metrics
+        for req in done:
+            if req.length_capped:
+                log.warning("request %s reached MaxModelLen %d: force-completed", req.id,
+                            self.limits.max_model_len)
+                met.length_capped_requests += 1
+            elif req.output_len > 0 and req.pi < req.input_len + req.output_len:
+                if not kv.allocate(req, req.pi, req.pi + 1):
+                    log.error("KV allocation failed for the final token of %s", req.id)
+                    met.kv_allocation_failures += 1
+            kv.release(req)
+            self._record_completion(req, now, adv)
         return done
 
-    def _record_completion(self, req, now: int, adv: int, *, capped: bool) -> None:
+    def _record_completion(self, req, now: int, adv: int) -> None:
         met = self.metrics
         req.state = COMPLETED
         req.finished_step = self.step_count
         self._touch(now + adv)          # the RequestLeft marker event
-        L = req.output_len
-        itl = req.itl
-        itl_sum = sum(itl)
-        if itl:
-            req.first_itl_us = itl[0]
-        post = self.post_decode_us if L > 0 else 0
+        itl_sum, n_itl, first_itl = self.ledger.itl_summary(req)
+        if first_itl is not None:
+            req.first_itl_us = first_itl
+        n_out = req.output_len
+        post = self.post_decode_us if n_out > 0 else 0
         e2e = req.first_token_us + itl_sum + post
         met.e2e[req.id] = e2e
         met.completion_time[req.id] = req.arrival_us + e2e
-        if L == 0:
+        if n_out == 0:
             avg = 0.0
-        elif capped:
-            avg = itl_sum / max(len(itl) - 1, 1)
+        elif req.length_capped:
+            avg = itl_sum / max(n_itl - 1, 1)
         else:
-            avg = itl_sum / max(L - 1, 1)
+            avg = itl_sum / max(n_out - 1, 1)
         met.itl[req.id] = avg
         met.completed_requests += 1
-        hist = met.all_itls
-        for v in itl:
-            hist[v] += 1
         met.step_counters_sum += req.finished_step - req.scheduled_step
         self.listener.on_request_done(self, req, now + adv)
 
@@ -465,4 +449,5 @@ class Instance(BatchFormation):
         met.still_running = len(self.running)
         met.cache_hit_rate = self.kv.cache_hit_rate()
         met.kv_thrashing_rate = self.kv.kv_thrashing_rate()
+        self.ledger.finalize(met)
         return met

@@ -85,6 +85,19 @@ class KVCache:
         return hash_block(prev, req.tokens[a:a + bs])
 
     # ------------------------------------------------------------------ allocation
+    def blocks_needed(self, req, count: int) -> int:
+        """Fresh blocks a prefill of ``count`` more tokens of ``req`` takes (the KV room
+        rule): what the room left in its partly filled last block cannot hold, in whole
+        blocks. :meth:`allocate` refuses a prefill that needs more than are free; the fast
+        engine asks it to know whether a whole step fits."""
+        blocks = req.kv_blocks
+        if blocks:
+            bs = self.block_size
+            room = len(blocks) * bs - req.kv_len
+            if 0 < room < bs:
+                count -= room if room < count else count
+        return ceil_div(count, self.block_size) if count > 0 else 0
+
     def allocate(self, req, start: int, end: int, cached: list[int] | tuple = ()) -> bool:
         """Reserve slots for sequence positions ``[start, end)`` of ``req`` (all or nothing).
 
@@ -98,15 +111,8 @@ class KVCache:
         in_prefill = req.pi < req.prefill_to
         count = end - start
         blocks = req.kv_blocks
-        if in_prefill:
-            eff = count
-            if blocks:
-                room = len(blocks) * bs - req.kv_len
-                if 0 < room < bs:
-                    eff -= min(room, eff)
-            need = ceil_div(eff, bs) if eff > 0 else 0
-            if need > self.total_blocks - self.used:
-                return False
+        if in_prefill and self.blocks_needed(req, count) > self.total_blocks - self.used:
+            return False
         if count <= 0:
             return True
         if not in_prefill:

@@ -1,0 +1,387 @@
+"""The lazy ledger: decoding requests advanced all at once (the ``fast`` engine).
+
+In a typical step most of the running batch is decoding: every such request takes one
+token, one KV slot and one ITL sample, and nothing else about it changes. Doing that
+request by request costs O(batch) Python work per step. :class:`LazyLedger` keeps those
+requests in a *decode set* U and advances all of them at once:
+
+* ``T`` counts executed steps (ticks). For ``r`` in U the stored ``r.pi`` / ``r.kv_len``
+  are its values at the start of tick ``r.g0`` (before that tick's KV slot); the true
+  values at tick ``T`` are ``stored + (T - r.g0)``. :meth:`LazyLedger._materialize` makes
+  them true (``g0 = T``) at any time without changing anything else.
+* A decoder touches the KV cache only when its slot opens a fresh block (every
+  ``block_size`` ticks) or fills its last block (which then gets hashed). Decoders are
+  bucketed by ``(g0 - kv_len) mod block_size``, so a tick visits just those buckets.
+* Each request's ITL samples are the tick durations over a few contiguous tick segments;
+  prefix sums give its ITL sum, a coverage difference array gives ``all_itls``.
+* Completions are bucketed by the tick at which they happen.
+* The token that ends a vLLM recompute after a preemption has an ITL sample off the tick
+  grid (the gap since the request's previous token); it is kept per request as
+  ``(tick, µs)`` in ``itl_extra``. ``tick_end`` holds each tick's end time (µs).
+
+When a step is not uniform — the token budget or the KV cache cannot serve everybody —
+:meth:`LazyLedger.serve_all` declines and the batching policy runs its literal, ordered
+loop over :meth:`LazyLedger.batch` (every decoder materialised); the decoders that got no
+token are then re-based. :class:`~blis_simpy.engine.ledger.EagerLedger` is the literal
+reference; tests check that both give identical results, and that hooks see identical
+request state under both (:meth:`LazyLedger.materialise`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from itertools import islice
+from operator import attrgetter, itemgetter
+
+import numpy as np
+
+from blis_simpy.engine.ledger import Ledger, completion_pi, last_token_pi, split_completed
+from blis_simpy.latency.base import BatchView
+from blis_simpy.request import COMPLETED
+
+_by_pos = attrgetter("batch_pos")
+_tick = itemgetter(0)
+
+
+class LazyLedger(Ledger):
+    """A ledger whose decoding requests cost O(1) per step in the common case."""
+
+    kind = "fast"
+
+    def __init__(self, inst):
+        super().__init__(inst)
+        self.running: dict = {}    # request -> None, in batch order
+        self.prefilling = {}       # running requests with pi < prefill_to, batch order
+        self.T = 0                 # executed steps (ticks)
+        self.tick_cum = array("q", [0])   # prefix sums of tick ITL values (adv + OTPT)
+        self.cov = array("q", [0])        # coverage difference array over ticks
+        self.tick_end = array("q")        # end time of each tick, µs
+        self.classes = [set() for _ in range(self.kv.block_size)]
+        self.comp_at: dict[int, list] = {}
+        self.u_count = 0
+        self.u_pi_off = 0          # sum over U of (pi - g0): sum of true pi = off + count*T
+        self._skipped: list = []   # decoders in U that got no token in this step
+        self._finished_prefill: list = []
+        self._joiners: list = []   # requests that joined U at this step's completion pass
+        self._literal = False      # this step: the policy walks the materialised batch
+        self._uniform = False      # this step: serve_all served everybody
+
+    # ================================================================= decode-set plumbing
+    def _join_u(self, r, g0: int) -> None:
+        """Add a decoding request; its stored pi/kv_len are its values at tick ``g0``."""
+        r.g0 = g0
+        r.seg_start = g0
+        if r.itl_segments is None:
+            r.itl_segments = []
+        c = (g0 - r.kv_len) % self.kv.block_size
+        r.res_class = c
+        self.classes[c].add(r)
+        self.u_count += 1
+        self.u_pi_off += r.pi - g0
+        d = completion_pi(r, self.limits.max_model_len) - r.pi
+        r.comp_tick = g0 + (d if d > 1 else 1)
+        self.comp_at.setdefault(r.comp_tick, []).append(r)
+
+    def _leave_u(self, r) -> None:
+        self.classes[r.res_class].discard(r)
+        r.res_class = -1
+        self.u_count -= 1
+        self.u_pi_off -= r.pi - r.g0
+
+    def _materialize(self, r) -> None:
+        d = self.T - r.g0
+        if d:
+            r.pi += d
+            r.kv_len += d
+            r.g0 = self.T
+
+    def _close_segment(self, r, end: int) -> None:
+        if end > r.seg_start:
+            r.itl_segments.append((r.seg_start, end))
+        r.seg_start = end
+
+    def add(self, req, decoding: bool) -> None:
+        self.running[req] = None
+        if decoding:
+            req.kv_len -= 1           # stored values are "before this tick's slot"
+            self._join_u(req, self.T)
+        else:
+            self.prefilling[req] = None
+
+    def remove(self, req) -> None:
+        del self.running[req]
+        self.prefilling.pop(req, None)
+        if req.res_class >= 0:
+            self._materialize(req)
+            self._close_segment(req, self.T)
+            self._leave_u(req)
+        if self.inst.observed:
+            self._sync_itl(req)
+
+    # ================================================================= batch formation
+    def start_batching(self) -> None:
+        self._skipped = []
+        self._literal = False
+        self._uniform = False
+
+    def serve_all(self, chunk, budget_tokens: int) -> int | None:
+        """Is the step uniform (nobody limited by the budget or the KV cache)? Then only
+        prefill chunks and the decoders whose slot opens or fills a block touch the KV
+        cache, in batch order."""
+        if self._literal:
+            return None
+        kv = self.kv
+        bs = kv.block_size
+        T = self.T
+        chunks = []
+        demand = self.u_count
+        fresh = self.classes[T % bs]
+        need = len(fresh)
+        for r in self.prefilling:
+            n = chunk(r.prefill_to - r.pi, r.pi, budget_tokens)
+            if n is None:
+                return None
+            chunks.append(n)
+            demand += n
+            need += kv.blocks_needed(r, n)
+        if demand > budget_tokens or need > kv.total_blocks - kv.used:
+            return None
+        self._uniform = True
+        for r, n in zip(self.prefilling, chunks, strict=True):
+            r.num_new_tokens = n
+        items = list(self.prefilling)
+        if fresh:
+            items.extend(fresh)
+        if bs > 1:
+            fill = self.classes[(T + 1) % bs]
+            if fill:
+                items.extend(fill)
+        if len(items) > 1:
+            items.sort(key=_by_pos)
+        for r in items:
+            if r.res_class < 0:       # prefilling
+                n = r.num_new_tokens
+                if not kv.allocate(r, r.pi, r.pi + n):  # pragma: no cover - guarded above
+                    raise AssertionError(f"uniform step could not allocate {n} slots for {r.id}")
+                r.computed_tokens += n
+            else:
+                d = T - r.g0
+                if not kv.append_token(r, r.pi + d, r.kv_len + d):  # pragma: no cover
+                    raise AssertionError(f"uniform step found no free block for {r.id}")
+        return budget_tokens - demand
+
+    def batch(self) -> list:
+        order = list(self.running)
+        if self._literal:
+            return order
+        self._literal = True
+        uniform = self._uniform
+        for r in order:
+            if r.res_class >= 0:
+                self._materialize(r)
+                if uniform:           # served by serve_all: its token of this step
+                    r.num_new_tokens = 1
+                    r.computed_tokens = r.pi + 1
+            if not uniform:
+                r.num_new_tokens = 0
+        return order
+
+    def alloc(self, req, n_tokens: int) -> bool:
+        if not self._literal:
+            self.batch()
+        if req.res_class >= 0:        # a (materialised) decoder: its slot, kv_len stays lazy
+            return self.kv.append_token(req, req.pi, req.kv_len)
+        return self.kv.allocate(req, req.pi, req.pi + n_tokens)
+
+    def end_batching(self) -> None:
+        if not self._uniform:
+            if not self._literal:     # the policy served nobody this step
+                self.batch()
+            self._skipped = [r for r in self.running if r.res_class >= 0 and r.num_new_tokens == 0]
+
+    def sync_last_emit(self, req) -> None:
+        """The end time of the request's latest token: its last explicit one (first token,
+        end of a recompute) or its last lazy decode tick, whichever came later."""
+        t = req.last_emit_tick
+        segs = req.itl_segments
+        if segs and segs[-1][1] - 1 > t:
+            t = segs[-1][1] - 1
+        req.last_emit_us = self.tick_end[t]
+
+    # ================================================================= latency view
+    def view(self) -> BatchView:
+        v = BatchView(decode_count=self.u_count,
+                      decode_tokens=self.u_count - len(self._skipped),
+                      decode_pi_sum=self.u_pi_off + self.u_count * self.T,
+                      size=len(self.running), entries_fn=self._entries)
+        for r in self.prefilling:
+            if r.pi < r.prefill_to:
+                v.prefill.append(r)
+            elif r.output_len >= 1:
+                v.decode_count += 1
+                v.decode_pi_sum += r.pi
+                v.decode_tokens += r.num_new_tokens
+        return v
+
+    def _entries(self):
+        """Per-request view of the batch in batch order (for order-sensitive latency models)."""
+        T = self.T
+        skipped = set(self._skipped)
+        for r in self.running:
+            if r.res_class >= 0:
+                yield False, r.pi + T - r.g0, 0 if r in skipped else 1, r.input_len
+            elif r.pi < r.prefill_to:
+                yield True, r.pi, r.num_new_tokens, r.input_len
+            elif r.output_len >= 1:
+                yield False, r.pi, r.num_new_tokens, r.input_len
+
+    # ================================================================= execute
+    def execute(self, now_us: int, adv_us: int) -> None:
+        met = self.metrics
+        end = now_us + adv_us
+        first_tok = end + self.otpt_us
+        T = self.T
+        self.tick_end.append(end)
+        finished = []
+        for r in self.prefilling:
+            r.pi = r.computed_tokens
+            if r.pi == r.prefill_to:
+                if r.pi > r.input_len:    # a vLLM recompute done: its next output token
+                    if r.itl_extra is None:
+                        r.itl_extra = []
+                    r.itl_extra.append((T, self._recompute_done(r, end)))
+                else:
+                    self._first_token(r, first_tok)
+                r.last_emit_tick = T
+                finished.append(r)
+        for r in finished:
+            del self.prefilling[r]
+        self._finished_prefill = finished
+        skipped = self._skipped
+        met.total_output_tokens += self.u_count - len(skipped)
+        for r in skipped:            # literal quirk: TTFT re-recorded while pi == input
+            if r.pi == r.input_len:
+                self._first_token(r, first_tok)
+                r.last_emit_tick = T
+        self.T = T + 1
+        self.tick_cum.append(self.tick_cum[-1] + adv_us + self.otpt_us)
+        self.cov.append(0)
+        bs = self.kv.block_size
+        for r in skipped:            # no token this tick: shift its lazy clock by one
+            self._close_segment(r, T)
+            r.seg_start = T + 1
+            self.classes[r.res_class].discard(r)
+            r.g0 += 1
+            self.u_pi_off -= 1
+            r.res_class = (r.g0 - r.kv_len) % bs
+            self.classes[r.res_class].add(r)
+            r.comp_tick += 1
+            self.comp_at.setdefault(r.comp_tick, []).append(r)
+
+    # ================================================================= completion
+    def complete(self) -> list:
+        T = self.T
+        done, joiners = split_completed(self._finished_prefill, self.limits.max_model_len)
+        for r in self.comp_at.pop(T, ()):
+            if r.res_class >= 0 and r.comp_tick == T:
+                self._materialize(r)
+                self._close_segment(r, T)
+                self._leave_u(r)
+                r.length_capped = r.pi < last_token_pi(r)
+                r.computed_tokens = r.pi
+                if self._uniform:     # served by serve_all in its last step
+                    r.num_new_tokens = 1
+                done.append(r)
+        if len(done) > 1:
+            done.sort(key=_by_pos)
+        running = self.running
+        for r in done:
+            del running[r]
+        for r in joiners:
+            self._join_u(r, T)
+        self._joiners = joiners
+        return done
+
+    def itl_summary(self, req) -> tuple[int, int, int | None]:
+        segs = req.itl_segments or ()
+        cum = self.tick_cum
+        cov = self.cov
+        itl_sum = 0
+        n_itl = 0
+        first = None
+        extra = req.itl_extra
+        if segs and not (extra and extra[0][0] < segs[0][0]):
+            s0 = segs[0][0]
+            first = cum[s0 + 1] - cum[s0]
+        elif extra:
+            first = extra[0][1]
+        if extra:
+            hist = self.metrics.all_itls
+            for _, v in extra:
+                itl_sum += v
+                hist[v] += 1
+            n_itl += len(extra)
+        for s, e in segs:
+            itl_sum += cum[e] - cum[s]
+            n_itl += e - s
+            cov[s] += 1
+            cov[e] -= 1
+        return itl_sum, n_itl, first
+
+    def forget(self, completed: list) -> None:
+        for req in completed:         # the heavy part of a finished request
+            req.tokens = None
+            req._prompt_hashes = None
+
+    # ================================================================= materialisation
+    def materialise(self, extra=()) -> None:
+        fix_tokens = self._uniform
+        joined = set(self._joiners) if fix_tokens else ()
+        for r in self.running:
+            if r.res_class >= 0:
+                self._materialize(r)
+                r.computed_tokens = r.pi
+                if fix_tokens and r not in joined:
+                    r.num_new_tokens = 1
+            self._sync_itl(r)
+        for r in extra:
+            self._sync_itl(r)
+
+    def _sync_itl(self, r) -> None:
+        """Append to ``r.itl`` the ITL samples it has beyond those already listed."""
+        segs = r.itl_segments
+        spans = list(segs) if segs else []
+        if r.res_class >= 0 and self.T > r.seg_start:
+            spans.append((r.seg_start, self.T))
+        extra = r.itl_extra or ()
+        missing = sum(e - s for s, e in spans) + len(extra) - len(r.itl)
+        if missing <= 0:
+            return
+        cum = self.tick_cum
+        ticks = ((t, cum[t + 1] - cum[t]) for s, e in reversed(spans) for t in range(e - 1, s - 1, -1))
+        latest = heapq.merge(ticks, reversed(extra), key=_tick, reverse=True)
+        r.itl.extend(v for _, v in reversed(list(islice(latest, missing))))
+
+    # ================================================================= end of run
+    def finalize(self, met) -> None:
+        cum = self.tick_cum
+        for r in met.registry.values():   # unfinished requests: spell out their ITL samples
+            if r.state != COMPLETED and r.itl_segments is not None:
+                if r.res_class >= 0:
+                    self._close_segment(r, self.T)
+                pairs = [(t, cum[t + 1] - cum[t]) for s, e in r.itl_segments for t in range(s, e)]
+                if r.itl_extra:
+                    pairs = sorted(pairs + r.itl_extra)
+                r.itl = [v for _, v in pairs]
+        if self.T:
+            counts = np.cumsum(np.frombuffer(self.cov, dtype=np.int64)[: self.T])
+            cum = np.frombuffer(self.tick_cum, dtype=np.int64)
+            vals = cum[1: self.T + 1] - cum[: self.T]
+            mask = counts > 0
+            if mask.any():
+                uniq, inv = np.unique(vals[mask], return_inverse=True)
+                tot = np.bincount(inv, weights=counts[mask].astype(np.float64))
+                hist = met.all_itls
+                for v, c in zip(uniq.tolist(), tot.tolist(), strict=True):
+                    hist[v] += int(c)
