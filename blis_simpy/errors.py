@@ -62,4 +62,4 @@ class SimulationError(BlisError):
 
 
 class InvariantError(SimulationError):
-    """An invariant of spec/01 §6 is broken at the end of a run."""
+    """An invariant (docs/determinism.md, "Invariants") is broken at the end of a run."""

@@ -1,11 +1,12 @@
-"""The request record shared by workload, cluster and engine (spec/02 §1).
+"""The request record shared by workload, cluster and engine (docs/engine.md,
+"The request record").
 
 A :class:`Request` carries what the client sent (token IDs, budget, deadline, metadata), the
 oracle output tokens (pre-sampled: only step execution and completion may read them, INV-9),
 and the engine state of its single life on one instance. All times are integer µs.
 
 Token IDs are kept as one ``numpy.int32`` array: the prompt followed by the pre-sampled
-output. The KV cache hashes blocks of that sequence (spec/03 §3); the chained hashes of the
+output. The KV cache hashes blocks of that sequence (docs/kv-cache.md, "Prefix caching"); the chained hashes of the
 prompt's full blocks are computed once per block size and cached on the request.
 """
 
@@ -37,7 +38,7 @@ def hash_block(prev_hash: bytes, tokens: np.ndarray) -> bytes:
 
 
 def hash_chain(tokens: np.ndarray, block_size: int) -> list[bytes]:
-    """Chained hashes of the full blocks of ``tokens`` (an int32 array), spec/03 §3."""
+    """Chained hashes of the full blocks of ``tokens`` (an int32 array)."""
     buf = tokens.tobytes()
     step = 4 * block_size
     out = []
@@ -49,7 +50,7 @@ def hash_chain(tokens: np.ndarray, block_size: int) -> list[bytes]:
 
 
 class Request:
-    """One inference request. See spec/02 §1 for the meaning of each field."""
+    """One inference request. docs/engine.md, "The request record", says what each field means."""
 
     __slots__ = (
         # --- what the client sent -------------------------------------------------------
@@ -148,7 +149,7 @@ class Request:
         return self.tokens[self.input_len:]
 
     def prompt_block_hashes(self, block_size: int) -> list[bytes]:
-        """Chained hashes of the prompt's full blocks (spec/03 §3), cached per block size."""
+        """Chained hashes of the prompt's full blocks, cached per block size."""
         if self._hash_bs == block_size and self._prompt_hashes is not None:
             return self._prompt_hashes
         n_full = self.input_len // block_size

@@ -1,4 +1,4 @@
-"""Partitioned random number generation (spec/01 §5).
+"""Partitioned random number generation (docs/determinism.md, "Random streams").
 
 One master seed (``--seed``, default 42) is split into independent streams by subsystem
 name: the derived seed is the master seed itself for ``"workload"`` and
@@ -6,8 +6,8 @@ name: the derived seed is the master seed itself for ``"workload"`` and
 is a :class:`numpy.random.Generator`, created lazily and cached, and must be used by exactly
 one consumer. The global NumPy / ``random`` generators are never used.
 
-Bit-parity with Go's ``math/rand`` is not a goal (spec/01 §5): only the stream structure and
-the draw order of spec/07 are kept. A Go ``Int63()`` child-seed draw is
+Bit-parity with Go's ``math/rand`` is not a goal: only the stream structure and the draw order
+of the workload generator (docs/workloads.md, "Generation order") are kept. A Go ``Int63()`` child-seed draw is
 :func:`child_seed`; a Go ``Intn(n)`` is ``gen.integers(0, n)``; ``Float64`` is
 ``gen.random()``; ``ExpFloat64`` is ``gen.standard_exponential()``; ``NormFloat64`` is
 ``gen.standard_normal()``.

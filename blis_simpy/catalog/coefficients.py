@@ -4,7 +4,7 @@
 
 * ``defaults`` — per model, the GPU / TP / vLLM version used when the user gives none;
 * ``blackbox`` — per model, rows keyed by (GPU, TP, vLLM version) with α/β and the measured
-  KV block count; the first matching row wins (spec/04 §7);
+  KV block count; the first matching row wins (docs/latency-models.md, "Catalogs and resolution");
 * ``crossmodel`` and ``trained_roofline`` — one global coefficient set each.
 
 A BLIS ``defaults.yaml`` given with ``--defaults-filepath`` is read in memory by

@@ -1,5 +1,5 @@
-"""HuggingFace ``config.json`` → :class:`~blis_simpy.catalog.types.ModelConfig` (spec/04 §8.2),
-and the context length a model supports (spec/04 §8.3).
+"""HuggingFace ``config.json`` → :class:`~blis_simpy.catalog.types.ModelConfig`,
+and the context length a model supports (docs/latency-models.md, "HuggingFace config.json").
 
 Public API::
 
@@ -21,7 +21,7 @@ Public API::
 
 No network access, ever: locating or downloading the file is the caller's business.
 
-Parsing rules (summary; spec/04 §8.2 is normative):
+Parsing rules (summary; docs/latency-models.md, "HuggingFace config.json"):
 
 * ``text_config`` pivot: an object ``text_config`` has its keys copied over the top level.
 * integers are JSON numbers truncated toward zero; missing or ``null`` ⇒ 0. A value of the
@@ -304,7 +304,7 @@ def _is_number(v) -> bool:
 def derive_max_model_len(cfg: ModelConfig) -> int:
     """The context length the model supports: ``max_position_embeddings`` with rope scaling.
 
-    0 means unknown (the caller keeps its own value). Rules, in order (spec/04 §8.3):
+    0 means unknown (the caller keeps its own value). Rules, in order (docs/latency-models.md, "MaxModelLen from the config"):
     ``model_type`` containing ``gemma3`` ⇒ unscaled; no ``rope_scaling`` object ⇒ unscaled;
     type (``type`` else ``rope_type``) ``su``/``longrope``/``llama3`` ⇒ unscaled; ``factor``
     must be a finite number > 1; ``yarn`` scales ``original_max_position_embeddings`` when

@@ -1,7 +1,7 @@
 """The model catalog: architecture shapes of known models, shipped offline.
 
 ``catalog/data/models.yaml`` holds, per lower-cased model ID, the values of the model's public
-HuggingFace ``config.json`` already read by BLIS's parsing rules (spec/04 §8.2), in our own
+HuggingFace ``config.json`` already read by BLIS's parsing rules (docs/latency-models.md), in our own
 key names (see the file's header). :func:`builtin_models` turns them into
 :class:`~blis_simpy.catalog.types.ModelConfig` records; :class:`ModelCatalog` looks them up.
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, slots=True)
 class GPUSpec:
-    """One accelerator (spec/04 §9). Peak figures are dense (no sparsity)."""
+    """One accelerator (docs/latency-models.md, "Catalogs and resolution"). Peak figures are dense (no sparsity)."""
 
     name: str
     tflops_peak: float          # dense BF16/FP16 TFLOP/s
@@ -40,7 +40,7 @@ class GPUSpec:
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """Architecture of a transformer as BLIS reads it from a HuggingFace config.json
-    (spec/04 §8.2). Integer fields are 0 when absent."""
+    (docs/latency-models.md, "HuggingFace config.json"). Integer fields are 0 when absent."""
 
     name: str = ""
     model_type: str = ""

@@ -1,4 +1,4 @@
-"""Decision traces (spec/08 §6): records, counterfactual regret, summary.
+"""Decision traces (docs/metrics.md, "Decision trace"): records, counterfactual regret, summary.
 
 ``--trace-level decisions`` makes the cluster keep a :class:`DecisionTrace`: one
 :class:`AdmissionRecord` per admission call and one :class:`RoutingRecord` per routing

@@ -1,4 +1,5 @@
-"""Counterfactual candidates and regret of a routing decision (spec/08 §6).
+"""Counterfactual candidates and regret of a routing decision (docs/metrics.md,
+"Decision trace").
 
 Over the snapshots the policy was given, each instance is scored by the policy's score map
 or, when the policy has none, by ``−effective_load``. Instances are ranked by score

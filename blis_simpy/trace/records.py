@@ -1,4 +1,4 @@
-"""Decision-trace records (spec/08 §6), appended in event order by the cluster.
+"""Decision-trace records (docs/metrics.md, "Decision trace"), appended in event order by the cluster.
 
 Times are integer µs. ``scores`` is a copy of the policy's score map (higher = better) or
 ``None``; ``candidates`` are the top-K counterfactual alternatives

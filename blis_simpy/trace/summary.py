@@ -1,4 +1,5 @@
-"""The decision-trace summary printed under ``=== Trace Summary ===`` (spec/08 §5–§6)."""
+"""The decision-trace summary printed under ``=== Trace Summary ===``
+(docs/metrics.md, "Decision trace")."""
 
 from __future__ import annotations
 
