@@ -6,7 +6,7 @@ oracle output tokens (pre-sampled: only step execution and completion may read t
 and the engine state of its single life on one instance. All times are integer µs.
 
 Token IDs are kept as one ``numpy.int32`` array: the prompt followed by the pre-sampled
-output. The KV cache hashes blocks of that sequence (docs/kv-cache.md, "Prefix caching"); the chained hashes of the
+output. The KV cache hashes blocks of that sequence (docs/kv-cache.md, "GPU tier"); the chained hashes of the
 prompt's full blocks are computed once per block size and cached on the request.
 """
 

@@ -7,7 +7,8 @@ is a :class:`numpy.random.Generator`, created lazily and cached, and must be use
 one consumer. The global NumPy / ``random`` generators are never used.
 
 Bit-parity with Go's ``math/rand`` is not a goal: only the stream structure and the draw order
-of the workload generator (docs/workloads.md, "Generation order") are kept. A Go ``Int63()`` child-seed draw is
+of the workload generator (docs/workloads.md, "The workload-spec v2") are kept. A Go
+``Int63()`` child-seed draw is
 :func:`child_seed`; a Go ``Intn(n)`` is ``gen.integers(0, n)``; ``Float64`` is
 ``gen.random()``; ``ExpFloat64`` is ``gen.standard_exponential()``; ``NormFloat64`` is
 ``gen.standard_normal()``.

@@ -304,7 +304,8 @@ def _is_number(v) -> bool:
 def derive_max_model_len(cfg: ModelConfig) -> int:
     """The context length the model supports: ``max_position_embeddings`` with rope scaling.
 
-    0 means unknown (the caller keeps its own value). Rules, in order (docs/latency-models.md, "MaxModelLen from the config"):
+    0 means unknown (the caller keeps its own value). Rules, in order (docs/latency-models.md,
+    "MaxModelLen from the config"):
     ``model_type`` containing ``gemma3`` ⇒ unscaled; no ``rope_scaling`` object ⇒ unscaled;
     type (``type`` else ``rope_type``) ``su``/``longrope``/``llama3`` ⇒ unscaled; ``factor``
     must be a finite number > 1; ``yarn`` scales ``original_max_position_embeddings`` when

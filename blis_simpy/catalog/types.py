@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, slots=True)
 class GPUSpec:
-    """One accelerator (docs/latency-models.md, "Catalogs and resolution"). Peak figures are dense (no sparsity)."""
+    """One accelerator (docs/latency-models.md, "Catalogs and resolution"). Peak figures are
+    dense (no sparsity)."""
 
     name: str
     tflops_peak: float          # dense BF16/FP16 TFLOP/s
