@@ -222,7 +222,8 @@ def check_scenario(s: Scenario) -> None:
 
 
 def distribution_problems(d) -> list[tuple[str, str]]:
-    """BLIS's distribution-mode rules (spec/07 §2), as ``(key, problem)`` pairs.
+    """BLIS's distribution-mode rules (docs/workloads.md, "Distribution mode and
+    presets"), as ``(key, problem)`` pairs.
 
     min and max >= 1, min <= max, stdev >= 0, and — a BLIS quirk kept for parity — both the
     mean **and the stdev** must lie in ``[min, max]``.

@@ -1,4 +1,5 @@
-"""BLIS's policy bundle (``--policy-config FILE``, spec/05 §6) and the control-plane flags.
+"""BLIS's policy bundle (``--policy-config FILE``; docs/control-plane.md, "The policy bundle")
+and the control-plane flags.
 
 The bundle is strict YAML — unknown keys, wrong types, negative or non-finite numbers,
 unknown policy or scorer names are ``FILE:LINE: field: problem`` errors. Every key is
@@ -8,7 +9,7 @@ optional::
       policy: token-bucket            # always-admit | token-bucket | reject-all | tier-shed
       token_bucket_capacity: 10000.0  # finite, >= 0
       token_bucket_refill_rate: 1000.0
-      tier_shed_threshold: 0          # ours (spec/10 quirk 5): int >= 0
+      tier_shed_threshold: 0          # ours (docs/divergences.md #12): int >= 0
       tier_shed_min_priority: 3       # ours: 0..4
     routing:
       policy: weighted                # round-robin | least-loaded | weighted | always-busiest
@@ -145,7 +146,7 @@ def scorer_text(text: str) -> list[dict]:
 
 
 def fitness_text(text: str) -> dict[str, float]:
-    """``--fitness-weights "key:w,key:w"`` → ``{key: w}`` (spec/08 §7)."""
+    """``--fitness-weights "key:w,key:w"`` → ``{key: w}`` (docs/metrics.md, "Fitness")."""
     from blis_simpy.metrics.fitness import FITNESS_KEYS
     out: dict[str, float] = {}
     if not text.strip():

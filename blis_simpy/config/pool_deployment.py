@@ -1,4 +1,5 @@
-"""One PD pool's deployment: the global one with the pool's overrides (spec/06 §4; spec/10 quirk 4).
+"""One PD pool's deployment: the global one with the pool's overrides (docs/disaggregation.md,
+"Per-pool overrides"; divergences.md P5).
 
 :func:`resolve_pool_deployment` is called by :func:`~blis_simpy.config.pools.resolve_pools`
 for the prefill and the decode pool; it reuses the steps of the global resolution
@@ -31,16 +32,16 @@ OVERRIDE_FIELDS = ("tp", "hardware", "latency_model", "max_model_len", "total_kv
 
 def resolve_pool_deployment(s: Scenario, glob: Deployment, ov: PoolOverrides, role: str, checkout: bool,
                      quiet: bool, cat: CoefficientCatalog, gpus: GPUCatalog) -> Deployment:
-    """One pool's deployment: the global one with the pool's overrides (spec/06 §4).
+    """One pool's deployment: the global one with the pool's overrides.
 
     The overrides go into a deep copy of the scenario (INV-P2-1). TP, latency backend and
     MaxModelLen replace the global values. GPU: the pool's hardware calibration drives its
-    latency model (spec/10 quirk 4 fixed); under compat ``checkout`` only the label and the KV
+    latency model (divergences.md P5); under compat ``checkout`` only the label and the KV
     auto-calculation change. KV blocks: the pool's ``total_kv_blocks``, else — analytical
     backends whose TP or GPU differs from the global one — the auto-calculation by the
     scenario's ``engine.kv_capacity_model`` with the pool's TP and GPU; the pool's MaxModelLen
     (if not given) is then lowered to ``pool_blocks × block_size`` when that is below the global
-    one. ``vllm``: a model that does not fit the pool is a ConfigError; ``blis`` (spec/03 §7): a
+    one. ``vllm``: a model that does not fit the pool is a ConfigError; ``blis`` (kv-capacity.md): a
     failed auto-calculation is a warning and the pool keeps the global KV blocks and MaxModelLen.
     """
     given = {k: getattr(ov, k) for k in OVERRIDE_FIELDS if getattr(ov, k) is not None}
@@ -92,7 +93,7 @@ def resolve_pool_deployment(s: Scenario, glob: Deployment, ov: PoolOverrides, ro
             raise ConfigError(f"{backend} needs the architecture of model {s.model or '(none)'}: not found "
                               f"in {' or '.join(tried) or 'any source'}", field=f"{key}.latency_model")
 
-    # which hardware calibration times this pool's steps (spec/10 quirk 4)
+    # which hardware calibration times this pool's steps (docs/divergences.md P5)
     lat_gpu = gpu
     if checkout and analytical and glob.gpu is not None and hw != glob.hardware:
         lat_gpu = glob.gpu

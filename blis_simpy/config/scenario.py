@@ -64,7 +64,7 @@ class GPUEntry(Strict):
 
 
 class LatencyConfig(Strict):
-    """Which latency backend times the steps, and its coefficients (spec/04)."""
+    """Which latency backend times the steps, and its coefficients (docs/latency-models.md)."""
 
     model: str = Field("blackbox", description="blackbox | physics | trained-physics | roofline | "
                                                 "crossmodel | trained-roofline")
@@ -78,11 +78,11 @@ class LatencyConfig(Strict):
                         "built-in set, else the default")
     compat: Literal["fixed", "checkout"] = Field(
         "fixed", description="checkout = BLIS 89bece82 parity: roofline MoE weights at batch 0, "
-                             "MoE threshold E > 0 (spec/10 A7, C1)")
+                             "MoE threshold E > 0 (docs/divergences.md #8, #9)")
 
 
 class EngineConfig(Strict):
-    """vLLM engine limits and KV cache of every instance (spec/02, spec/03)."""
+    """vLLM engine limits and KV cache of every instance (docs/engine.md, docs/kv-cache.md)."""
 
     total_kv_blocks: PosInt | None = Field(
         None, description="GPU KV blocks per instance; None = resolve from catalog / default")
@@ -134,7 +134,7 @@ class RoutingConfig(Strict):
 
 
 class ClusterConfig(Strict):
-    """The control plane in front of the instances (spec/05)."""
+    """The control plane in front of the instances (docs/control-plane.md)."""
 
     num_instances: PosInt = 1
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
@@ -146,7 +146,7 @@ class ClusterConfig(Strict):
 
 
 class TraceConfig(Strict):
-    """The decision trace (spec/08 §6)."""
+    """The decision trace (docs/metrics.md, "Decision trace")."""
 
     level: Literal["none", "decisions"] = "none"
     counterfactual_k: NonNegInt = Field(0, description="counterfactual candidates per routing record")
@@ -163,7 +163,7 @@ class LengthDist(Strict):
 
 
 class DistributionWorkload(Strict):
-    """Synthesised from BLIS's distribution flags (spec/07 §2)."""
+    """Synthesised from BLIS's distribution flags (docs/workloads.md)."""
 
     kind: Literal["distribution"] = "distribution"
     rate: PosFloat = Field(1.0, description="aggregate arrival rate, requests/s")
@@ -176,7 +176,7 @@ class DistributionWorkload(Strict):
 
 
 class TraceWorkload(Strict):
-    """Replay of a TraceV2 trace: YAML header + CSV (spec/07 §11)."""
+    """Replay of a TraceV2 trace: YAML header + CSV (docs/workloads.md, "TraceV2")."""
 
     kind: Literal["trace"] = "trace"
     header: str
@@ -184,7 +184,7 @@ class TraceWorkload(Strict):
 
 
 class SpecWorkload(Strict):
-    """A workload-spec v2 (spec/07 §3): a YAML file (``path``, relative to the scenario
+    """A workload-spec v2 (docs/workloads.md): a YAML file (``path``, relative to the scenario
     file) or the same keys inline (``spec``); BLIS's ``--workload-spec``. The spec's own
     ``seed``, ``horizon`` and ``num_requests`` apply unless the scenario's ``seed`` /
     ``horizon_us`` / this ``num_requests`` (or their flags) are given."""
@@ -205,7 +205,7 @@ Workload = Annotated[DistributionWorkload | TraceWorkload | SpecWorkload, Field(
 
 
 class PoolOverrides(Strict):
-    """Per-pool replacements of the global instance config (spec/06 §4); None = inherit."""
+    """Per-pool replacements of the global instance config (docs/scenarios.md); None = inherit."""
 
     tp: PosInt | None = None
     hardware: str | None = None
@@ -222,7 +222,7 @@ class DeciderConfig(Strict):
 
 
 class TransferConfig(Strict):
-    """The KV-transfer fabric between the pools (spec/06 §3.4, §5)."""
+    """The KV-transfer fabric between the pools (docs/disaggregation.md, "KV-transfer fabric")."""
 
     bandwidth_gbps: PosFloat = Field(25.0, description="shared fabric bandwidth, GB/s (1 GB = 1e9 B)")
     base_latency_ms: NonNegFloat = Field(0.05, description="fixed cost per transfer, ms")
@@ -235,14 +235,14 @@ class TransferConfig(Strict):
 
 
 class InterferenceConfig(Strict):
-    """Co-location slowdown of mixed prefill/decode batches (spec/06 §6)."""
+    """Co-location slowdown of mixed prefill/decode batches (docs/disaggregation.md, "Interference")."""
 
     prefill: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 0.0
     decode: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 0.0
 
 
 class DisaggregationConfig(Strict):
-    """Prefill/decode pools (spec/06). Pools exist when both instance counts are > 0."""
+    """Prefill/decode pools (docs/disaggregation.md). Pools exist when both instance counts are > 0."""
 
     prefill_instances: NonNegInt = 0
     decode_instances: NonNegInt = 0
@@ -299,7 +299,7 @@ class Scenario(Strict):
     plugins: list[str] = Field(default_factory=list, description="modules to import (custom policies)")
     trace: TraceConfig = Field(default_factory=TraceConfig)
     fitness_weights: dict[str, NonNegFloat] = Field(
-        default_factory=dict, description="fitness key -> weight (spec/08 §7); empty = no fitness")
+        default_factory=dict, description="fitness key -> weight (docs/metrics.md); empty = no fitness")
     variants: list[Variant] = Field(
         default_factory=list, description="alternatives run side by side on the same workload")
 
