@@ -2,7 +2,7 @@
 
 A :class:`~blis_simpy.config.scenario.Scenario` says what the user asked for; the rest comes
 from the offline catalogs (:mod:`blis_simpy.catalog`). :func:`resolve` applies BLIS's order
-(spec/09 §2–§3, spec/04 §7–§8) and returns a :class:`Deployment`, the only thing
+(docs/latency-models.md, "Catalogs and resolution") and returns a :class:`Deployment`, the only thing
 :class:`~blis_simpy.cluster.simulation.Simulation` reads:
 
 1. backend: ``latency.model``; roofline with coefficients is an error;
