@@ -1,4 +1,4 @@
-"""Prefill/decode pools resolved from a scenario (spec/06 §1, §2, §4, §6).
+"""Prefill/decode pools resolved from a scenario (docs/disaggregation.md, "PD in the simulator").
 
 :func:`resolve_pools` adds prefill/decode disaggregation to the global resolution
 (:func:`~blis_simpy.config.resolve.resolve`): it validates the pool topology and the PD
@@ -23,15 +23,15 @@ from blis_simpy.errors import ConfigError
 
 PREFILL, DECODE, UNASSIGNED = "prefill", "decode", "unassigned"
 ROLES = (PREFILL, DECODE, UNASSIGNED)
-#: BLIS's --pd-kv-bytes-per-token default (spec/06 §3.4; spec/10 quirk 14)
+#: BLIS's --pd-kv-bytes-per-token default (docs/disaggregation.md, "KV-transfer fabric"; divergences P4)
 BLIS_KV_BYTES_PER_TOKEN = 512
-#: the built-in deciders (spec/06 §2), used to check names before the registry is imported
+#: the built-in deciders (docs/disaggregation.md), used to check names before the registry is imported
 BUILTIN_DECIDERS = ("never", "always", "prefix-threshold", "direct-to-decode")
 
 
 @dataclass(frozen=True)
 class PoolPlan:
-    """The prefill/decode split of a scenario's instances, fully resolved (spec/06 §1–§6).
+    """The prefill/decode split of a scenario's instances, fully resolved (docs/disaggregation.md).
 
     Built by :func:`resolve_pools`; the cluster reads only this (and never the scenario's
     ``disaggregation`` section directly):
@@ -52,8 +52,8 @@ class PoolPlan:
       (BLIS: ``bandwidth / active`` fixed at the start) or ``"fair-share"`` (processor
       sharing). Unset in the scenario ⇒ ``"fair-share"``, or ``"none"`` under ``checkout``.
     * ``decider`` / ``decider_params``: the validated decider name and its raw parameters.
-    * ``interference_prefill`` / ``interference_decode``: the co-location factors (spec/06 §6);
-      both 0 ⇒ no wrapper.
+    * ``interference_prefill`` / ``interference_decode``: the co-location factors
+      (docs/disaggregation.md, "Interference"); both 0 ⇒ no wrapper.
     * ``routing[role]``: the pool's own router config (``"prefill"`` / ``"decode"``), or
       ``None`` to use the main policy (see :attr:`shares_main_router`).
     * ``compat``: ``"fixed"`` (ours) or ``"checkout"`` (the Go checkout's PD behaviour); the
@@ -117,21 +117,21 @@ class PoolPlan:
 
     @property
     def local_routing(self) -> str:
-        """Where non-disaggregated requests go when pools exist (spec/10 A2): ``"decode-pool"``
-        (the decode pool, with the decode pool's router — seed, ours) or ``"all"`` (every
+        """Where non-disaggregated requests go when pools exist (divergences.md P1): ``"decode-pool"``
+        (the decode pool, with the decode pool's router — ours) or ``"all"`` (every
         routable instance with the main policy — checkout)."""
         return "all" if self.checkout else "decode-pool"
 
     @property
     def shares_main_router(self) -> bool:
-        """spec/10 quirk 3: under ``checkout`` a pool without its own router uses the main
+        """divergences.md P2: under ``checkout`` a pool without its own router uses the main
         policy **object** (one round-robin counter for everything); otherwise each such pool
         gets its own instance of the main policy."""
         return self.checkout
 
     @property
     def checkout_parent_timing(self) -> bool:
-        """spec/10 C2: the checkout's parent TTFT (= prefill TTFT) and E2E (= detection time −
+        """divergences.md P3: the checkout's parent TTFT (= prefill TTFT) and E2E (= detection time −
         arrival) instead of the corrected ones."""
         return self.checkout
 
@@ -143,7 +143,7 @@ class PoolPlan:
 def kv_bytes_per_token(model: ModelConfig) -> int:
     """KV-cache bytes of one token, K and V, all layers, across all TP ranks:
     ``2 × num_layers × kv_heads × head_dim × bytes_per_param`` with ``head_dim =
-    hidden_size // num_heads`` (BLIS ignores config.json's ``head_dim``, spec/10 quirk 16) and
+    hidden_size // num_heads`` (BLIS ignores config.json's ``head_dim``) and
     ``kv_heads = num_key_value_heads`` (``num_heads`` when absent). Qwen3-14B (40 layers, 8 KV
     heads, 5120 / 40 = 128, bf16): 163,840. Raises ``ValueError`` for an incomplete shape."""
     L, H, h, bpp = model.num_layers, model.num_heads, model.hidden_size, model.bytes_per_param
@@ -206,7 +206,8 @@ def _decider_warnings(name: str, params: Mapping, block_size: int) -> list[str]:
 
 
 def check_topology(prefill: int, decode: int, num_instances: int) -> bool:
-    """spec/06 §1; returns whether pools exist. Raises BLIS's "Invalid PD pool topology"."""
+    """The pool topology (docs/disaggregation.md); returns whether pools exist. Raises
+    BLIS's "Invalid PD pool topology"."""
     if prefill < 0 or decode < 0:
         which, v = ("prefill", prefill) if prefill < 0 else ("decode", decode)
         raise ConfigError(f"Invalid PD pool topology: {which}-instances must be >= 0, got {v}",
@@ -231,7 +232,7 @@ def _given_overrides(ov: PoolOverrides) -> list[str]:
 
 def resolve_pools(scenario: Scenario, *, quiet: bool = False,
                   deployment: Deployment | None = None) -> PoolPlan:
-    """Validate the scenario's PD settings and resolve its pools (spec/06 §1–§6).
+    """Validate the scenario's PD settings and resolve its pools (docs/disaggregation.md).
 
     ``deployment``: the already resolved global deployment (else :func:`resolve` is called).
     ``quiet``: log nothing (warnings are still in ``PoolPlan.warnings``). Raises
