@@ -1,4 +1,5 @@
-"""Admission policies: accept or reject an arriving request (spec/05 §3).
+"""Admission policies: accept or reject an arriving request (docs/control-plane.md,
+"Admission").
 
 Importing the package registers every built-in policy.
 """

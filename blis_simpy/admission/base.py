@@ -1,4 +1,4 @@
-"""The admission-policy family and always-admit (spec/05 §3).
+"""The admission-policy family and always-admit (docs/control-plane.md, "Admission").
 
 An admission policy is a plain synchronous decider returning ``(admitted, reason)``::
 

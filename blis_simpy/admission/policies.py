@@ -1,4 +1,4 @@
-"""Token bucket, reject-all and tier-shed admission (spec/05 §3)."""
+"""Token bucket, reject-all and tier-shed admission (docs/control-plane.md, "Admission")."""
 
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def tier_priority(slo_class: str) -> int:
 
 
 class TierShed(AdmissionPolicy, name="tier-shed"):
-    """Under overload, shed classes below a minimum priority (spec/05 §3, quirk 5 REC).
+    """Under overload, shed classes below a minimum priority (docs/control-plane.md; the
+    parameters BLIS cannot set: divergences.md #12).
 
     ``batch`` and ``background`` are always admitted. ``max_load`` = the highest effective
     load over the snapshots (0 if none); at or below ``threshold`` everything is admitted,

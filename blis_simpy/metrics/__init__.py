@@ -1,1 +1,2 @@
-"""Metrics: per-instance raw records, aggregation, BLIS's summary schema and reports (spec/08)."""
+"""Metrics: per-instance raw records, aggregation, BLIS's summary schema and reports
+(docs/metrics.md)."""

@@ -1,5 +1,5 @@
 """BLIS ``run``'s stdout for a :class:`~blis_simpy.metrics.report.Report`, byte for byte
-(spec/08 §5); used for both ``run`` and ``replay``."""
+(docs/metrics.md, "Text sections"); used for both ``run`` and ``replay``."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def _trace_lines(t: TraceSummary) -> list[str]:
 
 
 def render_blis(report: Report) -> str:
-    """BLIS ``run``'s stdout for ``report``, sections in spec/08 §5 order."""
+    """BLIS ``run``'s stdout for ``report``, sections in BLIS's order (docs/metrics.md)."""
     lines: list[str] = []
     if report.num_instances > 1:
         for inst in report.instances:

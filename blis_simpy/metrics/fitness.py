@@ -1,4 +1,4 @@
-"""Fitness of a run (spec/08 §7): weighted, normalised throughput and latency components,
+"""Fitness of a run (docs/metrics.md, "Fitness"): weighted, normalised throughput and latency components,
 printed under ``=== Fitness Evaluation ===``."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class FitnessResult:
 
 
 def compute_fitness(m: InstanceMetrics, weights: Mapping[str, float]) -> FitnessResult:
-    """Fitness of the cluster record ``m`` for ``weights`` (spec/08 §7).
+    """Fitness of the cluster record ``m`` for ``weights``.
 
     Components are normalised to [0, 1]: ``rps/(rps+100)``, ``tps/(tps+10000)`` and
     ``1/(1 + µs/1000)`` for the latency keys (TTFT/E2E distributions over the maps in

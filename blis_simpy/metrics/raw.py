@@ -1,4 +1,4 @@
-"""Raw metrics of a finished run (spec/08 §7): per-SLO and per-model distributions, the
+"""Raw metrics of a finished run (docs/metrics.md): per-SLO and per-model distributions, the
 anomaly detectors and the simple rates.
 
 * :func:`slo_distributions` — TTFT/E2E distributions per SLO class (:class:`SLOMetrics`).
@@ -47,7 +47,7 @@ class SLOMetrics:
 
 @dataclass(frozen=True, slots=True)
 class ModelMetrics:
-    """Per-model metrics (spec/08 §5 item 7). Latencies in µs."""
+    """Per-model metrics (``=== Per-Model Metrics ===``). Latencies in µs."""
 
     model: str
     ttft: Distribution
@@ -154,7 +154,7 @@ def _count_pairs_over_double(values: Sequence) -> int:
 
 
 def priority_inversions(instances: Iterable[InstanceMetrics], priority_policy: str) -> int:
-    """BLIS's priority-inversion counter (spec/08 §7).
+    """BLIS's priority-inversion counter (docs/metrics.md, "Anomaly counters").
 
     0 for the ``constant`` (or empty) priority policy. Otherwise, per instance and per SLO
     class, the requests having an E2E ordered by arrival (ties: request ID) and the pairs
@@ -178,7 +178,7 @@ def priority_inversions(instances: Iterable[InstanceMetrics], priority_policy: s
 
 
 def hol_blocking_events(instances: Sequence[InstanceMetrics]) -> int:
-    """BLIS's head-of-line blocking counter (spec/08 §7).
+    """BLIS's head-of-line blocking counter (docs/metrics.md, "Anomaly counters").
 
     With ≥ 2 instances: each instance's mean wait-queue length over its step samples (0 if
     none); count the instances whose mean exceeds twice the mean over instances (0 when that

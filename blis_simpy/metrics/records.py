@@ -1,4 +1,5 @@
-"""Raw per-instance metrics, written by the engine while it runs (spec/02 §9).
+"""Raw per-instance metrics, written by the engine while it runs (docs/engine.md,
+"Per-instance counters").
 
 Latency maps are keyed by request ID and hold integer µs. Per-token inter-token latencies
 (``all_itls``) are kept as a histogram ``{value_us: count}``: step durations repeat a lot, so

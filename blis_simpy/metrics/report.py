@@ -1,4 +1,4 @@
-"""The end-of-run report: its data, its JSON rendering and results files (spec/08 §4–§5).
+"""The end-of-run report: its data, its JSON rendering and results files (docs/metrics.md).
 
 A :class:`Report` holds everything printed at the end of a run: per-instance records, the
 cluster aggregate (after any PD correction), admission/routing rejections, tier-shed counts,
@@ -21,7 +21,7 @@ Renderers:
     {
       "command": "run" | "replay",
       "num_instances": int,
-      "cluster": MetricsOutput,              # spec/08 §4, without "requests"
+      "cluster": MetricsOutput,              # without "requests"
       "instances": [MetricsOutput, ...],     # every instance, index order
       "anomaly_counters": {"priority_inversions", "hol_blocking_events",
                            "rejected_requests_admission", "shed_by_tier": {class: n},
@@ -91,7 +91,7 @@ def is_idle_ratio(r: float) -> bool:
 # ------------------------------------------------------------------- optional sections
 @dataclass
 class PDMetrics:
-    """``=== PD Metrics ===`` (spec/06 §9). Throughputs in sub-requests/s, times in µs."""
+    """``=== PD Metrics ===`` (docs/disaggregation.md). Throughputs in sub-requests/s, times in µs."""
 
     disaggregated_count: int = 0
     dropped_at_decode_kv: int = 0
@@ -125,7 +125,7 @@ class PDMetrics:
 
 @dataclass
 class TraceSummary:
-    """``=== Trace Summary ===`` (spec/08 §6); the PD part prints only with disaggregation
+    """``=== Trace Summary ===`` (docs/metrics.md); the PD part prints only with disaggregation
     records (``disaggregation_count > 0``). ``mean_transfer_duration`` in µs."""
 
     total_decisions: int = 0
@@ -149,7 +149,7 @@ class TraceSummary:
 
 @dataclass(frozen=True)
 class AnomalyCounters:
-    """``=== Anomaly Counters ===`` values (spec/08 §5 item 4)."""
+    """``=== Anomaly Counters ===`` values (docs/metrics.md, "Anomaly counters")."""
 
     priority_inversions: int = 0
     hol_blocking_events: int = 0

@@ -1,12 +1,12 @@
-"""From raw instance records to BLIS's summary objects (spec/08 §2, §4, §8).
+"""From raw instance records to BLIS's summary objects (docs/metrics.md).
 
-* :func:`aggregate` — the cluster record (§2), before any PD correction (06 §8, done by the
-  PD code on the returned record).
-* :func:`metrics_output` — the ``MetricsOutput`` JSON object (§4), keys in BLIS's order;
+* :func:`aggregate` — the cluster record, before any PD correction (docs/disaggregation.md,
+  "End-of-run accounting", done by the PD code on the returned record).
+* :func:`metrics_output` — the ``MetricsOutput`` JSON object, keys in BLIS's order;
   :func:`request_rows` — its per-request rows.
-* :func:`replay_results` — the ``blis replay --results-path`` array (§8).
+* :func:`replay_results` — the ``blis replay --results-path`` array.
 
-Raw metrics (§7) live in :mod:`blis_simpy.metrics.raw` and fitness in
+Raw metrics live in :mod:`blis_simpy.metrics.raw` and fitness in
 :mod:`blis_simpy.metrics.fitness`.
 
 Every value is computed the way Go evaluates it (``float64(x)/1000`` for ms,
@@ -46,7 +46,7 @@ _MERGED = ("ttft", "itl", "scheduling_delay", "e2e", "completion_time", "registr
 # ------------------------------------------------------------------------ aggregation
 def aggregate(instances: Sequence[InstanceMetrics], *,
               instance_id: str = "cluster") -> InstanceMetrics:
-    """Combine per-instance records into one (spec/08 §2).
+    """Combine per-instance records into one (docs/metrics.md, "Aggregation over instances").
 
     Counters are summed; ``sim_ended_time`` and ``peak_kv_blocks`` take the maximum;
     ``all_itls`` histograms and per-step sample sums are added; the per-request maps and the
@@ -94,7 +94,7 @@ def _ms(x) -> float:
 
 
 def request_rows(m: InstanceMetrics) -> list[dict]:
-    """Per-request rows of the results file (spec/08 §4), in BLIS's order.
+    """Per-request rows of the results file, in BLIS's order.
 
     One row per registry entry. Missing map entries give 0; ``slo_class``, ``tenant_id``,
     ``handled_by`` and ``model`` are omitted when empty, ``length_capped`` when false.
@@ -130,7 +130,7 @@ def request_rows(m: InstanceMetrics) -> list[dict]:
 
 
 def metrics_output(m: InstanceMetrics, *, include_requests: bool) -> dict:
-    """BLIS's ``MetricsOutput`` object for one scope (an instance or the cluster), spec/08 §4.
+    """BLIS's ``MetricsOutput`` object for one scope (an instance or the cluster).
 
     Keys are in BLIS's order. Latency and throughput fields are 0 when nothing completed;
     ``vllm_estimated_duration_s`` is always ``sim_ended_time / 1e6``.
@@ -191,7 +191,7 @@ _REPLAY_ID = re.compile(r"request_([+-]?[0-9]+)")
 
 
 def replay_results(m: InstanceMetrics) -> list[dict]:
-    """The ``blis replay`` results array (spec/08 §8): the input of ``blis calibrate``.
+    """The ``blis replay`` results array: the input of ``blis calibrate``.
 
     One ``{request_id, ttft_us, e2e_us, input_tokens, output_tokens}`` per request that has
     both a TTFT and an E2E and an ID ``request_<int>``; sorted by ``request_id``. Token counts

@@ -117,7 +117,7 @@ def render_tables(report: Report, console) -> None:
 
 
 def pd_table(pd: PDMetrics, title: str = "Prefill/decode disaggregation"):
-    """The PD section (spec/06 §9) as a rich table."""
+    """The PD section (docs/disaggregation.md, "PD metrics") as a rich table."""
     from rich.table import Table
 
     t = Table(title=title, title_justify="left")

@@ -1,4 +1,5 @@
-"""Routing policies: pick the instance for an admitted request (spec/05 §4).
+"""Routing policies: pick the instance for an admitted request (docs/control-plane.md,
+"Routing").
 
 Importing the package registers every built-in policy and scorer.
 """

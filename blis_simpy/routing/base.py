@@ -1,4 +1,4 @@
-"""The routing-policy family and its simplest member (spec/05 §4).
+"""The routing-policy family and its simplest member (docs/control-plane.md, "Routing").
 
 A router is a plain synchronous decider: given the request and a read-only
 :class:`~blis_simpy.cluster.snapshot.RouterState`, it returns a :class:`RoutingDecision`.
@@ -38,7 +38,7 @@ class RoutingDecision:
     """The chosen instance (its index in the cluster), why, and optional scores.
 
     ``scores`` maps instance ID to the policy's score (higher = better); the decision trace
-    uses it for counterfactual regret (spec/08 §6). ``None`` means the policy has no scores
+    uses it for counterfactual regret (docs/metrics.md). ``None`` means the policy has no scores
     (the trace then ranks instances by ``−effective_load``).
     """
 

@@ -1,4 +1,4 @@
-"""The built-in routing policies besides round-robin (spec/05 §4).
+"""The built-in routing policies besides round-robin (docs/control-plane.md, "Routing").
 
 * ``least-loaded`` — minimum effective load; ties broken by :func:`break_tie`.
 * ``weighted`` — the normalised weighted sum of scorers, argmax; ties by :func:`break_tie`.

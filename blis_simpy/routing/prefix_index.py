@@ -1,4 +1,5 @@
-"""The router-side prefix cache index (spec/05 §5).
+"""The router-side prefix cache index (docs/control-plane.md, "The router's prefix
+index").
 
 Per instance, an LRU set of prompt block hashes (capacity 10 000 by default). The hashes
 are the engine's chained block hashes (``Request.prompt_block_hashes``), so the router and
