@@ -1,4 +1,5 @@
-"""BLIS's percentile and mean arithmetic (spec/08 §3), over sorted lists and histograms.
+"""BLIS's percentile and mean arithmetic (docs/metrics.md, "Percentiles and means"), over
+sorted lists and histograms.
 
 Two flavours exist in BLIS and both are reproduced bit for bit:
 
@@ -217,7 +218,7 @@ class Distribution:
 
     @classmethod
     def from_map(cls, values_by_key: Mapping) -> Distribution:
-        """Summarise the values of a map, gathered in sorted-key order (spec/08 §3)."""
+        """Summarise the values of a map, gathered in sorted-key order."""
         return cls.from_values(values_by_key[k] for k in sorted(values_by_key))
 
     def to_dict(self) -> dict:

@@ -1,4 +1,5 @@
-"""Scorers for the weighted router (spec/05 §4.1) — a registry family of their own.
+"""Scorers for the weighted router (docs/control-plane.md, "Weighted scoring") — a registry
+family of their own.
 
 A scorer rates every candidate instance for one request, in snapshot order, with values in
 [0, 1] (higher = better; the router clamps anything outside). A *stateful* scorer also
@@ -81,7 +82,7 @@ class LoadBalance(Scorer, name="load-balance"):
 
 
 class PrefixAffinity(Scorer, name="prefix-affinity"):
-    """Fraction of the prompt's full blocks already placed on the instance (spec/05 §5).
+    """Fraction of the prompt's full blocks already placed on the instance (docs/control-plane.md).
 
     ``matched / total`` over the chained block hashes, looked up in this scorer's own
     router-side :class:`PrefixIndex`; 0 for a prompt shorter than one block. After each
@@ -121,7 +122,7 @@ class ScorerSpec(BaseModel):
     params: dict = Field(default_factory=dict)
 
 
-#: llm-d parity default (spec/05 §4.1).
+#: llm-d parity default (docs/control-plane.md, "Weighted scoring").
 DEFAULT_SCORERS = (("prefix-affinity", 3.0), ("queue-depth", 2.0), ("kv-utilization", 2.0))
 
 
@@ -153,7 +154,8 @@ def parse_scorers(text: str) -> list[dict]:
 
 
 def check_scorer(name: str, weight: float, seen: set[str]) -> None:
-    """The rules of spec/05 §4.1 for one item; ``seen`` collects names for duplicates."""
+    """The scorer-list rules (docs/control-plane.md, "Weighted scoring") for one item;
+    ``seen`` collects names for duplicates."""
     if name not in Scorer._registry:
         raise ValueError(f"unknown scorer {name!r}; valid: {', '.join(Scorer.names())}")
     if name in seen:
