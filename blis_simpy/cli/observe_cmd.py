@@ -114,7 +114,7 @@ def observe_workload(given: dict[str, str], scenario_path: str | None = None,
 
 def session_followups(sessions):
     """``on_done`` for closed-loop sessions: a finished observation's follow-up rounds
-    (a timeout cancels the session, an error counts as dropped, spec/07 §7)."""
+    (a timeout cancels the session, an error counts as dropped; docs/workloads.md, "Multi-turn sessions")."""
     from blis_simpy.observe.records import OK, TIMEOUT
     from blis_simpy.request import COMPLETED, DROPPED, TIMED_OUT
 

@@ -133,7 +133,7 @@ def check_components(s: Scenario) -> None:
         cls.parse_params(cfg.params, field=f"cluster.{key}.params")
     BatchingPolicy.lookup(s.engine.batching, field="engine.batching").parse_params(
         s.engine.batching_params, field="engine.batching_params")
-    resolve_pools(s, quiet=True)   # PD topology, decider, pools (spec/09 §2 step 8)
+    resolve_pools(s, quiet=True)   # PD topology, decider, pools (docs/cli.md, "Validation order")
 
 
 # ---------------------------------------------------------------------------- running
@@ -144,7 +144,7 @@ class Outcome:
     report: Report
     requests: list
     horizon_us: int
-    sessions: object | None = None        # SessionManager of closed-loop sessions (spec/07 §7)
+    sessions: object | None = None        # SessionManager of closed-loop sessions (docs/workloads.md)
     workload_seed: int | None = None      # seed the workload was generated with (None: scenario seed)
     kv_line: str = ""                     # "KV capacity: N blocks (...)" for the run header
 
@@ -203,7 +203,7 @@ def build_workload(plan: Plan) -> tuple[list, int, object | None, int]:
 
 
 def spec_workload(plan: Plan) -> tuple[list, int, object | None, int]:
-    """A workload-spec workload (``--workload-spec`` / ``kind: spec``), spec/07 §1: the
+    """A workload-spec workload (``--workload-spec`` / ``kind: spec``; docs/workloads.md): the
     spec's ``seed`` unless ``--seed`` (or the scenario's ``seed`` key) is given; its
     ``horizon`` (if > 0) unless ``--horizon`` / ``horizon_us`` is; its ``num_requests``
     unless ``--num-requests`` / ``workload.num_requests`` is. Errors point into the spec
@@ -278,7 +278,7 @@ def execute(plan: Plan, progress: Callable[[int, int], None] | None = None) -> O
 
 def add_optional_sections(plan: Plan, result: SimulationResult, report: Report) -> None:
     """Trace summary (``trace.summarize``) and fitness (``fitness_weights``; BLIS's replay
-    ignores ``--fitness-weights`` with a warning, spec/09 §1)."""
+    ignores ``--fitness-weights`` with a warning, as BLIS's does)."""
     s = plan.scenario
     if result.trace is not None and s.trace.summarize:
         report.trace_summary = result.trace.summary()
@@ -305,7 +305,7 @@ def write_results_file(out: Outcome, path: str) -> None:
 
 
 def export_trace(out: Outcome, prefix: str) -> None:
-    """``--trace-output PREFIX``: the run's workload as TraceV2 (spec/07 §11 "Export")."""
+    """``--trace-output PREFIX``: the run's workload as TraceV2 (docs/workloads.md, "TraceV2")."""
     from blis_simpy.workload import TraceHeader, TraceRecord, write_trace
     s = out.plan.scenario
     cluster = out.report.cluster

@@ -1,1 +1,1 @@
-"""The engine: one simulated vLLM instance (spec/02)."""
+"""The engine: one simulated vLLM instance (docs/engine.md)."""

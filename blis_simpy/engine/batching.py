@@ -1,5 +1,5 @@
 """Batching policies: which running requests get how many tokens in a step, who is
-preempted and who is admitted (spec/02 §4.1 describes vLLM's, the built-in ``vllm``).
+preempted and who is admitted (docs/engine.md, "Batch formation", describes vLLM's, the built-in ``vllm``).
 
 Batching is a policy family, a registry like schedulers and routers: a policy is one class
 (in one file) that subclasses :class:`BatchingPolicy` with a name, is selected by the

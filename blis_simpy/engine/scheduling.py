@@ -1,4 +1,4 @@
-"""Wait-queue order: priority policies and schedulers (spec/02 §3).
+"""Wait-queue order: priority policies and schedulers (docs/engine.md, "Wait-queue order").
 
 At the start of every step the engine sets ``req.priority = policy.priority(req, now)`` for
 every queued request, then asks the scheduler to reorder the queue in place. Every built-in
