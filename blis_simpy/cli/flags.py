@@ -1,9 +1,9 @@
-"""BLIS's command-line flags (spec/09 §1) as one table, and how they override a scenario.
+"""BLIS's command-line flags (docs/cli.md) as one table, and how they override a scenario.
 
 Each :class:`Flag` row says: the BLIS flag name, how its text is parsed, the scenario key it
 sets (dotted path; ``None`` = read by the CLI itself), the validation rule, and which
 commands accept it. Adding a flag is one row. The table order is BLIS's processing order
-(spec/09 §2), so the first error reported is the one BLIS would report; a few cross-flag
+(docs/cli.md, "Validation order"), so the first error reported is the one BLIS would report; a few cross-flag
 rules (coefficient pairing, workload source, trace pairing) run in :func:`apply_flags` right
 after the row they follow.
 
@@ -188,7 +188,7 @@ FLAGS: tuple[Flag, ...] = (
     F("--defaults-filepath", text, "defaults_filepath", None, "BLIS defaults.yaml: its model defaults and coefficients override the built-in catalog (read in memory)"),
     F("--coefficients", text, "latency.coefficients", None, "coefficient-set file (YAML, as `blis-simpy fit` writes) for the latency backend; `default` = physics' physical set (default: physics uses the GPU's built-in set, else the physical one)"),
     F("--kv-cache-dtype", text, "engine.kv_cache_dtype", one_of("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"), "KV cache element type (default auto = the model dtype)"),
-    F("--latency-compat", text, "latency.compat", one_of("fixed", "checkout"), "fixed (default) or checkout: BLIS 89bece82 parity for MoE latency (roofline expert weights at batch 0; MoE if experts > 0), spec/10 A7, C1"),
+    F("--latency-compat", text, "latency.compat", one_of("fixed", "checkout"), "fixed (default) or checkout: BLIS 89bece82 parity for MoE latency (roofline expert weights at batch 0; MoE if experts > 0), docs/divergences.md #8, #9"),
     # (6) context cap and workload
     F("--max-model-len", integer, "engine.max_model_len", non_negative, "context cap in tokens; 0 = unlimited (default 0)"),
     F("--workload-spec", text, None, None, "workload-spec v2 YAML (clients, cohorts, sessions, ...); wins over --workload and the distribution flags", (RUN,), WORKLOAD),
@@ -242,7 +242,7 @@ FLAGS: tuple[Flag, ...] = (
     F("--gpu-memory-utilization", number, "engine.gpu_memory_utilization", fraction, "fraction of GPU memory for vLLM, used by KV auto-sizing (default 0.9)"),
     F("--kv-capacity-model", text, "engine.kv_capacity_model", one_of("vllm", "blis"), "KV auto-sizing: vllm (default; per GPU, as vLLM profiles it) or blis (BLIS's formula, parity)"),
     F("--preemption-model", text, "engine.preemption_model", one_of("vllm", "blis"), "recompute preemption: vllm (default; prompt + outputs so far recomputed as a prefill, as vLLM v1) or blis (outputs regenerated, TTFT overwritten; parity)"),
-    # (8, cont.) prefill/decode disaggregation (spec/06); the cross-flag rule is _pd_rule
+    # (8, cont.) prefill/decode disaggregation (docs/disaggregation.md); the cross-flag rule is _pd_rule
     F("--prefill-instances", integer, "disaggregation.prefill_instances", non_negative, "prefill pool size: instance_0 … instance_{P-1}; both pool sizes 0 = no PD (default 0)", panel=PD),
     F("--decode-instances", integer, "disaggregation.decode_instances", non_negative, "decode pool size: the next D instances; P + D <= --num-instances (default 0)", panel=PD),
     F("--pd-decider", decider_text, "disaggregation.decider.policy", decider_rule, "which requests are disaggregated: never | always | prefix-threshold | direct-to-decode (default never)", panel=PD),
@@ -344,7 +344,7 @@ def apply_flags(data: dict, given: dict[str, str], command: str, *,
 
 
 def _coefficient_rule(ov: Overrides, data: dict, presets) -> None:
-    """spec/04 §7: coefficients come in pairs; both without --latency-model ⇒ blackbox.
+    """Coefficients come in pairs (docs/latency-models.md); both without --latency-model ⇒ blackbox.
 
     One coefficient flag alone is an error unless the scenario file supplies the other list
     (then the flag just replaces its list and the backend is left alone).
@@ -369,7 +369,7 @@ def _coefficient_rule(ov: Overrides, data: dict, presets) -> None:
 
 def _spec_source(ov: Overrides, data: dict, presets) -> None:
     """``--workload-spec PATH``: a workload-spec workload; it wins over ``--workload`` and the
-    distribution flags (only ``--num-requests`` still applies, spec/07 §1)."""
+    distribution flags (only ``--num-requests`` still applies, docs/workloads.md)."""
     path = ov.values.get("--workload-spec")
     if path is not None:
         data["workload"] = {"kind": "spec", "path": path}
@@ -452,7 +452,7 @@ def _mapping(data: dict, *path: str) -> dict | None:
 
 
 def _pd_rule(ov: Overrides, data: dict, presets) -> None:
-    """The PD flags that are not one key each (spec/06 §2, §5; spec/09 §1).
+    """The PD flags that are not one key each (docs/cli.md, docs/disaggregation.md).
 
     * ``--pd-decider`` naming another decider than the scenario's drops its parameters.
     * ``--pd-prefix-threshold`` / ``--pd-direct-decode-threshold`` become the decider's
@@ -505,7 +505,7 @@ def _pd_rule(ov: Overrides, data: dict, presets) -> None:
             ov.origin[f"disaggregation.{role}_pool.routing"] = flag
 
 
-#: Cross-flag rules, each run right after the row it is keyed by (spec/09 §2 order).
+#: Cross-flag rules, each run right after the row it is keyed by (BLIS's validation order).
 AFTER: dict[str, Callable[[Overrides, dict, Any], None]] = {
     "--beta-coeffs": _coefficient_rule,
     "--workload-spec": _spec_source,

@@ -1,4 +1,4 @@
-"""One simulated vLLM server: a SimPy process that runs engine steps (spec/02).
+"""One simulated vLLM server: a SimPy process that runs engine steps (docs/engine.md).
 
 The instance is a process running a fixed loop: wait on its doorbell until there is work,
 then run steps back to back — one SimPy event per engine step — until the batch and the
@@ -25,7 +25,7 @@ phases of its ranks itself.
 Requests reach the instance through :meth:`inject` (routing) and wait out the latency
 model's queueing delay before the enqueue guards put them in the wait queue (the inbox: a
 deque plus the doorbell). BLIS never cancels a scheduled step event; when a timeout empties
-the running batch, the pending step becomes stale and still fires (spec/02 §6). That
+the running batch, the pending step becomes stale and still fires (docs/engine.md). That
 behaviour is kept by letting the orphaned step chain carry on in its own process.
 
 Time is an integer number of µs (``env.now``).
@@ -58,7 +58,7 @@ PREEMPTION_MODELS = ("vllm", "blis")
 
 @dataclass(frozen=True, slots=True)
 class EngineLimits:
-    """Per-instance batch limits (spec/02 §4.1). Token counts in tokens; 0 disables.
+    """Per-instance batch limits (docs/engine.md, "Batch formation"). Token counts in tokens; 0 disables.
 
     ``preemption_model`` picks what a preempted request recomputes (docs/kv-cache.md):
     ``vllm`` its prompt and outputs so far, as a prefill; ``blis`` everything, regenerating
@@ -203,7 +203,7 @@ class Instance:
         self.env.call_at(now_us + q, self.key_queued, self._on_queued, req)
 
     def inject_decode(self, req, now_us: int) -> None:
-        """A PD decode sub-request whose prompt KV was pre-allocated here (spec/06 §3.6):
+        """A PD decode sub-request whose prompt KV was pre-allocated here (docs/disaggregation.md):
         straight into the wait queue — no queueing delay, no enqueue guards, its input not
         counted again — with its timeout, and a step if the instance is idle."""
         req.assigned_instance = self.id
@@ -226,7 +226,7 @@ class Instance:
         self.listener.on_event_end(self)
 
     def enqueue(self, req, now_us: int) -> None:
-        """The enqueue guards of spec/02 §2, then the wait queue."""
+        """The enqueue guards (docs/engine.md, "Arrival and the enqueue guards"), then the wait queue."""
         if req.state == TIMED_OUT:
             return
         m = self.limits.max_model_len
@@ -389,13 +389,13 @@ class Instance:
 
     # ---------------------------------------------------------------- execute
     def execute(self, now: int, adv: int) -> None:
-        """Advance every running request by its scheduled tokens (spec/02 §4 step 2; the
+        """Advance every running request by its scheduled tokens (docs/engine.md, "The step"; the
         ledger's :meth:`~blis_simpy.engine.ledger.Ledger.execute`)."""
         self.ledger.execute(now, adv)
 
     # ---------------------------------------------------------------- completion
     def complete(self, now: int, adv: int) -> list:
-        """The completion pass (spec/02 §5): the requests that emitted their last token
+        """The completion pass (docs/engine.md): the requests that emitted their last token
         (or reached MaxModelLen) leave the batch, in batch order; the rest keep running."""
         ledger = self.ledger
         done = ledger.complete()
@@ -442,7 +442,7 @@ class Instance:
 
     # ================================================================= end of run
     def finalize(self) -> InstanceMetrics:
-        """Fill the end-of-run fields (spec/01 §4 "finally")."""
+        """Fill the end-of-run fields (docs/determinism.md, "End of a run")."""
         met = self.metrics
         met.sim_ended_time = min(self.clock_us, self.horizon_us)
         met.still_queued = len(self.waitq)
