@@ -169,7 +169,7 @@ class StepAllocator:
             if nxt.is_decode_sub and nxt.prefill_to == nxt.input_len:  # PD decode sub-request:
                 # its prompt KV already held (or BLIS's restart: one token, then a prefill)
                 if nxt.output_len == 0:       # nothing to decode: completes in this step
-                    n = 0                     # (spec/06 §3.7 REC; BLIS would crash)
+                    n = 0                     # (divergences.md P10; BLIS would crash)
                 elif kv.allocate(nxt, nxt.pi, nxt.pi + 1):
                     n = 1
                 elif not self.running and self._unblock_queue(nxt):
