@@ -1,4 +1,4 @@
-"""Paged KV cache: blocks, prefix caching by chained block hashes, LRU free list (spec/03).
+"""Paged KV cache: blocks, prefix caching by chained block hashes, LRU free list (docs/kv-cache.md).
 
 Pure code: knows nothing of SimPy, testable and reusable alone.
 """

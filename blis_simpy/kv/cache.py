@@ -1,4 +1,4 @@
-"""GPU-tier paged KV cache with vLLM-v1-style prefix caching (spec/03 §2–§5).
+"""GPU-tier paged KV cache with vLLM-v1-style prefix caching (docs/kv-cache.md, "GPU tier").
 
 Blocks hold ``block_size`` token slots. A request's blocks are kept on the request itself
 (``req.kv_blocks``, in order) together with ``req.kv_len`` (slots filled) and ``req.kv_base``
@@ -9,7 +9,7 @@ contents are therefore never copied: a block's hash is computed from the request
 Free blocks (reference count 0) sit on an LRU list, head = next victim. Released blocks keep
 their hash, so they remain prefix-cache hits until reused. Allocation is all-or-nothing: a
 failed call leaves every block's reference count, hash and the request exactly as before
-(INV-4); as in BLIS (spec/03 §4), cached blocks it had taken off the free list go back to
+(INV-4); as in BLIS, cached blocks it had taken off the free list go back to
 the free list's *tail*, so only their LRU position can change. Unlike BLIS, whose decode-phase
 rollback forgets the request's earlier blocks (a leak that ends in a livelock), rollback here
 restores the request's own block list too.
@@ -167,7 +167,7 @@ class KVCache:
                 b, _ = free.popitem(last=False)
                 hb = block_hash[b]
                 if hb:
-                    # BLIS deletes the hash entry unconditionally (spec/03 §2).
+                    # BLIS deletes the hash entry unconditionally (docs/kv-cache.md).
                     h2b.pop(hb, None)
                     block_hash[b] = b""
                 ref[b] = 1

@@ -30,7 +30,7 @@ KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "fp
 
 def blis_kv_capacity(model: ModelConfig, gpu: GPUSpec, tp: int, block_size: int,
                      gpu_memory_utilization: float = 0.9) -> KVCapacity:
-    """BLIS's capacity (spec/03 §7) with its pieces; ``blocks`` is exactly
+    """BLIS's capacity (docs/kv-capacity.md, "The `blis` rule") with its pieces; ``blocks`` is exactly
     :func:`~blis_simpy.kv.capacity.kv_capacity_blocks`. Byte pieces are BLIS's GiB figures
     converted (``total`` = datasheet memory × TP)."""
     blocks = blis.kv_capacity_blocks(model, gpu, tp, block_size, gpu_memory_utilization)

@@ -1,4 +1,5 @@
-"""Latency models: how long one engine step takes, plus per-request overhead terms (spec/04).
+"""Latency models: how long one engine step takes, plus per-request overhead terms
+(docs/latency-models.md).
 
 Pure code: knows nothing of SimPy. The engine calls ``step_time`` once per step.
 Importing this package registers every built-in backend: ``blackbox``, ``roofline``,

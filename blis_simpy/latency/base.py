@@ -1,4 +1,4 @@
-"""The latency-model interface (spec/04 §1) and the batch summary it reads."""
+"""The latency-model interface (docs/latency-models.md) and the batch summary it reads."""
 
 from __future__ import annotations
 

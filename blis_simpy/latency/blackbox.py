@@ -1,4 +1,4 @@
-"""The trained alpha/beta "blackbox" regression (spec/04 §2)."""
+"""The trained alpha/beta "blackbox" regression (docs/latency-models.md, "`blackbox`")."""
 
 from __future__ import annotations
 

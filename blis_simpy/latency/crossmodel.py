@@ -1,4 +1,4 @@
-"""The physics-informed ``crossmodel`` backend (spec/04 §4), fitted once across models.
+"""The physics-informed ``crossmodel`` backend (docs/latency-models.md), fitted once across models.
 
 ::
 
@@ -19,7 +19,7 @@ Construction (what the resolution code calls)::
 * ``alpha`` ≥ 3 and ``beta`` ≥ 4 finite, non-negative coefficients; ``None`` selects
   ``crossmodel_defaults`` (:data:`DEFAULT_ALPHA`, :data:`DEFAULT_BETA`).
 * ``gpu`` is not used by the formula (kept for a uniform signature).
-* ``is_moe = 1`` when the model has more than one expert (spec/10 A7: a single-expert model is
+* ``is_moe = 1`` when the model has more than one expert (docs/divergences.md #9: a single-expert model is
   dense everywhere). ``checkout_moe_threshold=True`` uses BLIS checkout's ``E > 0`` instead.
 
 Invalid inputs raise :class:`ValueError`.

@@ -1,4 +1,5 @@
-"""Co-location interference: mixed prefill/decode batches run slower (spec/06 §6, seed-only).
+"""Co-location interference: mixed prefill/decode batches run slower (docs/disaggregation.md,
+"Interference").
 
 :class:`InterferenceModel` wraps any latency model and multiplies its step time by
 

@@ -1,4 +1,4 @@
-"""The ``trained-roofline`` backend (spec/04 §5): roofline basis functions × learned betas.
+"""The ``trained-roofline`` backend (docs/latency-models.md): roofline basis functions × learned betas.
 
 Architecture (frozen at construction): ``dh = d // H`` (integer), ``dkv = Hkv·dh``
 (``Hkv = 0 ⇒ H``), ``dff = intermediate_size``, ``k_eff = max(1, k)``, ``E`` experts,
@@ -28,9 +28,9 @@ Construction (what the resolution code calls)::
     TrainedRooflineModel.from_config(model: ModelConfig, gpu: GPUSpec, tp: int,
                                      alpha=None, beta=None, *, checkout_moe_threshold=False)
 
-* ``beta`` needs ≥ 7 entries (β1…β7; spec/10 C3: BLIS's ``replay`` wrongly wants 10), ``alpha``
+* ``beta`` needs ≥ 7 entries (β1…β7; divergences.md #10: BLIS's ``replay`` wrongly wants 10), ``alpha``
   ≥ 3; all finite and ≥ 0. ``None`` selects ``trained_roofline_defaults``.
-* MoE ⇔ more than one expert (spec/10 A7); ``checkout_moe_threshold=True`` uses BLIS
+* MoE ⇔ more than one expert (divergences.md #9); ``checkout_moe_threshold=True`` uses BLIS
   checkout's ``E > 0``. For this backend the two agree on every input: with ``E = 1`` the MoE
   ``n_eff = min(1, …) = 1``, the dense value.
 
