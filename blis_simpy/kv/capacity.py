@@ -1,4 +1,5 @@
-"""KV-cache capacity auto-calculation: how many GPU KV blocks vLLM would get (spec/03 §7).
+"""KV-cache capacity auto-calculation: how many GPU KV blocks vLLM would get
+(docs/kv-capacity.md, "The `blis` rule").
 
 ::
 
@@ -11,7 +12,7 @@ operations follow BLIS's order so the result is bit-identical (89,941 blocks for
 Qwen3-14B-like model on H100 at TP 2; 15,909 for Qwen3-14B on A100-SXM at TP 1).
 
 Every invalid input raises :class:`KVCapacityError` (a ``ValueError``) saying why; the
-resolver then falls back to another block count with a warning (spec/09 §3).
+resolver then falls back to another block count with a warning (docs/latency-models.md).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _finite_pos(v: float) -> bool:
 
 
 def validate(model: ModelConfig, gpu: GPUSpec, tp: int, block_size: int, util: float) -> None:
-    """All checks of spec/03 §7, in BLIS's order; raises :class:`KVCapacityError`."""
+    """All of BLIS's checks (docs/kv-capacity.md), in BLIS's order; raises :class:`KVCapacityError`."""
     if not (math.isfinite(util) and 0 < util <= 1):
         raise KVCapacityError(f"gpu memory utilization must be in (0, 1], got {util}")
     if tp <= 0:
@@ -79,7 +80,7 @@ def kv_heads(model: ModelConfig) -> int:
 
 
 def total_params(model: ModelConfig) -> int:
-    """Parameter count with a 3-matrix MLP (spec/03 §7); MoE: all experts + shared + router."""
+    """Parameter count with a 3-matrix MLP (docs/kv-capacity.md); MoE: all experts + shared + router."""
     h = model.hidden_size
     head_dim = h // model.num_heads
     kv_dim = kv_heads(model) * head_dim
@@ -107,7 +108,7 @@ def block_bytes(model: ModelConfig, tp: int, block_size: int) -> int:
 
 def kv_capacity_blocks(model: ModelConfig, gpu: GPUSpec, tp: int, block_size: int,
                        gpu_memory_utilization: float = 0.9) -> int:
-    """GPU KV blocks per instance (spec/03 §7). Raises :class:`KVCapacityError`."""
+    """GPU KV blocks per instance (BLIS's rule). Raises :class:`KVCapacityError`."""
     validate(model, gpu, tp, block_size, gpu_memory_utilization)
     bb = block_bytes(model, tp, block_size)
     if bb <= 0:

@@ -1,4 +1,4 @@
-"""The analytical ``roofline`` backend (spec/04 §3), BLIS's default.
+"""The analytical ``roofline`` backend (docs/latency-models.md), BLIS's default.
 
 One forward pass per step: the step takes ``max(compute time, memory time)``, where compute
 is the FLOPs of every request at the GPU's peak × MFU (FP8 peak for 1-byte weights) and memory
@@ -15,7 +15,7 @@ Construction (what the resolution code calls)::
 * ``beta`` is accepted for a uniform signature and ignored (roofline has no coefficients).
 * ``moe_weight_batch_zero=True`` reproduces BLIS checkout 89bece82, which evaluates the
   per-step MoE weight bytes with a batch of 0 tokens, so ``nEff = 0`` and the expert weights
-  are never read (spec/10 C1). The default is upstream's fix: ``B = Σ prefill new tokens +
+  are never read (docs/divergences.md #8). The default is upstream's fix: ``B = Σ prefill new tokens +
   number of decode requests``. Dense models are unaffected.
 
 Invalid inputs raise :class:`ValueError` (the resolution code turns it into a ConfigError).
@@ -90,7 +90,7 @@ def _zero_or_finite_pos(v: float) -> bool:
 
 
 def validate_roofline_inputs(model: ModelConfig, gpu: GPUSpec, tp: int) -> None:
-    """spec/04 §3 construction checks; raises ValueError naming the offending value."""
+    """The roofline's construction checks; raises ValueError naming the offending value."""
     if not isinstance(tp, int) or tp <= 0:
         raise ValueError(f"roofline: tensor parallelism must be > 0, got {tp}")
     for label, v in (("num_attention_heads", model.num_heads), ("num_hidden_layers", model.num_layers),
@@ -285,7 +285,7 @@ class RooflineModel(LatencyModel, name="roofline"):
         return self._step_loop(batch)
 
     def _step_loop(self, batch: BatchView) -> int:
-        """The per-request loop of spec/04 §3 with seq-independent factors hoisted."""
+        """The per-request loop of the roofline formula with seq-independent factors hoisted."""
         prefill = batch.prefill
         if not prefill and batch.decode_count == 0:
             return 1
@@ -322,7 +322,7 @@ class RooflineModel(LatencyModel, name="roofline"):
         return t_us if t_us > 1 else 1
 
     def step_time_literal(self, batch: BatchView) -> int:
-        """spec/04 §3 written out with :meth:`flops` and :meth:`memory_bytes` (the reference)."""
+        """The roofline formula written out with :meth:`flops` and :meth:`memory_bytes` (the reference)."""
         prefill = batch.prefill
         decodes = [pi for is_pf, pi, _, _ in batch.entries() if not is_pf]
         if not prefill and not decodes:
