@@ -1,4 +1,4 @@
-"""GPU + CPU tiered KV cache: BLIS's vLLM-v1 "mirror" model (spec/03 §6).
+"""GPU + CPU tiered KV cache: BLIS's vLLM-v1 "mirror" model (docs/kv-cache.md, "CPU tier").
 
 The GPU tier is :class:`~blis_simpy.kv.cache.KVCache` unchanged: it keeps its prefix cache
 across releases. The CPU tier is a content-addressed LRU **mirror** of full, hashed GPU
@@ -14,7 +14,7 @@ blocks that makes prefixes outlive their GPU blocks:
   allocation is retried on the longer cached prefix; nothing to reload is a ``cpu_miss``.
 
 The CPU tier holds hashes only: a hash identifies the whole token prefix up to its block
-(chained hashing, spec/03 §3), so it *is* the content reference, and a reloaded block's
+(chained hashing), so it *is* the content reference, and a reloaded block's
 tokens are those of whichever request later commits it.
 
 Block contents. The GPU tier stores no tokens: block ``j`` of a request holds the sequence
@@ -49,7 +49,7 @@ log = logging.getLogger("blis_simpy.kv")
 
 def check_tier_params(cpu_blocks: int, transfer_bandwidth: float, transfer_base_latency_us: int,
                       offload_threshold: float) -> None:
-    """Validate the CPU-tier parameters (spec/03 §1); raises ValueError."""
+    """Validate the CPU-tier parameters (docs/kv-cache.md, "CPU tier"); raises ValueError."""
     if isinstance(cpu_blocks, bool) or int(cpu_blocks) != cpu_blocks or cpu_blocks <= 0:
         raise ValueError(f"CPU KV blocks must be an integer > 0 for a tiered cache, got {cpu_blocks!r}")
     bw = float(transfer_bandwidth)
@@ -135,7 +135,7 @@ class TieredKVCache(KVCache):
 
     def mirror_to_cpu(self, batch) -> None:
         """Copy every full hashed block of the batch's requests to the CPU tier, in batch
-        order: touch it if present, else store it (spec/03 §6).
+        order: touch it if present, else store it (docs/kv-cache.md, "CPU tier").
 
         ``batch`` is any iterable of requests. Two things keep this cheap although it visits
         every block of every running request at every step:
@@ -177,7 +177,7 @@ class TieredKVCache(KVCache):
     # ------------------------------------------------------------------ allocation
     def allocate(self, req, start: int, end: int, cached: list[int] | tuple = ()) -> bool:
         """GPU allocation; on failure, reload the prompt's prefix from the CPU tier and retry
-        (spec/03 §6). Returns False when the tokens cannot be placed."""
+        (docs/kv-cache.md, "CPU tier"). Returns False when the tokens cannot be placed."""
         if req.kv_blocks and req.kv_base + req.kv_len != start:
             self._realign(req, start)
         if self._gpu_allocate(req, start, end, cached):
@@ -220,7 +220,7 @@ class TieredKVCache(KVCache):
         return False
 
     def _reload(self, req) -> int:
-        """Step 1 of spec/03 §6: bring the prompt's prefix blocks back from the CPU tier.
+        """Step 1 of a failed allocation: bring the prompt's prefix blocks back from the CPU tier.
 
         Walks the prompt's full blocks; skips those indexed on the GPU; stops at the first
         one missing on the CPU or after as many reloads as there were free GPU blocks.
