@@ -1,4 +1,4 @@
-"""Workload sources (spec/07): distribution mode and presets, workload-spec v2 generation
+"""Workload sources (docs/workloads.md): distribution mode and presets, workload-spec v2 generation
 (clients, cohorts, inference-perf, ServeGen, multi-turn and closed-loop sessions), TraceV2
 reading/writing and trace replay. Every source ends as requests sorted by arrival.
 """

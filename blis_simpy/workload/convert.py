@@ -1,12 +1,13 @@
-"""BLIS's ``convert`` kinds that print a workload-spec v2 (spec/09 §5, spec/07 §2, §9, §10).
+"""BLIS's ``convert`` kinds that print a workload-spec v2 (docs/workloads.md,
+"Converting").
 
 * :func:`preset_workload` — a preset as a one-client spec (client ``preset-<name>``, constant
   arrivals, Gaussian lengths); presets from a BLIS ``defaults.yaml`` ``workloads:`` section
   when one is given, else the built-in ones;
-* :func:`servegen_workload` — one client per usable ServeGen chunk (spec/07 §10);
-* :func:`inference_perf_workload` — the ``N × M`` clients of an inference-perf section (§9).
+* :func:`servegen_workload` — one client per usable ServeGen chunk;
+* :func:`inference_perf_workload` — the ``N × M`` clients of an inference-perf section.
 
-:func:`spec_to_yaml` prints a spec: keys in the order of spec/07 §3, unset and default
+:func:`spec_to_yaml` prints a spec: keys in the order docs/workloads.md lists them, unset and default
 values left out, integer-valued token counts of empirical PMFs as integer keys. The text
 reads back (``--workload-spec``) as the same spec.
 """

@@ -1,4 +1,5 @@
-"""BLIS's CLI distribution mode and workload presets (spec/07 §1–§2).
+"""BLIS's CLI distribution mode and workload presets (docs/workloads.md, "Distribution mode
+and presets").
 
 Both synthesise a one-client v2 spec: client ``distribution`` (rate fraction 1.0), constant
 arrivals at ``rate`` requests per second, Gaussian prompt and output lengths (tokens), and —
@@ -43,7 +44,7 @@ class Preset(NamedTuple):
     output: LengthParams
 
 
-#: ``defaults.yaml`` ``workloads:`` (spec/07 §2).
+#: ``defaults.yaml`` ``workloads:`` (BLIS's presets).
 PRESETS: dict[str, Preset] = {
     "chatbot": Preset(0, LengthParams(256, 100, 2, 800), LengthParams(256, 100, 1, 1024)),
     "contentgen": Preset(0, LengthParams(1024, 150, 10, 2048), LengthParams(1024, 200, 10, 2048)),

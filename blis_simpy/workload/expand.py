@@ -1,4 +1,5 @@
-"""Workload sources that become plain clients before generation (spec/07 §8–§10).
+"""Workload sources that become plain clients before generation (docs/workloads.md: cohorts,
+inference-perf, ServeGen).
 
 * :func:`expand_cohorts` — a cohort of ``population`` identical clients, with the lifecycle
   windows of its diurnal / spike / drain patterns (§8);
@@ -52,7 +53,7 @@ def diurnal_factor(hour: int, peak_hour: int, ratio: float) -> float:
 
 def diurnal_windows(d: DiurnalSpec) -> list[tuple[int, int]]:
     """24 windows: hour ``h`` is active for ``int(3600 s × m(h))`` µs (at least 1) from its
-    start. [QUIRK, spec/10 D8] only the first 24 h are covered: no arrivals afterwards."""
+    start. [QUIRK, docs/workloads.md "Cohorts"] only the first 24 h are covered: no arrivals afterwards."""
     out = []
     for h in range(24):
         start = h * HOUR_US
@@ -120,7 +121,7 @@ def expand_cohorts(cohorts: list[CohortSpec]) -> list[ClientSpec]:
 
 
 def expand_inference_perf(spec: WorkloadSpecV2) -> WorkloadSpecV2:
-    """Replace the ``inference_perf`` section by its clients (spec/07 §9).
+    """Replace the ``inference_perf`` section by its clients (docs/workloads.md, "inference-perf").
 
     ``N × M`` clients per stage (N system prompts, M users each), all SLO ``batch``, poisson,
     constant input ``question_len`` and output ``output_len``, tenant and prefix group
@@ -278,7 +279,7 @@ def _arrival(pattern: str, cv: float) -> ArrivalSpec:
 
 
 def load_servegen(spec: WorkloadSpecV2, base_dir: str | None = None) -> WorkloadSpecV2:
-    """Replace the ``servegen_data`` section by one client per usable chunk (spec/07 §10).
+    """Replace the ``servegen_data`` section by one client per usable chunk (docs/workloads.md, "ServeGen").
 
     Per ``chunk-<id>-trace.csv`` (sorted file names): the row with the highest rate whose
     ``start_s`` lies in ``[span_start, span_end)`` (0 = open); the chunk is skipped if that

@@ -1,4 +1,4 @@
-"""The workload-spec v2 generator (spec/07 §5–§10).
+"""The workload-spec v2 generator (docs/workloads.md, "The workload-spec v2").
 
 Normative order (it fixes reproducibility):
 
@@ -167,7 +167,7 @@ def _client_requests(c: ClientSpec, idx: int, rate: float, rng: np.random.Genera
 
 def _session_requests(c: ClientSpec, idx: int, rate: float, rng: np.random.Generator,
                       prefix: np.ndarray | None, horizon: int, cap: int | None) -> list[Request]:
-    """Step 6 for a multi-turn client (spec/07 §7): every round of every session.
+    """Step 6 for a multi-turn client (docs/workloads.md): every round of every session.
 
     A session starting at ``t0`` draws its ID ``sess_<R.Int63()>``; round ``r`` (arrival
     ``t_r``, ``t_0 = t0``): stop if ``t_r ≥ horizon`` (this and later rounds are dropped);

@@ -1,7 +1,7 @@
-"""Trace replay: TraceV2 rows → simulator requests (spec/07 §11, spec/09 §1).
+"""Trace replay: TraceV2 rows → simulator requests (docs/workloads.md, "TraceV2").
 
 A trace holds token *counts*, not token IDs, so replay synthesises IDs. The RNG is a NumPy
-Generator seeded directly from ``--seed`` (not a partitioned stream, spec/01 §5) via
+Generator seeded directly from ``--seed`` (not a partitioned stream, docs/determinism.md) via
 :func:`blis_simpy.rng.numpy_rng`. Draw order:
 
 1. for each prefix group, in order of first appearance among the records with a non-empty

@@ -1,4 +1,5 @@
-"""TraceV2: BLIS's workload trace format, a YAML header plus a CSV (spec/07 §11).
+"""TraceV2: BLIS's workload trace format, a YAML header plus a CSV (docs/workloads.md,
+"TraceV2").
 
 Reading is strict: unknown header keys, malformed numbers, negative counts, out-of-range
 ratios and deadlines before arrival are :class:`~blis_simpy.errors.ConfigError` naming the
