@@ -1,4 +1,4 @@
-"""Closed-loop multi-turn sessions (spec/07 §7): blueprints and the session manager.
+"""Closed-loop multi-turn sessions (docs/workloads.md): blueprints and the session manager.
 
 A closed-loop client's sessions enter the simulation with their round-0 request only. Each
 session has a :class:`SessionBlueprint` (the client's samplers, think time, timeout,
@@ -6,7 +6,7 @@ horizon, prefix and metadata, plus its own RNG) and the :class:`SessionManager` 
 round ``r + 1`` when round ``r`` completes, ``think_time_us`` after the completion tick.
 
 The manager sees **every** terminal event through :meth:`SessionManager.on_request_done`
-(the cluster forwards the engine's done-callback, spec/02 §2) and decides (spec/07 §7):
+(the cluster forwards the engine's done-callback, docs/engine.md) and decides:
 
 * a request without a session ID, or of an unknown or already ended session ⇒ nothing;
 * timed out ⇒ the session is **cancelled** (timeout);
@@ -22,16 +22,16 @@ The manager sees **every** terminal event through :meth:`SessionManager.on_reque
   manager's follow-ups from 0); arrival ``tick + think_time_us``; deadline ``arrival +
   timeout`` (300 s when the client sets no timeout, none when it sets 0).
 
-[QUIRK, spec/10 D9] The finished input already holds the prefix and the earlier context,
+[QUIRK, docs/workloads.md] The finished input already holds the prefix and the earlier context,
 so ``accumulate`` duplicates the history every round (round 2 holds round 0's input three
 times). Kept for parity.
 
 The request passed in may be any object with ``id``, ``session_id``, ``state`` (the
 integer states of :mod:`blis_simpy.request`, or their names), ``input_tokens`` and
-``output_tokens`` (token-ID arrays) and ``pi`` (its ProgressIndex at the end, spec/02 §5).
+``output_tokens`` (token-ID arrays) and ``pi`` (its ProgressIndex at the end, docs/engine.md).
 It must be called **inside** the done-callback: the fast engine drops a finished request's
 tokens right after. With PD disaggregation the cluster calls it with the *parent* request at
-parent completion (spec/10 D10); sub-requests carry no session ID and are ignored. Events
+parent completion (docs/divergences.md P9); sub-requests carry no session ID and are ignored. Events
 for a request that is not the session's outstanding round are ignored too.
 
 Requests rejected by admission or routing never reach an instance, so BLIS never calls

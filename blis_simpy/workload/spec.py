@@ -1,4 +1,4 @@
-"""The v2 workload specification (spec/07 §3): pydantic models, v1 upgrade, validation, loading.
+"""The v2 workload specification (docs/workloads.md): pydantic models, v1 upgrade, validation, loading.
 
 Every model forbids unknown keys. Structural problems (unknown key, wrong type) are found by
 pydantic; semantic rules (rates, SLO classes, distribution parameters, arrival cv ranges, …)
@@ -41,7 +41,7 @@ class _Strict(BaseModel):
 
 class DistSpec(_Strict):
     """A token-length distribution: ``type`` ∈ gaussian, exponential, pareto_lognormal,
-    constant, empirical; ``params`` as in spec/07 §4 (empirical: token count → probability)."""
+    constant, empirical; ``params`` as in docs/workloads.md (empirical: token count → probability)."""
 
     type: str
     params: dict[str, float] = Field(default_factory=dict)
@@ -80,7 +80,7 @@ class LifecycleSpec(_Strict):
 
 
 class MultimodalSpec(_Strict):
-    """Per-modality token lengths (spec/07 §6); a modality needs both its dists."""
+    """Per-modality token lengths (docs/workloads.md, "Samplers"); a modality needs both its dists."""
 
     text_distribution: DistSpec | None = None
     image_distribution: DistSpec | None = None
@@ -92,7 +92,7 @@ class MultimodalSpec(_Strict):
 
 
 class MultiTurnSpec(_Strict):
-    """Multi-turn sessions (spec/07 §7); ``think_time_us`` in µs."""
+    """Multi-turn sessions (docs/workloads.md); ``think_time_us`` in µs."""
 
     max_rounds: Annotated[int, Field(ge=1)]
     think_time_us: NonNegInt = 0
@@ -106,7 +106,7 @@ class ReasoningSpec(_Strict):
 
 
 class ClientSpec(_Strict):
-    """One client of the workload (spec/07 §3). ``timeout`` is µs per request (0 = none)."""
+    """One client of the workload (docs/workloads.md). ``timeout`` is µs per request (0 = none)."""
 
     id: str = ""
     tenant_id: str = ""
@@ -143,7 +143,7 @@ class DrainSpec(_Strict):
 
 
 class CohortSpec(_Strict):
-    """A population of identical clients (spec/07 §8), expanded by
+    """A population of identical clients (docs/workloads.md, "Cohorts"), expanded by
     :func:`blis_simpy.workload.expand.expand_cohort`."""
 
     id: str = ""
@@ -163,7 +163,7 @@ class CohortSpec(_Strict):
 
 
 class ServeGenDataSpec(_Strict):
-    """ServeGen chunk directory (spec/07 §10); span bounds in s, 0 = open."""
+    """ServeGen chunk directory (docs/workloads.md, "ServeGen"); span bounds in s, 0 = open."""
 
     path: str
     span_start: NonNegFloat = 0.0
@@ -185,7 +185,7 @@ class SharedPrefixSpec(_Strict):
 
 
 class InferencePerfSpec(_Strict):
-    """inference-perf stages + shared prefix (spec/07 §9), expanded by
+    """inference-perf stages + shared prefix (docs/workloads.md, "inference-perf"), expanded by
     :func:`blis_simpy.workload.expand.expand_inference_perf`."""
 
     stages: list[StageSpec] = Field(min_length=1)
