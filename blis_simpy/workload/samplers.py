@@ -23,7 +23,7 @@ def _dist_sampler(d, field: str) -> LengthSampler | None:
 
 
 class MultimodalSampler:
-    """Per-modality token counts (spec/07 §6): text, then (count, per-item sizes) for image,
+    """Per-modality token counts (docs/workloads.md): text, then (count, per-item sizes) for image,
     audio and video; a modality needs both its size and its count distribution."""
 
     def __init__(self, mm, field: str):
@@ -51,9 +51,9 @@ class MultimodalSampler:
 class RequestSampler:
     """The lengths and token IDs of one request (or session round) of a client.
 
-    Draw order (spec/07 §5 step 6): input length, output length, input IDs, output IDs;
-    multimodal clients (§6): the modality counts, input IDs, output length, output IDs.
-    The reason ratio (§7) is a separate draw, :meth:`reason_ratio`. The client is any object
+    Draw order (docs/workloads.md, "The workload-spec v2"): input length, output length,
+    input IDs, output IDs; multimodal clients: the modality counts, input IDs, output length,
+    output IDs. The reason ratio is a separate draw, :meth:`reason_ratio`. The client is any object
     with ``input_distribution``, ``output_distribution``, ``multimodal`` and ``reasoning``.
     """
 
