@@ -1,4 +1,4 @@
-"""End-of-run invariants (spec/01 §6): request conservation and causality.
+"""End-of-run invariants (docs/determinism.md, "Invariants"): request conservation and causality.
 
 Every run checks them; a violation raises :class:`~blis_simpy.errors.InvariantError`
 naming the instance and request, so a broken run never prints plausible numbers.

@@ -1,4 +1,5 @@
-"""Prefill/decode disaggregation in the control plane (spec/06 §3).
+"""Prefill/decode disaggregation in the control plane (docs/disaggregation.md,
+"The path step by step").
 
 :class:`PDCluster` extends :class:`~blis_simpy.cluster.cluster.Cluster` with a prefill pool
 and a decode pool, each a SimPy process reading a :class:`~blis_simpy.des.Mailbox`, and the
@@ -10,7 +11,7 @@ KV-transfer fabric (:class:`~blis_simpy.disagg.fabric.KVTransferFabric`) between
     fabric: KVTransferStarted ─► KVTransferCompleted ─► "<id>_decode"
     decode pool ─► decode instance (KV pre-allocated) ─► [decode done] ─► parent complete
 
-Every hand-off happens at the event key BLIS gives it (spec/01 §3.1), so the order of
+Every hand-off happens at the event key BLIS gives it (docs/architecture.md), so the order of
 events, ties included, is BLIS's. Parent records keep each phase's time (INV-PD-4).
 """
 
@@ -62,7 +63,7 @@ class PDCluster(Cluster):
         self.local_routing = local_routing
         self.on_parent_done = on_parent_done
         #: start a KV transfer when the prefill's last step *ends* (ours) or at the start of
-        #: that step, where BLIS detects it (spec/10 quirk 13: the step is never paid for)
+        #: that step, where BLIS detects it (divergences.md P13: the step is never paid for)
         self.transfer_at_step_end = transfer_at_step_end
         self.parents: dict[str, ParentRequest] = {}
         self.pending_prefill: dict[str, ParentRequest] = {}
@@ -122,7 +123,7 @@ class PDCluster(Cluster):
     def _route_prefill(self, parent: ParentRequest) -> None:
         sub = parent.prefill_sub
         chosen = self.choose(sub, self.prefill_pool, self.prefill_router, what="prefill sub-request")
-        if chosen is None:                  # a rejection at routing (spec/06 §3.2)
+        if chosen is None:                  # a rejection at routing (disaggregation.md)
             self.counters.rejected_at_routing += 1
             if self.sessions is not None:
                 self.sessions.on_request_rejected(parent.original, self.env.now)
@@ -206,7 +207,7 @@ class PDCluster(Cluster):
                 self._parent_failed(self.pending_decode[rid], tick_us, req.state)
 
     def on_event_end(self, inst) -> None:
-        """After each instance event: detect finished prefills and decodes (spec/06 §3.3, §3.7)."""
+        """After each instance event: detect finished prefills and decodes (docs/disaggregation.md)."""
         now = self.env.now
         if self._prefill_done:
             done, self._prefill_done = sorted(self._prefill_done), []
@@ -254,7 +255,7 @@ def build_pd_cluster(env, instances, admission, router, plan, scenario, rng, blo
     Pool routers: a pool's own router config (``--prefill/--decode-routing-scorers``) with
     RNG stream ``prefill-router`` / ``decode-router``; otherwise its own instance of the main
     policy on that stream — or, under compat ``checkout``, the main policy object itself
-    (spec/10 quirk 3: one shared round-robin counter).
+    (divergences.md P2: one shared round-robin counter).
     """
     from blis_simpy.cluster.policies import build_router
     from blis_simpy.disagg.deciders import make_decider
@@ -286,7 +287,7 @@ def build_pd_cluster(env, instances, admission, router, plan, scenario, rng, blo
 
 def finish_pd(cluster: PDCluster, metrics, plan):
     """End of a PD run: check the PD invariants, then the corrected, parent-projected
-    cluster record and the PD metrics (spec/06 §8–§9)."""
+    cluster record and the PD metrics (docs/disaggregation.md, "End-of-run accounting")."""
     from blis_simpy.disagg.projection import correct_and_project, pd_metrics
     from blis_simpy.metrics.summary import aggregate
 

@@ -5,7 +5,7 @@ This is the library entry point the CLI uses::
     sim = Simulation(scenario, requests, horizon_us=...)
     result = sim.run()
 
-At the end of every run the invariants of spec/01 §6 are checked (conservation per
+At the end of every run the invariants (docs/determinism.md) are checked (conservation per
 instance and over the pipeline, causality per request, KV conservation); a violation raises
 :class:`~blis_simpy.errors.InvariantError`.
 """
@@ -56,8 +56,8 @@ class SimulationResult:
     events_processed: int
     wall_s: float = 0.0      # wall-clock seconds of the run (diagnostics only, never printed)
     trace: DecisionTrace | None = None   # with trace level "decisions"
-    sessions: object | None = None       # SessionCounters of closed-loop sessions (spec/07 §7)
-    #: PD runs: the cluster record corrected and projected to parents (spec/06 §8), and the
+    sessions: object | None = None       # SessionCounters of closed-loop sessions (docs/workloads.md)
+    #: PD runs: the cluster record corrected and projected to parents (docs/disaggregation.md), and the
     #: PD metrics; None otherwise (the report then aggregates the instances itself)
     cluster: InstanceMetrics | None = None
     pd: object | None = None
@@ -75,7 +75,7 @@ class Simulation:
 
     ``sessions``: an optional :class:`~blis_simpy.workload.sessions.SessionManager` of
     closed-loop sessions; it sees every terminal event and its follow-ups enter the cluster
-    as ClusterArrivals (spec/07 §7). Its accounting is checked at the end (INV-11).
+    as ClusterArrivals (docs/workloads.md). Its accounting is checked at the end (INV-11).
     """
 
     def __init__(self, scenario: Scenario, requests: list, *, horizon_us: int | None = None,
@@ -113,7 +113,7 @@ class Simulation:
                     long_prefill_token_threshold=eng.long_prefill_token_threshold,
                     max_model_len=d.max_model_len, preemption_model=eng.preemption_model)
                 latency = d.new_latency_model()
-                if plan.interference:          # spec/06 §6: every instance, pools or not
+                if plan.interference:          # every instance, pools or not (disaggregation.md)
                     latency = InterferenceModel(latency, plan.interference_prefill,
                                                 plan.interference_decode)
                 kv = d.new_kv_cache()          # per rank: each DP rank has its own KV pool
@@ -189,7 +189,7 @@ class Simulation:
                                 cluster=cluster_metrics, pd=pd, gpus=self.gpus, tp=self.tp)
 
     def _check_inflight(self, metrics) -> None:
-        """spec/05 §1: in-flight ≠ still queued + running is only a warning (requests still in
+        """In-flight ≠ still queued + running is only a warning (docs/control-plane.md) (requests still in
         the arrival/queueing pipeline at the horizon)."""
         for inst, m in zip(self.instances, metrics, strict=True):
             left = self.cluster.inflight[inst.index]

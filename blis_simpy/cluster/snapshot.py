@@ -1,4 +1,5 @@
-"""Read-only views of instances that control-plane policies decide on (spec/05 §2).
+"""Read-only views of instances that control-plane policies decide on (docs/control-plane.md,
+"Snapshots and staleness").
 
 Policies never see an :class:`~blis_simpy.engine.instance.Instance`; they get a
 :class:`RouterState`: one :class:`InstanceSnapshot` per routable instance (index order) and
@@ -47,7 +48,7 @@ class RouterState:
 
 
 class SnapshotProvider:
-    """Per-instance snapshot cache with BLIS's Immediate / Periodic refresh (spec/05 §2).
+    """Per-instance snapshot cache with BLIS's Immediate / Periodic refresh (docs/control-plane.md).
 
     ``instances`` are engine instances (anything with ``index``, ``id``, ``waitq``,
     ``running`` and ``kv``); only the provider reads them, never a policy.

@@ -1,2 +1,2 @@
-"""Prefill/decode disaggregation (spec/06): deciders, pools, the KV-transfer fabric,
+"""Prefill/decode disaggregation (docs/disaggregation.md): deciders, pools, the KV-transfer fabric,
 parent-request records, PD metrics and the parent-level projection."""

@@ -1,5 +1,5 @@
 """Disaggregation deciders: should this admitted request be split into prefill + decode?
-(spec/06 §2).
+(docs/disaggregation.md).
 
 A decider is a plain synchronous policy called at the ``DisaggregationDecision`` event. It
 may read only the prompt (tokens, length) and ``max_output_len`` — never the pre-sampled
@@ -42,7 +42,7 @@ class DisaggregationDecider(Pluggable, family="disaggregation decider"):
     #: True if :meth:`observe` must be called after every placing routing decision.
     stateful: ClassVar[bool] = False
     #: The decision when it never depends on the request (True: ``always``, False:
-    #: ``never``), else None. The CLI uses it for its warnings (spec/06 §2, §6).
+    #: ``never``), else None. The CLI uses it for its warnings (docs/cli.md).
     constant_decision: ClassVar[bool | None] = None
 
     def __init__(self, params=None, *, block_size: int = 16, **_ignored):

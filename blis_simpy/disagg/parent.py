@@ -1,4 +1,4 @@
-"""The record of one disaggregated request (spec/06 §7).
+"""The record of one disaggregated request (docs/disaggregation.md, "The path step by step").
 
 A disaggregated request is served as a *prefill sub-request* (``<id>_prefill``, on a
 prefill-pool instance, no output tokens) then, after its KV cache is transferred, a *decode

@@ -1,4 +1,5 @@
-"""End-of-run PD accounting: count each parent once, report per parent (spec/06 §8–§9).
+"""End-of-run PD accounting: count each parent once, report per parent
+(docs/disaggregation.md, "End-of-run accounting").
 
 Instances see sub-requests: a disaggregated request completes twice (its prefill on the
 prefill pool, its decode on the decode pool). After aggregation the cluster record is
@@ -6,7 +7,7 @@ corrected so each parent counts once (INV-1), and every per-request map is *proj
 parent IDs: the ``_prefill`` / ``_decode`` entries go, a completed parent gets one entry
 (INV-PD-6). Two definitions of a parent's TTFT and E2E (µs, relative to arrival):
 
-* ``fixed`` (default; the upstream fix, spec/10 C2) — what the client sees from the decode
+* ``fixed`` (default; the upstream fix, divergences.md P3) — what the client sees from the decode
   instance: TTFT = decode scheduling delay + first decode ITL; E2E = decode scheduling delay
   + the decode sub-request's own E2E (its ITLs and post-decode overhead).
 * ``checkout`` (BLIS parity) — TTFT = the prefill sub-request's TTFT; E2E = detection time of
@@ -89,7 +90,7 @@ def correct_and_project(agg: InstanceMetrics, parents: list[ParentRequest], *,
 def pd_metrics(parents: list[ParentRequest], ttfts: dict[str, int], *, prefill_done: int,
                decode_done: int, sim_ended_us: int, fabric=None, contention: bool = False
                ) -> PDMetrics | None:
-    """The ``=== PD Metrics ===`` figures (spec/06 §9); None when no parent exists.
+    """The ``=== PD Metrics ===`` figures (docs/disaggregation.md, "PD metrics"); None when no parent exists.
 
     ``prefill_done`` / ``decode_done``: completed requests of the prefill / decode pool
     instances (sub-requests plus any local requests that ran there).
