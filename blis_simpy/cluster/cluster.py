@@ -1,4 +1,5 @@
-"""The cluster control plane: arrivals, admission, routing, in-flight accounting (spec/05).
+"""The cluster control plane: arrivals, admission, routing, in-flight accounting
+(docs/control-plane.md).
 
 One SimPy environment holds every event. The arrival process walks the pre-sorted request
 list; each request then passes ``ClusterArrival → AdmissionDecision → RoutingDecision`` as
@@ -9,7 +10,7 @@ of each instance is kept here, synchronously: +1 at routing, −1 when the insta
 the request completed, dropped or timed out.
 
 With a :class:`~blis_simpy.trace.DecisionTrace` attached, every admission call and every
-routing decision is recorded (spec/08 §6).
+routing decision is recorded (docs/metrics.md, "Decision trace").
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class Cluster(InstanceListener):
         self.prefill_routed = 0
         self.decode_injected = 0
         self._n = len(instances)
-        #: closed-loop sessions (spec/07 §7): a SessionManager or None; see :meth:`session_done`
+        #: closed-loop sessions (docs/workloads.md): a SessionManager or None; see :meth:`session_done`
         self.sessions = None
         # Skipping the admission snapshots is invisible only when they are always fresh (a
         # periodic refresh at admission time changes what routing sees later).
@@ -96,7 +97,7 @@ class Cluster(InstanceListener):
         """Snapshots of the instances ``req`` may go to (index order) and the clock.
 
         ``among`` restricts the candidates to those instances (a PD pool). A request naming
-        a model only sees instances serving that model (spec/05 §2).
+        a model only sees instances serving that model (docs/control-plane.md).
         """
         now = self.env.now
         snap = self.snapshots.snapshot
@@ -161,7 +162,7 @@ class Cluster(InstanceListener):
         return self.instances[target], state, decision
 
     def route(self, req, among, router: Router) -> Instance | None:
-        """Standard routing (spec/05 §4): choose, trace, count in flight, inject, observe.
+        """Standard routing (docs/control-plane.md): choose, trace, count in flight, inject, observe.
 
         When the chosen instance is a rank of a data-parallel engine, the engine's front
         door re-picks the rank (:meth:`~blis_simpy.engine.dp.DPEngine.pick`); the trace,
@@ -194,11 +195,11 @@ class Cluster(InstanceListener):
             self.session_done(req, tick_us)
 
     def session_done(self, req, tick_us: int) -> None:
-        """Closed-loop sessions (spec/07 §7): hand a terminal event (completed, timed out,
+        """Closed-loop sessions (docs/workloads.md): hand a terminal event (completed, timed out,
         dropped) to the session manager and submit its follow-ups as ClusterArrivals.
 
         Instances reach it through :meth:`on_request_done`; with PD, call it with the parent
-        request at parent completion (spec/10 D10) — sub-requests carry no session ID, so
+        request at parent completion (divergences.md P9) — sub-requests carry no session ID, so
         the manager ignores them. Rejections (admission, routing) reach the manager's
         ``on_request_rejected`` instead: BLIS invokes no callback for them, so they never
         produce a follow-up; the session is only recorded as cancelled. No-op without a

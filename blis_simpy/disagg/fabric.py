@@ -1,4 +1,5 @@
-"""The KV-transfer fabric between the prefill and the decode pool (spec/06 §3.4, §3.5, §5).
+"""The KV-transfer fabric between the prefill and the decode pool (docs/disaggregation.md,
+"KV-transfer fabric").
 
 When a prefill sub-request finishes, its KV cache is sent to the decode pool over one
 cluster-wide fabric: every transfer shares the same bandwidth budget, whichever instance
@@ -54,7 +55,7 @@ MAX_BASE_LATENCY_MS = 3.6e9
 
 
 def kv_transfer_bytes(num_tokens: int, block_size: int, kv_bytes_per_token: float) -> float:
-    """Bytes moved for a prompt of ``num_tokens``: whole blocks, in float (spec/06 §3.4).
+    """Bytes moved for a prompt of ``num_tokens``: whole blocks, in float (docs/disaggregation.md).
 
     ``ceil_div(num_tokens, block_size) × block_size × kv_bytes_per_token``.
     """
@@ -70,7 +71,7 @@ class KVTransferFabric:
     fabric calls ``on_complete(transfer)`` from an event at key ``KV_TRANSFER_COMPLETED``
     (``transfer.complete_us`` is then the current time).
 
-    Counters (spec/06 §3.4, §3.5, §5), kept in every mode — BLIS reports the last four only
+    Counters (docs/disaggregation.md), kept in every mode — BLIS reports the last four only
     with contention on:
 
     * ``transfers_initiated``, ``transfers_completed``;
