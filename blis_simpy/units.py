@@ -1,4 +1,4 @@
-"""Integer-time arithmetic with BLIS's rounding rules (spec/README.md, "Conventions").
+"""Integer-time arithmetic with BLIS's rounding rules (docs/determinism.md, "Time and numbers").
 
 The simulation clock is an integer number of microseconds (1 tick = 1 µs). Go's float→int
 conversion truncates toward zero; Go's ``math.Round`` rounds half away from zero. Python's

@@ -17,7 +17,7 @@ Public API::
     derive_max_model_len(cfg) -> int
         ``max_position_embeddings`` with rope scaling applied (0 = unknown).
     cap_max_model_len(max_len, total_blocks, block_size) -> int
-        the KV-capacity cap of §8.3 (the caller logs the warning when it changes the value).
+        the KV-capacity cap (docs/latency-models.md; the caller logs the warning when it changes the value).
 
 No network access, ever: locating or downloading the file is the caller's business.
 

@@ -111,7 +111,7 @@ def prepare(command: str, given: dict[str, str], scenario_path: str | None = Non
     plan = Plan(command, Scenario(), src, ov.origin, ov.values)
     try:
         plan.scenario = validate(data, Source(None), semantic=False)
-        check_components(plan.scenario)  # backend and policies first, as BLIS does (09 §2)
+        check_components(plan.scenario)  # backend and policies first, as BLIS does (docs/cli.md)
         check_scenario(plan.scenario)
     except ConfigError as exc:
         raise plan.attribute(exc) from None
@@ -292,7 +292,7 @@ def add_optional_sections(plan: Plan, result: SimulationResult, report: Report) 
 
 # ---------------------------------------------------------------------------- files
 def write_results_file(out: Outcome, path: str) -> None:
-    """``--results-path``: run → MetricsOutput + rows (08 §4); replay → SimResult array (08 §8)."""
+    """``--results-path``: run → MetricsOutput + rows; replay → SimResult array (docs/metrics.md)."""
     if out.plan.command == REPLAY:
         obj = replay_results(out.report.cluster)
     else:

@@ -158,7 +158,7 @@ class AnomalyCounters:
     rejected_requests_routing: int = 0
     dropped_unservable: int = 0
     length_capped_requests: int = 0
-    #: PD parents dropped at decode KV allocation ([SEED] line, printed when > 0)
+    #: PD parents dropped at decode KV allocation (divergences.md P12; printed when > 0)
     dropped_kv_allocations: int = 0
 
     def any(self) -> bool:

@@ -2,9 +2,9 @@
 inference-perf, ServeGen).
 
 * :func:`expand_cohorts` — a cohort of ``population`` identical clients, with the lifecycle
-  windows of its diurnal / spike / drain patterns (§8);
-* :func:`expand_inference_perf` — inference-perf stages and shared prefixes (§9);
-* :func:`load_servegen` — a ServeGen chunk directory (§10).
+  windows of its diurnal / spike / drain patterns;
+* :func:`expand_inference_perf` — inference-perf stages and shared prefixes;
+* :func:`load_servegen` — a ServeGen chunk directory.
 
 Each returns clients (:class:`~blis_simpy.workload.spec.ClientSpec`) that the generator
 treats like written ones. Nothing here draws random numbers. Times are integer µs unless a
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 HOUR_US = 3_600_000_000
 DRAIN_SEGMENTS = 10
 
-# ----------------------------------------------------------------------------- cohorts (§8)
+# ----------------------------------------------------------------------------- cohorts
 
 
 def diurnal_factor(hour: int, peak_hour: int, ratio: float) -> float:
@@ -117,7 +117,7 @@ def expand_cohorts(cohorts: list[CohortSpec]) -> list[ClientSpec]:
     return out
 
 
-# ----------------------------------------------------------------------------- inference-perf (§9)
+# ----------------------------------------------------------------------------- inference-perf
 
 
 def expand_inference_perf(spec: WorkloadSpecV2) -> WorkloadSpecV2:
@@ -172,7 +172,7 @@ def expand_inference_perf(spec: WorkloadSpecV2) -> WorkloadSpecV2:
     return spec.model_copy(update=upd)
 
 
-# ----------------------------------------------------------------------------- ServeGen (§10)
+# ----------------------------------------------------------------------------- ServeGen
 
 _TRACE_FILE = re.compile(r"^chunk-(.+)-trace\.csv$")
 _PY_DICT_ITEM = re.compile(r"([-+]?[0-9][0-9_]*(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*:\s*"

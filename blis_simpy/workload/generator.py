@@ -2,9 +2,9 @@
 
 Normative order (it fixes reproducibility):
 
-1. upgrade v1 and validate the spec; expand ``inference_perf`` (§9) or load
-   ``servegen_data`` (§10) into clients; working client list = clients followed by the
-   cohort-expanded clients (§8) — :mod:`blis_simpy.workload.expand`;
+1. upgrade v1 and validate the spec; expand ``inference_perf`` or load
+   ``servegen_data`` into clients; working client list = clients followed by the
+   cohort-expanded clients — :mod:`blis_simpy.workload.expand`;
 2. ``G`` = the ``"workload-gen"`` stream of the workload seed (:mod:`blis_simpy.rng`);
 3. client rate ``λ_i = aggregate_rate · f_i / Σf / 1e6`` requests per µs;
 4. prefixes: walk the clients in order; every new non-empty ``prefix_group`` draws its
@@ -21,7 +21,7 @@ Normative order (it fixes reproducibility):
      group prefix;
    * multi-turn (``reasoning.multi_turn``): sessions, see :func:`_session_requests`;
 7. stable-sort by arrival (ties keep client order), truncate to ``max_requests``;
-8. closed loop (§7): keep only the round-0 requests of closed-loop sessions, name the
+8. closed loop: keep only the round-0 requests of closed-loop sessions, name the
    requests ``request_<index>``, and build one :class:`SessionBlueprint` per kept session
    (client order, sorted session IDs), each with its own RNG seeded by ``Int63()`` draws
    from the blueprint stream (``seed + 7919``).
