@@ -92,6 +92,8 @@ class StepAllocator:
         self._pos = 0                          # batch-position counter (admission order)
         self._want = None                      # (request, tokens) of the last failed grant
         self._stuck_at: dict[str, int] = {}    # request -> progress count when it got stuck
+        self.serve_all = ledger.serve_all      # the two ledger calls, without a hop
+        self.batch = ledger.batch
 
     @property
     def free_blocks(self) -> int:

@@ -134,6 +134,7 @@ class Instance:
 
         self.waitq: deque = deque()
         self.ledger = ledger = self.ledger_class(self)
+        self._hooked = type(self).on_step_end is not Instance.on_step_end
         self.running = ledger.running      # batch order; only the ledger changes it
         self.batching = batching if batching is not None else VLLMBatching()
         self.batching.bind(limits)
@@ -358,7 +359,7 @@ class Instance:
     def observed(self) -> bool:
         """Do hooks need materialised request state (:meth:`on_step_end` overridden, or
         the listener's ``wants_request_state``)?"""
-        return type(self).on_step_end is not Instance.on_step_end or self.listener.wants_request_state
+        return self._hooked or self.listener.wants_request_state
 
     def form_batch(self, now: int) -> list:
         """Hook: form the step's batch with the instance's batching policy
@@ -399,8 +400,10 @@ class Instance:
         (or reached MaxModelLen) leave the batch, in batch order; the rest keep running."""
         ledger = self.ledger
         done = ledger.complete()
-        if self.observed:
+        if self._hooked or self.listener.wants_request_state:   # self.observed, inlined
             ledger.materialise(done)
+        if not done:
+            return done
         kv = self.kv
         met = self.metrics
         for req in done:

@@ -282,7 +282,10 @@ class LazyLedger(Ledger):
     # ================================================================= completion
     def complete(self) -> list:
         T = self.T
-        done, joiners = split_completed(self._finished_prefill, self.limits.max_model_len)
+        if self._finished_prefill:
+            done, joiners = split_completed(self._finished_prefill, self.limits.max_model_len)
+        else:
+            done, joiners = [], []
         for r in self.comp_at.pop(T, ()):
             if r.res_class >= 0 and r.comp_tick == T:
                 self._materialize(r)
