@@ -1,4 +1,4 @@
-"""The event order of :mod:`blis_simpy.des` must be BLIS's (spec/01 §3–§4).
+"""The event order of :mod:`blis_simpy.des` must be BLIS's (docs/architecture.md).
 
 BLIS: cluster heap and one heap per instance, each ordered by (time, priority, seq); at a
 given time cluster events win, then the lowest instance index; one instance event is
@@ -32,7 +32,7 @@ from blis_simpy.des import (
     instance_key,
 )
 
-# BLIS cluster priorities (spec/01 §3.1), in order
+# BLIS cluster priorities, in order
 CLUSTER_KEYS = [CLUSTER_ARRIVAL, ADMISSION, ROUTING, DISAGGREGATION, PREFILL_ROUTING,
                 KV_TRANSFER_STARTED, KV_TRANSFER_COMPLETED, DECODE_ROUTING]
 INSTANCE_PRIOS = [ARRIVAL, QUEUED, STEP, SCHEDULED, REQUEST_LEFT, TIMEOUT]

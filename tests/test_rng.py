@@ -1,4 +1,4 @@
-"""Partitioned RNG (spec/01 §5)."""
+"""Partitioned RNG (docs/determinism.md, "Random streams")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""BLIS integer arithmetic helpers (spec/README.md "Conventions"): Go truncation, Go
+"""BLIS integer arithmetic helpers (docs/determinism.md, "Time and numbers"): Go truncation, Go
 ``math.Round`` (half away from zero, never banker's rounding) and exact ceiling division."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def test_to_int64_truncates_toward_zero(x, expected):
 
 @pytest.mark.parametrize("x", [math.nan, -math.nan, float(TWO_63), 1e19, 1e300, math.inf])
 def test_to_int64_saturates_nan_and_values_at_or_above_2_63(x):
-    # NaN and x >= 2^63 (including +inf) give 2^63-1 (spec/README.md)
+    # NaN and x >= 2^63 (including +inf) give 2^63-1
     assert to_int64(x) == MAX_INT64
 
 

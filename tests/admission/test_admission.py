@@ -1,4 +1,4 @@
-"""Admission policies (spec/05 §3): exact token-bucket arithmetic, tier-shed thresholds."""
+"""Admission policies (docs/control-plane.md): exact token-bucket arithmetic, tier-shed thresholds."""
 
 from __future__ import annotations
 

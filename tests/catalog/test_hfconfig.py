@@ -1,4 +1,4 @@
-"""HuggingFace config.json parsing (spec/04 §8.2) and max_model_len derivation (§8.3)."""
+"""HuggingFace config.json parsing and max_model_len derivation (docs/latency-models.md)."""
 
 from __future__ import annotations
 

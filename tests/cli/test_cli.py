@@ -129,7 +129,7 @@ def test_error_from_a_real_process_is_one_line(tmp_path):
 
 # ---------------------------------------------------------------------------- logging
 def test_log_level_controls_engine_warnings(cli, small_scenario):
-    # max-model-len 100 drops most requests with a warning each (spec/02 enqueue guards)
+    # max-model-len 100 drops most requests with a warning each (the enqueue guards, docs/engine.md)
     args = ("run", "--scenario", small_scenario, "--max-model-len", "100", "--format", "json")
     assert "dropping request" in _ok(cli(*args)).stderr                     # default: warn
     assert _ok(cli(*args, "--log", "error")).stderr == ""

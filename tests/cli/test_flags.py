@@ -1,4 +1,4 @@
-"""The flag table and how given flags override a scenario (spec/09 §1, spec/04 §7)."""
+"""The flag table and how given flags override a scenario (docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_partial_distribution_override_keeps_the_other_keys(small_scenario):
 def test_flags_only_builds_blis_defaults():
     s = prepare("run", {"--model": "M", "--alpha-coeffs": "1,0,0", "--beta-coeffs": "1,1,1"}).scenario
     assert s.model == "m"
-    assert s.latency.model == "blackbox"                    # auto-switch (spec/04 §7)
+    assert s.latency.model == "blackbox"                    # auto-switch (docs/cli.md)
     w = s.workload
     assert (w.kind, w.rate, w.num_requests, w.prefix_tokens) == ("distribution", 1.0, 100, 0)
     assert (w.prompt_tokens.mean, w.prompt_tokens.stdev, w.prompt_tokens.min, w.prompt_tokens.max) == (512, 256, 2, 7000)

@@ -1,4 +1,4 @@
-"""The PD flags (spec/09 §1, spec/06 §1–§6): each onto its ``disaggregation:`` key, BLIS's
+"""The PD flags (docs/cli.md, docs/disaggregation.md): each onto its ``disaggregation:`` key, BLIS's
 validation, precedence over a scenario file, warnings and one-line errors."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``run --workload-spec`` and scenario workloads of ``kind: spec`` (spec/07 §1): seed,
+"""``run --workload-spec`` and scenario workloads of ``kind: spec`` (docs/workloads.md): seed,
 horizon and num-requests precedence, error locations, closed-loop sessions end to end,
 trace export of follow-ups, and the multi-turn chat example scenario."""
 

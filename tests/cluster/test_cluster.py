@@ -1,5 +1,5 @@
 """The cluster control plane: snapshots and staleness (INV-7), in-flight counting, the model
-filter, routing injection (spec/05 §1–§4)."""
+filter, routing injection (docs/control-plane.md)."""
 
 from __future__ import annotations
 

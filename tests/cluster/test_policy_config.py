@@ -1,4 +1,4 @@
-"""``--policy-config`` (strict YAML, spec/05 §6), the control-plane flags and their precedence:
+"""``--policy-config`` (strict YAML, docs/control-plane.md), the control-plane flags and their precedence:
 explicit flag > non-empty bundle value > scenario file > default."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Property tests on random small clusters, policies and workloads (spec/01 §6).
+"""Property tests on random small clusters, policies and workloads (docs/determinism.md).
 
 For every generated run (2–4 instances, random admission/routing/scheduling policies,
 snapshot staleness, small KV caches that force preemption and drops, optional horizon and

@@ -1,4 +1,5 @@
-"""Scenario → Deployment resolution (spec/09 §2–§3, spec/04 §7–§8): what comes from where."""
+"""Scenario → Deployment resolution (docs/latency-models.md, "Catalogs and resolution"): what
+comes from where."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from blis_simpy.latency import BatchView, BlackboxModel, CrossModel, RooflineMod
 
 DATA = Path(__file__).resolve().parents[1] / "catalog" / "data"
 QWEN = "qwen/qwen3-14b"
-BLIS_KV = {"kv_capacity_model": "blis"}     # BLIS's KV formula (the figures of spec/03 §7)
+BLIS_KV = {"kv_capacity_model": "blis"}     # BLIS's KV formula (docs/kv-capacity.md)
 
 
 def sc(**kw) -> Scenario:

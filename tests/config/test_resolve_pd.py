@@ -1,4 +1,4 @@
-"""PD pools resolved from a scenario (spec/06 §1, §2, §4, §6; spec/10 A2–A4, A8, quirks 3, 4, 14)."""
+"""PD pools resolved from a scenario (docs/disaggregation.md; divergences.md P1–P8)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from tests.conftest import conformance_case
 
 QWEN = "qwen/qwen3-14b"
 LLAMA = "meta-llama/llama-3.1-8b-instruct"
-BLIS_KV = {"kv_capacity_model": "blis"}     # BLIS's KV formula (the golden figures of spec/03 §7)
+BLIS_KV = {"kv_capacity_model": "blis"}     # BLIS's KV formula (docs/kv-capacity.md)
 
 
 def sc(pd: dict | None = None, n: int = 4, **kw) -> Scenario:

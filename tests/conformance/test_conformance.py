@@ -32,7 +32,7 @@ PENDING = {
 
 #: case-name prefix -> our switches that reproduce BLIS where our default deliberately differs.
 #: B15 (MoE roofline): BLIS evaluates the per-step MoE weight bytes with a batch of 0 tokens,
-#: so expert weights cost nothing (spec/10 C1); ``--latency-compat checkout`` reproduces that
+#: so expert weights cost nothing (divergences.md #8); ``--latency-compat checkout`` reproduces that
 #: for the comparison, and test_b15_fixed_moe_roofline checks our own (fixed) numbers.
 #: B18b (KV blocks auto-calculated): BLIS's capacity formula (``--kv-capacity-model blis``);
 #: our default is vLLM's own per-GPU rule (docs/kv-capacity.md).
@@ -139,7 +139,7 @@ def test_conformance_cases_are_all_present():
 
 
 def test_b15_fixed_moe_roofline(tmp_path: Path):
-    """B15 without the parity switch: our MoE roofline counts the expert weights (spec/10 C1).
+    """B15 without the parity switch: our MoE roofline counts the expert weights (divergences.md #8).
 
     Hand check: a decode step of one request on Mixtral-8x7B (d 4096, 32 layers, 8 KV heads,
     expert FFN 14336, top-2) reads nEff = 8·(1 − (6/8)^1) = 2 experts per layer:

@@ -1,4 +1,4 @@
-"""Disaggregation deciders (spec/06 §2) and the decider registry."""
+"""Disaggregation deciders (docs/disaggregation.md) and the decider registry."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The KV-transfer fabric: golden transfer times, contention modes, counters (spec/06 §3.4, §5)."""
+"""The KV-transfer fabric: golden transfer times, contention modes, counters (docs/disaggregation.md)."""
 
 from __future__ import annotations
 

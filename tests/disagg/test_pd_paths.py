@@ -1,5 +1,5 @@
-"""Hand-checked prefill/decode disaggregation paths (spec/06, spec/10), closed-loop sessions
-through the pools (spec/10 quirk 10), a decider plugin loaded through the CLI, and the PD
+"""Hand-checked prefill/decode disaggregation paths (docs/disaggregation.md, divergences.md), closed-loop
+sessions through the pools (divergences.md P9), a decider plugin loaded through the CLI, and the PD
 regressions for the PD bugs the property tests found (a stale step stranding work, a
 decode-pool KV deadlock, a zero-output parent's E2E, trace export of parents).
 
@@ -103,7 +103,7 @@ def test_1p1d_fixed_timing_by_hand(impl):
     assert agg.e2e == {"r": sd + 4 * 5100}
     assert agg.completion_time == {"r": 27_453}
     assert agg.itl == {"r": 5100.0}
-    assert agg.scheduling_delay == {"r": 1000}   # the prefill sub-request's (spec/06 §8)
+    assert agg.scheduling_delay == {"r": 1000}   # the prefill sub-request's (disaggregation.md)
     assert list(agg.registry) == ["r"] and agg.registry["r"].assigned_instance == "instance_1"
     assert (agg.completed_requests, agg.still_queued, agg.still_running, agg.dropped_unservable,
             agg.timed_out_requests) == (1, 0, 0, 0, 0)
@@ -138,7 +138,7 @@ def test_1p1d_checkout_timing_by_hand(impl):
     """checkout (BLIS parity): the prefill is detected at the start of its step (1000), so
     the transfer runs 1000 → 1053 and the decode 1053 → 21,453; the parent's TTFT is the
     prefill's own (7000) and its E2E the decode completion's detection time (the start of
-    the last decode step, 16,353) − arrival: shorter than the parent's real life (spec/10 C2)."""
+    the last decode step, 16,353) − arrival: shorter than the parent's real life (divergences.md P3)."""
     sim, res = run(pd_scenario(impl=impl, compat="checkout"), [req("r", 0, 100, 5)])
     p = sim.cluster.parents["r"]
     assert p.phase_times() == (0, 0, 1000, 1000, 1053, 1053, 1053 + 3 * 5100)
@@ -184,7 +184,7 @@ def test_dropped_at_decode_kv_is_counted_in_pd_metrics_and_anomalies():
 def test_decode_deadline_passed_during_transfer_times_out_at_injection(impl):
     """A 1 ms base latency makes the transfer 7000 → 8003; the deadline (7500) passes while
     the KV is in flight. The prefill completed in time; the decode sub-request is timed out
-    when it is injected (spec/10 quirk 24 REC): no step runs for it and its KV is freed."""
+    when it is injected (divergences.md P10): no step runs for it and its KV is freed."""
     sc = pd_scenario(impl=impl, transfer={"base_latency_ms": 1.0})
     sim, res = run(sc, [req("r", 0, 100, 5, deadline=7500)])
     p = sim.cluster.parents["r"]
@@ -273,7 +273,7 @@ def _spy_prefill_on(sim, k):
 @pytest.mark.parametrize("compat", ["fixed", "checkout"])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_zero_output_disaggregated_request_completes(impl, compat):
-    """spec/10 quirk 12 (REC): the decode sub-request of a 0-output request produces no token
+    """divergences.md P10: the decode sub-request of a 0-output request produces no token
     and completes in its first decode step. 40-token prompt: prefill step 5000 + 400 → ends
     6400; 3 blocks × 16 × 512 B → ceil(0.98 + 50) = 51 µs of transfer."""
     sim, res = run(pd_scenario(impl=impl, compat=compat), [req("z", 0, 40, 0)])
@@ -350,7 +350,7 @@ def _roofline(compat, decode_pool):
 def test_decode_pool_gpu_override_changes_step_time_only_when_fixed(compat):
     """A decode pool on A100-80 while the global GPU is H100 (roofline). Both modes relabel
     the pool and auto-size its KV for the A100; only ``fixed`` times its steps with the A100
-    calibration (spec/10 quirk 4 fixed) — ``checkout`` keeps the global H100 one."""
+    calibration (divergences.md P5) — ``checkout`` keeps the global H100 one."""
     def reqs():
         return [Request("r", 0, np.arange(200), np.arange(20))]
 
@@ -441,7 +441,7 @@ def _run_sessions(clients, sc, num=12, rate=20.0, horizon=None):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_closed_loop_sessions_through_pd(impl):
-    """spec/10 quirk 10 (REC): with decider ``always`` every round is disaggregated, and the
+    """divergences.md P9: with decider ``always`` every round is disaggregated, and the
     session callback fires with the parent at parent completion, so follow-up rounds are
     generated. INV-10: arrival(round n+1) = completion tick of round n's parent + think
     time, which (no OTPT, no post-decode overhead) is its projected completion time.

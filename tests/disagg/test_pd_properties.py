@@ -1,5 +1,5 @@
-"""Property tests of prefill/decode disaggregation on random small clusters (spec/01 §6,
-spec/06).
+"""Property tests of prefill/decode disaggregation on random small clusters
+(docs/disaggregation.md, docs/determinism.md).
 
 Every generated run has 2–5 instances split into a prefill pool, a decode pool and maybe
 unassigned instances; a random decider (never / always / prefix-threshold /
@@ -448,7 +448,7 @@ def check_run(sc: Scenario, sim: Simulation, res, reqs, probe: Probe, horizon) -
 
 
 def check_projection(sc, p, agg, res, probe) -> None:
-    """The parent's projected TTFT / E2E / completion time in each compat mode (spec/06 §8)."""
+    """The parent's projected TTFT / E2E / completion time in each compat mode (docs/disaggregation.md)."""
     raw = {}
     for m in res.instances:
         for name in ("ttft", "e2e", "scheduling_delay"):
@@ -472,7 +472,7 @@ def check_projection(sc, p, agg, res, probe) -> None:
             # it recorded its own (arrival-relative) TTFT: no output, or its prompt recomputed
             # after a preemption on the decode instance (vllm: before its first decode token;
             # blis: at any point); its engine E2E is then the parent's (under blis with BLIS's
-            # quirk that ITLs from before a preemption still count, spec/10 D2)
+            # quirk that ITLs from before a preemption still count, divergences.md #16)
             assert agg.e2e[p.id] == agg.ttft[p.id] or p.original.output_len > 0
             assert agg.e2e[p.id] == raw[("e2e", p.decode_sub_id)]
             assert agg.completion_time[p.id] == p.arrival_us + agg.e2e[p.id]

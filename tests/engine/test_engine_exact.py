@@ -1,6 +1,6 @@
 """Tiny cases worked out by hand: exact integer-µs times through the whole engine.
 
-Latency model for all cases (blackbox, spec/04 §2):
+Latency model for all cases (blackbox, docs/latency-models.md):
     queueing = 100 + 1.0 * input_len     (α0, α1)
     OTPT     = 50                        (α2)
     step     = 1000 + 10 * prefill tokens + 5 * decode tokens   (β0, β1, β2)

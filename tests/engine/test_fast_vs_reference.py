@@ -1,6 +1,6 @@
 """The fast engine must reproduce the literal reference engine exactly.
 
-:class:`~blis_simpy.engine.instance.Instance` follows spec/02 request by request; it
+:class:`~blis_simpy.engine.instance.Instance` follows docs/engine.md request by request; it
 reproduces every A* conformance case. :class:`~blis_simpy.engine.fast.FastInstance`
 advances decoding requests lazily. On random workloads chosen to hit chunked prefill,
 budget exhaustion, preemption, prefix-cache hits, MaxModelLen caps and timeouts, every

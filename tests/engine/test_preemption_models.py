@@ -82,7 +82,7 @@ def test_vllm_recomputes_prompt_and_outputs_as_a_prefill(impl):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_blis_regenerates_outputs(impl):
     """BLIS: request_1 restarts at pi 0. Step 7 at 6125: its 4-token prompt is fully cached,
-    so it is admitted with no new token (spec/02 §4.1) and reaches pi 4 at 7130: a second
+    so it is admitted with no new token (docs/engine.md) and reaches pi 4 at 7130: a second
     TTFT 7180 and scheduling delay 6125 overwrite the first. It then decodes all 7 tokens
     again (step 8: 1010 µs with request_0's last; steps 9–14: 1005 µs alone), keeping its 4
     earlier ITL samples: 11 samples, done at 8140 + 6 · 1005 = 14170."""
@@ -126,7 +126,7 @@ def test_vllm_every_request_emits_each_token_once(w):
 def test_a_recompute_longer_than_the_cache_is_dropped(impl, model):
     """3 blocks of 4 tokens. request_0 (4-token prompt, group g) finishes at once and leaves
     its block cached. At 100 ms request_1 (the same 4 tokens) is fully cached, so it is
-    admitted with no new token and no KV (spec/02 §4.1); request_2 (12-token prompt) takes
+    admitted with no new token and no KV (docs/engine.md); request_2 (12-token prompt) takes
     all 3 blocks and emits its first token at pi 12. Next step request_1 needs a block:
     request_2 is preempted at pi 12. Under vllm its recompute needs 13 tokens = 4 blocks,
     more than the cache: it is dropped as unservable instead of waiting forever (with no

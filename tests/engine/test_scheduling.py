@@ -1,4 +1,4 @@
-"""Wait-queue priority policies and schedulers (spec/02 §3)."""
+"""Wait-queue priority policies and schedulers (docs/engine.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""BLIS never cancels a scheduled Step (spec/02 §6, §4 step 0).
+"""BLIS never cancels a scheduled Step (docs/engine.md, "Timeouts and stale steps").
 
 When a timeout empties the running batch, the step event already pushed stays in the heap
 ("stale"). If by the time it fires something is running or queued again, it runs a real

@@ -1,4 +1,4 @@
-"""GPU-tier KV cache with prefix caching (spec/03 §1–§5, INV-4).
+"""GPU-tier KV cache with prefix caching (docs/kv-cache.md, INV-4).
 
 Block IDs are popped from the LRU head; a fresh cache's free list is 0, 1, 2, ... so the
 expected block IDs below are worked out by hand. Token IDs are small distinct integers so
@@ -249,7 +249,7 @@ def test_release_frees_last_block_first_and_keeps_hashes():
 
 def test_unconditional_hash_delete_on_pop_quirk():
     """Two blocks can carry the same hash (the second allocation did not ask for hits);
-    popping one deletes the index entry even if it points to the other (spec/03 §2:
+    popping one deletes the index entry even if it points to the other (BLIS's
     pop_free deletes the hash unconditionally). The lookup then stops at that first miss
     although the next block's hash is still indexed."""
     c = KVCache(4, BS)
@@ -376,7 +376,7 @@ def test_decode_allocation_failure_changes_nothing():
 
 # ---------------------------------------------------------------------------- zero new tokens
 def test_zero_new_tokens_commits_nothing_quirk():
-    """spec/03 §4 [QUIRK]: a fully cached prompt that is a multiple of bs allocates 0 new
+    """BLIS quirk: a fully cached prompt that is a multiple of bs allocates 0 new
     tokens; the fill loop never runs so the cached blocks are NOT committed."""
     c = KVCache(6, BS)
     a = req("a", toks(100, 8), [1])
@@ -496,7 +496,7 @@ def test_midway_failure_with_cached_block_in_use_elsewhere_rolls_back_exactly():
 
 
 def test_midway_failure_returns_cached_blocks_to_free_list_tail():
-    """spec/03 §4 Rollback: committed cached blocks that were free "go back to the free-list
+    """BLIS's rollback: committed cached blocks that were free "go back to the free-list
     tail". When they were not already at the tail this changes the LRU order (BLIS does the
     same); everything else is restored exactly."""
     c = KVCache(8, BS)
@@ -597,7 +597,7 @@ def test_random_interleavings_keep_inv4_and_never_leak(w):
             else:
                 after = snapshot(c, *reqs)
                 # exact restoration, except that the cached blocks that were free went back
-                # to the free-list tail (spec/03 §4); the rest of the LRU order is kept
+                # to the free-list tail (as in BLIS); the rest of the LRU order is kept
                 for k in before:
                     if k != "free":
                         assert after[k] == before[k], k

@@ -1,4 +1,4 @@
-"""KV capacity auto-calculation (spec/03 §7): golden values, MoE, every validation rule."""
+"""KV capacity auto-calculation (docs/kv-capacity.md): golden values, MoE, every validation rule."""
 
 from __future__ import annotations
 

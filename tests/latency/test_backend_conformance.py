@@ -2,11 +2,11 @@
 
 Each case is replayed through the library (no CLI): the Deployment is built directly from the
 case's arguments and resolved values — model_config.json from the case folder, GPU figures of
-spec/04 §9, ``total_kv_blocks`` and ``max_model_len = resolved.auto_max_model_len`` — and every
+the GPU catalog, ``total_kv_blocks`` and ``max_model_len = resolved.auto_max_model_len`` — and every
 request's TTFT/E2E must equal BLIS's to the µs, the cluster metrics block within 1e-9.
 
 B15 (Mixtral MoE) is special: BLIS checkout 89bece82 prices the per-step weight read with a
-batch of 0 tokens, so the expert weights cost nothing (spec/10 C1). With
+batch of 0 tokens, so the expert weights cost nothing (divergences.md #8). With
 ``moe_weight_batch_zero=True`` we must reproduce BLIS exactly; with our default (upstream's fix)
 the numbers must differ, and the first steps must equal step times worked out by hand below.
 """
@@ -120,7 +120,7 @@ def test_moe_roofline_b15_parity_flag_reproduces_blis():
 
 
 def test_moe_roofline_b15_fixed_weight_term_differs_by_design():
-    """spec/10 C1: our default reads the expected distinct experts' weights every step.
+    """divergences.md #8: our default reads the expected distinct experts' weights every step.
 
     Mixtral-8x7B, H100, TP 2: d = 4096, L = 32, H = 32, Hkv = 8, dh = 128, dkv = 1024,
     dff = dexp = 14336, E = 8, k = 2, bpp = wbpp = 2, peak 989.5e12 (BF16), bw 3.35e12.

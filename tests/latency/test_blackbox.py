@@ -1,4 +1,4 @@
-"""The trained alpha/beta ``blackbox`` latency model (spec/04 §1–§2).
+"""The trained alpha/beta ``blackbox`` latency model (docs/latency-models.md).
 
 step_time     = max(1, to_int64(β0 + β1·Σ prefill NumNewTokens + β2·Σ decode NumNewTokens))
 queueing_time = to_int64(α0 + α1·len(input))

@@ -1,4 +1,4 @@
-"""crossmodel (spec/04 §4): hand-checked step times, A7 MoE threshold, validation."""
+"""crossmodel: hand-checked step times, the MoE threshold (divergences.md #9), validation."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_single_expert_threshold_a7():
     ours = CrossModel.from_config(one, H100, 1)
     blis = CrossModel.from_config(one, H100, 1, checkout_moe_threshold=True)
     assert ours.is_moe == 0.0 and blis.is_moe == 1.0
-    assert ours.step_time(view(*BATCH)) == 4795          # dense (spec/10 A7)
+    assert ours.step_time(view(*BATCH)) == 4795          # dense (divergences.md #9)
     assert blis.step_time(view(*BATCH)) == 6849          # checkout: E > 0 counts as MoE
     none = CrossModel.from_config(QWEN, H100, 1, checkout_moe_threshold=True)
     assert none.step_time(view(*BATCH)) == 4795          # E = 0 is dense under both rules

@@ -1,4 +1,4 @@
-"""The co-location interference wrapper (spec/06 §6, INV-P2-3)."""
+"""The co-location interference wrapper (docs/disaggregation.md, INV-P2-3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""roofline (spec/04 §3): hand-computed step times, FP8 peak, MoE nEff (spec/10 C1), validation."""
+"""roofline: hand-computed step times, FP8 peak, MoE nEff (divergences.md #8), validation."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_tensor_parallel_divides_both_terms():
 def test_empty_and_ignored_batches_take_one_tick():
     m = RooflineModel(TOY, SLOW_GPU, 1)
     assert m.step_time(view()) == 1
-    # PI >= input length but no output token: neither prefill nor decode (spec/04 §1)
+    # PI >= input length but no output token: neither prefill nor decode (docs/latency-models.md)
     assert m.step_time(view(Req(pi=10, input_len=10, num_new_tokens=0, output_len=0))) == 1
 
 
@@ -123,7 +123,7 @@ def test_quantised_weights_shrink_only_the_weight_bytes():
 # MoE toy: E = 4, k = 2, dexp = moe_intermediate_size = 32 (else as the dense toy).
 # Two decode requests with seq 10: FLOPs each = 49 152 + 5 120 + 656 + mlp, where
 #   mlp = L·2t·nMat·d·dexp·k = 2·(2·2·64·32)·2 = 32 768  → 87 696 FLOPs; compute 2·350.784 µs.
-# Fixed weight term (spec/10 C1): B = 2 tokens, nEff = E·(1 − ((E−k)/E)^B) = 4·(1 − 0.25) = 3,
+# Fixed weight term (divergences.md #8): B = 2 tokens, nEff = E·(1 − ((E−k)/E)^B) = 4·(1 − 0.25) = 3,
 #   w_layer = 8 192 + 4 096 + 2·64·32·3 = 24 576 → × L × bpp = 98 304 B.
 #   memory = (98 304 + 2·3 072) / 1e8 s = 1044.48 µs > compute 701.568 µs → 1044.
 # BLIS checkout (B = 0): nEff = 0, w_layer = 12 288 → 49 152 B;
@@ -190,7 +190,7 @@ MODELS = [(TOY, SLOW_GPU, 1), (TOY, NARROW_GPU, 2), (TOY_MOE, NARROW_GPU, 2), (T
        st.lists(st.tuples(st.integers(1, 60_000), st.integers(0, 1)), max_size=300))
 def test_step_time_is_bit_identical_to_the_literal_formula(which, zero_b, prefills, decodes):
     """step_time (O(1) decode aggregates when provably exact, else the hoisted loop) must equal
-    step_time_literal (spec/04 §3 through flops()/memory_bytes()) on every batch."""
+    step_time_literal (the formula through flops()/memory_bytes()) on every batch."""
     cfg, gpu, tp = MODELS[which]
     m = RooflineModel(cfg, gpu, tp, moe_weight_batch_zero=zero_b)
     batch = view(*[prefill(s, t) for s, t in prefills], *[decode(s, new) for s, new in decodes])

@@ -1,4 +1,5 @@
-"""trained-roofline (spec/04 §5): hand-checked step times, overheads, 7 betas (C3), A7, checks."""
+"""trained-roofline: hand-checked step times, overheads, 7 betas and the MoE threshold
+(divergences.md #10, #9), checks."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def test_single_expert_is_dense_under_both_thresholds():
     one = dataclasses.replace(TOY, num_local_experts=1, num_experts_per_tok=1)
     assert not model(one).is_moe
     assert model(one, checkout_moe_threshold=True).is_moe
-    # n_eff = min(1, …) = 1 and k_eff = 1: the two rules give the same time (spec/10 A7)
+    # n_eff = min(1, …) = 1 and k_eff = 1: the two rules give the same time (divergences.md #9)
     assert model(one).step_time(view(*BATCH)) == model(one, checkout_moe_threshold=True).step_time(
         view(*BATCH)) == 943
 

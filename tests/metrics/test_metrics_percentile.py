@@ -1,4 +1,4 @@
-"""BLIS's percentile / mean arithmetic (spec/08 §3) on lists, histograms and Distribution."""
+"""BLIS's percentile / mean arithmetic (docs/metrics.md) on lists, histograms and Distribution."""
 
 from __future__ import annotations
 

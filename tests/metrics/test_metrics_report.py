@@ -1,4 +1,4 @@
-"""Report rendering: BLIS's stdout layout (spec/08 §5), the JSON document, rich tables and
+"""Report rendering: BLIS's stdout layout (docs/metrics.md), the JSON document, rich tables and
 atomic results files."""
 
 from __future__ import annotations

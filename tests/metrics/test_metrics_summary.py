@@ -1,4 +1,4 @@
-"""Aggregation, MetricsOutput, per-request rows, replay results and raw metrics (spec/08)."""
+"""Aggregation, MetricsOutput, per-request rows, replay results and raw metrics (docs/metrics.md)."""
 
 from __future__ import annotations
 

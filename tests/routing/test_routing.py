@@ -1,4 +1,4 @@
-"""Routing policies and scorers on hand-built snapshots (spec/05 §4–§5)."""
+"""Routing policies and scorers on hand-built snapshots (docs/control-plane.md)."""
 
 from __future__ import annotations
 

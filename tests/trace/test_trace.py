@@ -1,4 +1,4 @@
-"""Decision traces: counterfactual candidates, regret, summary (spec/08 §6)."""
+"""Decision traces: counterfactual candidates, regret, summary (docs/metrics.md, "Decision trace")."""
 
 from __future__ import annotations
 

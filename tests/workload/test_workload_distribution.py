@@ -1,4 +1,4 @@
-"""CLI distribution mode and presets (spec/07 §1–§2)."""
+"""CLI distribution mode and presets (docs/workloads.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cohorts (spec/07 §8), inference-perf expansion (§9) and ServeGen loading (§10)."""
+"""Cohorts, inference-perf expansion and ServeGen loading (docs/workloads.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Workload-spec v2 generator for standard clients (spec/07 §5, §6)."""
+"""Workload-spec v2 generator for standard clients (docs/workloads.md)."""
 
 from __future__ import annotations
 

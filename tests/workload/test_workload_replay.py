@@ -1,4 +1,4 @@
-"""Trace replay token synthesis and default horizon (spec/07 §11, spec/09 §1)."""
+"""Trace replay token synthesis and default horizon (docs/workloads.md, "TraceV2")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Length and arrival samplers (spec/07 §4)."""
+"""Length and arrival samplers (docs/workloads.md, "Samplers")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Workload-spec v2 loading and validation (spec/07 §3)."""
+"""Workload-spec v2 loading and validation (docs/workloads.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TraceV2 reading, validation errors and BLIS-layout writing (spec/07 §11)."""
+"""TraceV2 reading, validation errors and BLIS-layout writing (docs/workloads.md, "TraceV2")."""
 
 from __future__ import annotations
 
