@@ -1,10 +1,10 @@
-"""GPU + CPU tiered KV cache (spec/03 §6): mirror, CPU LRU, reloads, commit cases.
+"""GPU + CPU tiered KV cache (docs/kv-cache.md, "CPU tier"): mirror, CPU LRU, reloads, commit cases.
 
 Expected block IDs are worked out by hand: a fresh cache's free list is 0, 1, 2, ...; pops
 take the head, releases append last block first. Unless a test says otherwise, block size
 is 4 tokens, a reload costs ``base 100 + ceil(4 / 50) = 101`` µs.
 
-:class:`SpecKV` is an independent, literal transcription of spec/03 §4 and §6 that stores
+:class:`SpecKV` is an independent, literal transcription of BLIS's KV tiers that stores
 every block's tokens explicitly, as BLIS does. The property test drives it and
 :class:`TieredKVCache` (which stores no tokens) with the same random operations and
 requires identical block IDs, free-list order, hashes, counters and CPU-tier order.
@@ -153,7 +153,7 @@ def test_cpu_lru_eviction_order_and_thrashing_rate():
 
 
 def _naive_mirror(cpu, cap, block_hash, batch):
-    """The literal loop of spec/03 §6, for comparison with the C-speed walk."""
+    """The literal mirror loop, for comparison with the C-speed walk."""
     stores = evictions = 0
     for req in batch:
         for b in req.kv_blocks:
@@ -474,7 +474,7 @@ def _ceil(a, b):
 
 
 class SpecKV:
-    """spec/03 §2–§6 transcribed literally, with each block's tokens stored (as BLIS does).
+    """BLIS's KV tiers transcribed literally, with each block's tokens stored (as BLIS does).
 
     Only two details follow our GPU tier where the spec leaves a choice: a failed
     allocation restores the request's own map (we do not copy BLIS's rollback leak,
@@ -655,7 +655,7 @@ class SpecKV:
 
 def _gpu_state(kv, req):
     """GPU state up to the free-list order (a rolled-back commit of free cached blocks puts
-    them back at the LRU tail, spec/03 §4; the model comparison checks the exact order)."""
+    them back at the LRU tail, as BLIS does; the model comparison checks the exact order)."""
     return (list(kv.ref), set(kv.free), list(kv.block_hash), dict(kv.hash_to_block), kv.used,
             kv.cache_hits, kv.cache_misses, list(req.kv_blocks), req.kv_len)
 
@@ -876,7 +876,7 @@ def test_engines_match_the_spec_model_and_each_other(w):
 def test_a_request_that_fits_the_cache_is_not_dropped_while_a_queued_request_holds_blocks(impl):
     """The reload scenario above with 40 output tokens for B2: it needs 7 of the 8 blocks,
     but C (queued) holds 2 after its failed case-B admission, so B2's 7th block fails
-    while it is alone in the batch. BLIS re-queues B2 (spec/02 §4.1): its prompt is fully
+    while it is alone in the batch. BLIS re-queues B2 (docs/engine.md): its prompt is fully
     cached, C is admitted behind it and finishes, and B2 completes."""
     rng = np.random.default_rng(7)
     P = rng.integers(0, 1000, 32)

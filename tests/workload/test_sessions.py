@@ -128,7 +128,7 @@ def test_no_context_growth_input_is_prefix_plus_new_tokens():
 
 
 def test_accumulate_duplicates_the_history_exactly():
-    """spec/07 §7 + quirk D9: context += the finished request's ENTIRE input + its generated
+    """BLIS's quirk (docs/workloads.md): context += the finished request's ENTIRE input + its generated
     outputs (first pi − input_len); the new input is prefix + context + new tokens."""
     P = [900, 901]
     m = SessionManager([_bp(rounds=4, prefix=P, accumulate=True, seed=9, n_in=5, n_out=3)])
