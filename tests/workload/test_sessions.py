@@ -1,4 +1,4 @@
-"""Closed-loop sessions (spec/07 §7): the SessionManager's rules, exact follow-up contents,
+"""Closed-loop sessions (docs/workloads.md): the SessionManager's rules, exact follow-up contents,
 and whole runs — INV-10 (session causality), INV-11 (session completeness), cancellation on
 timeout / drop / rejection, horizon interruption, determinism."""
 
