@@ -142,7 +142,7 @@ def test_overrides_apply_to_a_copy_and_never_touch_the_global_config():
 def test_gpu_override_feeds_the_pool_latency_model_hardware():
     plan = resolve_pools(sc(pools({"decode_pool": {"hardware": "A100-80"}})), quiet=True)
     dc = plan.deployments["decode"]
-    assert dc.new_latency_model().gpu == builtin_gpus().get("A100-80")       # quirk 4 fixed
+    assert dc.new_latency_model().gpu == builtin_gpus().get("A100-80")       # divergences.md P5
     assert plan.global_deployment.new_latency_model().gpu.name == "H100"
 
 
@@ -151,8 +151,8 @@ def test_gpu_override_under_checkout_changes_only_the_label_and_the_kv_capacity(
                             engine=BLIS_KV), quiet=True)
     dc = plan.deployments["decode"]
     assert dc.hardware == "A100-80"
-    assert dc.new_latency_model().gpu.name == "H100"                          # quirk 4 kept
-    assert dc.total_kv_blocks == 15_909                                       # A100-SXM golden (03 §7)
+    assert dc.new_latency_model().gpu.name == "H100"                          # P5, checkout
+    assert dc.total_kv_blocks == 15_909                                       # A100-SXM (kv-capacity.md)
 
 
 def test_tp_override_auto_calculates_the_pool_kv_blocks():
