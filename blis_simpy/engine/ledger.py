@@ -5,7 +5,7 @@ reference engine and the production one is only *how* the progress of running re
 (``pi``, ``kv_len``, ITL samples) is kept. That is a ledger, behind one small interface:
 
 * :class:`EagerLedger` (``reference``): every running request is advanced one by one in
-  every step, literally as spec/02 describes it;
+  every step, literally as docs/engine.md describes it;
 * :class:`~blis_simpy.engine.lazy_ledger.LazyLedger` (``fast``): decoding requests are
   advanced lazily, O(1) per step in the common case.
 
@@ -32,7 +32,8 @@ from blis_simpy.latency.base import BatchView
 
 def last_token_pi(req) -> int:
     """The ``pi`` at which ``req`` has emitted its last output token: input + max(L, 1) − 1
-    (spec/02 §5; a request with no output completes when its prompt is done)."""
+    (docs/engine.md, "Progress and completion"; a request with no output completes when its
+    prompt is done)."""
     n_out = req.output_len
     return req.input_len + (n_out if n_out > 1 else 1) - 1
 
@@ -120,12 +121,12 @@ class Ledger:
         return BatchView.of(self.running)
 
     def execute(self, now_us: int, adv_us: int) -> None:
-        """Advance every running request by its scheduled tokens (spec/02 §4 step 2)."""
+        """Advance every running request by its scheduled tokens (docs/engine.md, "The step")."""
         raise NotImplementedError
 
     def complete(self) -> list:
         """Take the requests that completed in this step out of the running batch and return
-        them in batch order, materialised, with ``length_capped`` set (spec/02 §5)."""
+        them in batch order, materialised, with ``length_capped`` set (docs/engine.md)."""
         raise NotImplementedError
 
     def itl_summary(self, req) -> tuple[int, int, int | None]:

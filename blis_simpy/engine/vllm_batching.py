@@ -1,5 +1,5 @@
 """The built-in batching policy ``vllm``: vLLM v1's FCFS chunked prefill with recompute
-preemption (spec/02 §4.1).
+preemption (docs/engine.md, "Batch formation").
 
 Phase 1 serves the running batch in batch order: each prefilling request its next chunk
 (capped by the long-prefill threshold, the token budget left and the MaxModelLen stop),
