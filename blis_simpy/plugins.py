@@ -32,7 +32,8 @@ class NoParams(BaseModel):
 
 
 class Pluggable:
-    """Root of a registry family. Subclass with ``family="..."`` to start a new family."""
+    """Root of a registry family. Subclass with ``family="..."`` to start a new family (the
+    root may register itself too: ``family="engine", name="reference"``)."""
 
     family: ClassVar[str] = ""
     name: ClassVar[str] = ""
@@ -43,10 +44,9 @@ class Pluggable:
     def __init_subclass__(cls, *, family: str | None = None, name: str | None = None,
                           aliases: tuple[str, ...] = (), **kw: Any):
         super().__init_subclass__(**kw)
-        if family is not None:
+        if family is not None:     # a new family; its root may also register itself by name
             cls.family = family
             cls._registry = {}
-            return
         if name is not None:
             reg = cls._registry
             for key in (name, *aliases):
@@ -82,6 +82,18 @@ class Pluggable:
                 loc += f"[{part}]" if isinstance(part, int) else ("." if loc else "") + str(part)
             where = f"{field}.{loc}" if field and loc else (field or loc or None)
             raise ConfigError(err["msg"].removeprefix("Value error, "), field=where) from None
+
+
+def is_builtin(cls: type) -> bool:
+    """True for a class defined in this package (not a plugin)."""
+    return cls.__module__.split(".", 1)[0] == "blis_simpy"
+
+
+def build_failure(cls: type[Pluggable], exc: Exception, *, field: str | None) -> ConfigError:
+    """A plugin's constructor raised: the one-line error naming the plugin (its family and
+    registered name), as a failing plugin import is reported."""
+    return ConfigError(f"{cls.family} {cls.name!r} ({cls.__module__}.{cls.__qualname__}) failed to "
+                       f"build: {type(exc).__name__}: {exc}", field=field)
 
 
 ENTRY_POINT_GROUP = "blis_simpy.plugins"

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from blis_simpy.cli.flags import BY_NAME, REPLAY, apply_flags, flag_for_path
-from blis_simpy.cluster.simulation import Simulation, SimulationResult
+from blis_simpy.cluster.simulation import Simulation, SimulationResult, component_classes
 from blis_simpy.config.loader import Source, check_scenario, load_raw, undotted, validate
 from blis_simpy.config.pools import resolve_pools
 from blis_simpy.config.resolve import build_latency_model
@@ -134,6 +134,7 @@ def check_components(s: Scenario) -> None:
     BatchingPolicy.lookup(s.engine.batching, field="engine.batching").parse_params(
         s.engine.batching_params, field="engine.batching_params")
     resolve_pools(s, quiet=True)   # PD topology, decider, pools (docs/cli.md, "Validation order")
+    component_classes(s, s.disaggregation.enabled)   # engine, cluster and fabric class names
 
 
 # ---------------------------------------------------------------------------- running

@@ -22,6 +22,7 @@ from blis_simpy.admission.base import AdmissionPolicy
 from blis_simpy.cluster.snapshot import RouterState, SnapshotProvider
 from blis_simpy.des import ADMISSION, CLUSTER_ARRIVAL, FOLLOWUP_ARRIVAL, ROUTING, SimEnv
 from blis_simpy.engine.instance import Instance, InstanceListener
+from blis_simpy.plugins import Pluggable
 from blis_simpy.routing.base import Router
 
 log = logging.getLogger("blis_simpy.cluster")
@@ -40,8 +41,12 @@ class ControlPlaneCounters:
     shed_by_tier: dict[str, int] = field(default_factory=dict)
 
 
-class Cluster(InstanceListener):
-    """Instances on one shared clock behind admission and routing."""
+class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
+    """Instances on one shared clock behind admission and routing.
+
+    Cluster classes are a registry (``cluster.implementation``): this one is ``standard``,
+    :class:`~blis_simpy.cluster.pd.PDCluster` is ``pd`` (prefill/decode pools).
+    """
 
     def __init__(self, env: SimEnv, instances: list[Instance], admission: AdmissionPolicy,
                  router: Router, *, admission_latency_us: int = 0, routing_latency_us: int = 0,

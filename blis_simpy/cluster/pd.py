@@ -36,7 +36,7 @@ from blis_simpy.units import ceil_div
 log = logging.getLogger("blis_simpy.cluster")
 
 
-class PDCluster(Cluster):
+class PDCluster(Cluster, name="pd"):
     """A cluster whose instances are split into a prefill pool and a decode pool.
 
     ``roles[k]`` is ``"prefill"``, ``"decode"`` or ``""`` (unassigned) for instance ``k``.
@@ -249,8 +249,12 @@ def _share_hashes(src, dst) -> None:
 
 # ---------------------------------------------------------------------------- building
 def build_pd_cluster(env, instances, admission, router, plan, scenario, rng, block_size: int,
+                     *, cluster_class: type[PDCluster] | None = None, fabric_class=None,
                      **kw) -> PDCluster:
     """A :class:`PDCluster` for a resolved :class:`~blis_simpy.config.pools.PoolPlan`.
+
+    ``cluster_class`` (a :class:`PDCluster` subclass) and ``fabric_class`` (a
+    :class:`~blis_simpy.disagg.fabric.KVTransferFabric` subclass) replace the built-in ones.
 
     Pool routers: a pool's own router config (``--prefill/--decode-routing-scorers``) with
     RNG stream ``prefill-router`` / ``decode-router``; otherwise its own instance of the main
@@ -272,15 +276,16 @@ def build_pd_cluster(env, instances, admission, router, plan, scenario, rng, blo
 
     decider = make_decider(plan.decider, dict(plan.decider_params), block_size=block_size,
                            field="disaggregation.decider")
-    fabric = KVTransferFabric(env, bandwidth_gbps=plan.bandwidth_gbps,
-                              base_latency_ms=plan.base_latency_ms, contention=plan.contention,
-                              on_complete=None)
+    fabric_class = fabric_class or KVTransferFabric
+    fabric = fabric_class(env, bandwidth_gbps=plan.bandwidth_gbps, base_latency_ms=plan.base_latency_ms,
+                          contention=plan.contention, on_complete=None)
     roles = ["" if r not in ("prefill", "decode") else r for r in plan.roles]
-    cluster = PDCluster(env, instances, admission, router, roles=roles, decider=decider,
-                        fabric=fabric, kv_bytes_per_token=plan.kv_bytes_per_token,
-                        block_size=block_size, prefill_router=pool_router("prefill"),
-                        decode_router=pool_router("decode"), local_routing=plan.local_routing,
-                        transfer_at_step_end=not plan.checkout, **kw)
+    cluster_class = cluster_class or PDCluster
+    cluster = cluster_class(env, instances, admission, router, roles=roles, decider=decider,
+                            fabric=fabric, kv_bytes_per_token=plan.kv_bytes_per_token,
+                            block_size=block_size, prefill_router=pool_router("prefill"),
+                            decode_router=pool_router("decode"), local_routing=plan.local_routing,
+                            transfer_at_step_end=not plan.checkout, **kw)
     cluster.on_parent_done = cluster.session_done
     return cluster
 

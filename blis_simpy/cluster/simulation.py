@@ -5,6 +5,12 @@ This is the library entry point the CLI uses::
     sim = Simulation(scenario, requests, horizon_us=...)
     result = sim.run()
 
+The classes it builds are registered by name and chosen by scenario keys:
+``engine.implementation`` (instances: ``fast``, ``reference``), ``cluster.implementation``
+(``standard``, ``pd``) and ``disaggregation.transfer.fabric`` (``default``). A user subclass
+that declares ``name="..."`` is selectable by that name; ``Simulation(...,
+instance_class=, cluster_class=, fabric_class=)`` passes classes directly (docs/extending.md).
+
 At the end of every run the invariants (docs/determinism.md) are checked (conservation per
 instance and over the pipeline, causality per request, KV conservation); a violation raises
 :class:`~blis_simpy.errors.InvariantError`.
@@ -25,20 +31,22 @@ from blis_simpy.cluster.invariants import (
     check_instance_conservation,
     check_pipeline_conservation,
 )
-from blis_simpy.cluster.pd import build_pd_cluster, finish_pd
+from blis_simpy.cluster.pd import PDCluster, build_pd_cluster, finish_pd
 from blis_simpy.cluster.policies import build_admission, build_router
 from blis_simpy.config.pools import resolve_pools
 from blis_simpy.config.resolve import Deployment, resolve
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.des import SimEnv
+from blis_simpy.disagg.fabric import KVTransferFabric
 from blis_simpy.engine.batching import BatchingPolicy
 from blis_simpy.engine.dp import DPEngine
-from blis_simpy.engine.fast import FastInstance
+from blis_simpy.engine.fast import FastInstance  # noqa: F401  (registers engine implementation "fast")
 from blis_simpy.engine.instance import EngineLimits, Instance
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.errors import ConfigError, InvariantError
 from blis_simpy.latency.interference import InterferenceModel
 from blis_simpy.metrics.records import InstanceMetrics
+from blis_simpy.plugins import build_failure, is_builtin
 from blis_simpy.rng import RngStreams
 from blis_simpy.trace import DecisionTrace
 
@@ -65,6 +73,56 @@ class SimulationResult:
     tp: int = 0          # TP of every instance (0 when prefill/decode pools differ)
 
 
+def component_classes(scenario: Scenario, pools: bool, *, instance_class: type[Instance] | None = None,
+                      cluster_class: type[Cluster] | None = None,
+                      fabric_class: type[KVTransferFabric] | None = None,
+                      ) -> tuple[type[Instance], type[Cluster], type[KVTransferFabric]]:
+    """The instance, cluster and fabric classes of a run: the ones given, else the registered
+    names of ``engine.implementation``, ``cluster.implementation`` (unset: ``pd`` with
+    prefill/decode pools — ``pools`` — else ``standard``) and
+    ``disaggregation.transfer.fabric``. A bad name, or a cluster class that does not fit the
+    topology, is a :class:`ConfigError` on that key; a given class of the wrong kind a
+    TypeError."""
+    for given, base in ((instance_class, Instance), (cluster_class, Cluster),
+                        (fabric_class, KVTransferFabric)):
+        if given is not None and not (isinstance(given, type) and issubclass(given, base)):
+            raise TypeError(f"expected a subclass of {base.__name__}, got {given!r}")
+    inst = instance_class or Instance.lookup(scenario.engine.implementation,
+                                             field="engine.implementation")
+    fabric = fabric_class or KVTransferFabric.lookup(scenario.disaggregation.transfer.fabric,
+                                                     field="disaggregation.transfer.fabric")
+    name = scenario.cluster.implementation
+    cluster = cluster_class
+    if cluster is None:
+        cluster = Cluster.lookup(name, field="cluster.implementation") if name is not None else (
+            PDCluster if pools else Cluster)
+    if pools and not issubclass(cluster, PDCluster):
+        raise ConfigError(f"cluster {cluster.name!r} cannot run prefill/decode pools: use pd or a "
+                          "subclass of PDCluster", field="cluster.implementation")
+    if not pools and issubclass(cluster, PDCluster):
+        raise ConfigError(f"cluster {cluster.name!r} needs prefill/decode pools "
+                          "(disaggregation.prefill_instances and decode_instances > 0)",
+                          field="cluster.implementation")
+    return inst, cluster, fabric
+
+
+def _guarded(cls: type, field: str):
+    """``cls`` itself if it is built in; for a plugin class, a constructor whose failures are
+    reported as that plugin's one-line :class:`ConfigError` on ``field``."""
+    if is_builtin(cls):
+        return cls
+
+    def build(*args, **kw):
+        try:
+            return cls(*args, **kw)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise build_failure(cls, exc, field=field) from None
+
+    return build
+
+
 class Simulation:
     """One cluster of instances on a shared SimPy clock, fed with ``requests``.
 
@@ -76,10 +134,19 @@ class Simulation:
     ``sessions``: an optional :class:`~blis_simpy.workload.sessions.SessionManager` of
     closed-loop sessions; it sees every terminal event and its follow-ups enter the cluster
     as ClusterArrivals (docs/workloads.md). Its accounting is checked at the end (INV-11).
+
+    ``instance_class`` (an :class:`~blis_simpy.engine.instance.Instance` subclass),
+    ``cluster_class`` (a :class:`~blis_simpy.cluster.cluster.Cluster` subclass; a
+    :class:`~blis_simpy.cluster.pd.PDCluster` one with prefill/decode pools) and
+    ``fabric_class`` (a :class:`~blis_simpy.disagg.fabric.KVTransferFabric` subclass) replace
+    the classes the scenario names (see :func:`component_classes`).
     """
 
     def __init__(self, scenario: Scenario, requests: list, *, horizon_us: int | None = None,
-                 deployment: Deployment | None = None, sessions=None):
+                 deployment: Deployment | None = None, sessions=None,
+                 instance_class: type[Instance] | None = None,
+                 cluster_class: type[Cluster] | None = None,
+                 fabric_class: type[KVTransferFabric] | None = None):
         self.scenario = scenario
         self.deployment = dep = deployment if deployment is not None else resolve(scenario)
         self.requests = requests
@@ -91,7 +158,12 @@ class Simulation:
         prio_cls = PriorityPolicy.lookup(eng.priority_policy, field="engine.priority_policy")
         batching_cls = BatchingPolicy.lookup(eng.batching, field="engine.batching")
         batching_params = batching_cls.parse_params(eng.batching_params, field="engine.batching_params")
-        inst_cls = FastInstance if eng.implementation == "fast" else Instance
+        new_batching = _guarded(batching_cls, "engine.batching")
+        inst_cls, cluster_cls, fabric_cls = component_classes(
+            scenario, plan.enabled, instance_class=instance_class, cluster_class=cluster_class,
+            fabric_class=fabric_class)
+        self.instance_class, self.cluster_class, self.fabric_class = inst_cls, cluster_cls, fabric_cls
+        new_instance = _guarded(inst_cls, "engine.implementation")
         dp = scenario.dp
         if dp > 1 and plan.enabled:
             raise ConfigError("data parallelism (dp > 1) is not supported with prefill/decode "
@@ -118,8 +190,8 @@ class Simulation:
                                                 plan.interference_decode)
                 kv = d.new_kv_cache()          # per rank: each DP rank has its own KV pool
                 try:
-                    inst = inst_cls(self.env, k, limits, latency, kv, sched_cls(), prio_cls(),
-                                    batching=batching_cls(batching_params))
+                    inst = new_instance(self.env, k, limits, latency, kv, sched_cls(), prio_cls(),
+                                        batching=new_batching(batching_params))
                 except ValueError as exc:
                     raise ConfigError(str(exc), field="engine.max_model_len") from None
                 inst.model = scenario.model
@@ -144,13 +216,15 @@ class Simulation:
                       routing_latency_us=cl.routing_latency_us,
                       snapshot_refresh_interval_us=cl.snapshot_refresh_interval_us,
                       trace=self.trace)
+        new_cluster = _guarded(cluster_cls, "cluster.implementation")
         if plan.enabled:
-            self.cluster = build_pd_cluster(self.env, self.instances, self.admission,
-                                            self.router, plan, scenario, self.rng,
-                                            dep.block_size, **common)
+            self.cluster = build_pd_cluster(
+                self.env, self.instances, self.admission, self.router, plan, scenario, self.rng,
+                dep.block_size, cluster_class=new_cluster,
+                fabric_class=_guarded(fabric_cls, "disaggregation.transfer.fabric"), **common)
         else:
-            self.cluster = Cluster(self.env, self.instances, self.admission, self.router,
-                                   **common)
+            self.cluster = new_cluster(self.env, self.instances, self.admission, self.router,
+                                       **common)
         self.sessions = sessions
         self.cluster.sessions = sessions
 

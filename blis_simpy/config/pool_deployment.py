@@ -21,6 +21,7 @@ from blis_simpy.config.resolve import (
     blackbox_coefficients,
     build_backend,
     global_coefficients,
+    is_analytical,
 )
 from blis_simpy.config.scenario import PoolOverrides, Scenario
 from blis_simpy.errors import ConfigError
@@ -64,8 +65,8 @@ def resolve_pool_deployment(s: Scenario, glob: Deployment, ov: PoolOverrides, ro
         r.note(f"{k} {v}: pool override")
     eng = ps.engine
     backend = ps.latency.model or "physics"
-    LatencyModel.lookup(backend, field=f"{key}.latency_model")
-    analytical = backend in ANALYTICAL
+    lat_cls = LatencyModel.lookup(backend, field=f"{key}.latency_model")
+    analytical = is_analytical(backend)
     tp = ov.tp if ov.tp is not None else glob.tp
     hw = glob.hardware
     gpu = glob.gpu
@@ -129,8 +130,11 @@ def resolve_pool_deployment(s: Scenario, glob: Deployment, ov: PoolOverrides, ro
         r.note(f"max_model_len {total * bs}: lowered to the pool's KV capacity ({total} blocks x {bs} tokens)")
         max_len = total * bs
 
+    # the scenario's latency.params belong to the global backend; another one gets its defaults
+    params = lat_cls.parse_params(s.latency.params if backend == glob.backend else None,
+                                  field="latency.params")
     build = partial(build_backend, backend, model_cfg, lat_gpu, tp, alpha, beta, s.latency.compat,
-                    backend_options(s))
+                    backend_options(s), params)
     try:
         build()
     except ConfigError as exc:

@@ -47,13 +47,26 @@ from blis_simpy.kv.sizing import KV_DTYPE_BYTES
 from blis_simpy.kv.vllm_capacity import KVCapacity
 from blis_simpy.latency.base import LatencyModel
 from blis_simpy.latency.coefficient_sets import PhysicsCoefficients, read_set
+from blis_simpy.plugins import build_failure, is_builtin
 
 log = logging.getLogger("blis_simpy")
 
 DEFAULT_TOTAL_KV_BLOCKS = 1_000_000
 ANALYTICAL = ("physics", "trained-physics", "roofline", "crossmodel", "trained-roofline")
+#: the backends built from alpha/beta or a model config; any other name is a plugin, built
+#: from its own ``latency.params`` (:meth:`~blis_simpy.latency.base.LatencyModel.build`)
+BUILTIN_BACKENDS = ("blackbox", *ANALYTICAL)
 #: backends timed by coefficient-set files or fixed formulas: no --alpha/--beta coefficients
 NO_COEFFICIENTS = ("roofline", "physics")
+
+
+def is_analytical(backend: str) -> bool:
+    """A backend that needs a GPU, TP and the model's architecture: the analytical built-ins
+    and a plugin whose class sets ``needs_model_config``."""
+    if backend in ANALYTICAL:
+        return True
+    cls = LatencyModel._registry.get(backend)
+    return backend not in BUILTIN_BACKENDS and cls is not None and cls.needs_model_config
 
 
 def backend_options(s: Scenario) -> dict:
@@ -229,7 +242,7 @@ def _kv_blocks(r: Resolution, cat, backend, hw, tp, vllm, model_cfg, gpu) -> int
             r.note(f"total_kv_blocks {kv}: catalog row {s.model} {hw} TP{tp} {vllm}")
             r.kv_source = "catalog"
             return kv
-    if model_cfg is None and backend not in ANALYTICAL and gpu is not None and tp > 0 and s.model:
+    if model_cfg is None and not is_analytical(backend) and gpu is not None and tp > 0 and s.model:
         model_cfg = r.model_config(s.model)[0]      # blackbox: only a config available offline
     if model_cfg is not None and gpu is not None and tp > 0:
         cap = auto_kv_capacity(r, model_cfg, gpu, tp, field="hardware",
@@ -239,7 +252,7 @@ def _kv_blocks(r: Resolution, cat, backend, hw, tp, vllm, model_cfg, gpu) -> int
         r.kv_source = "default"
         return DEFAULT_TOTAL_KV_BLOCKS
     r.kv_source = "default"
-    if backend in ANALYTICAL:
+    if is_analytical(backend):
         r.warn(f"no KV capacity could be resolved; using the default {DEFAULT_TOTAL_KV_BLOCKS} blocks")
     else:
         r.note(f"total_kv_blocks {DEFAULT_TOTAL_KV_BLOCKS}: default (no catalog row, no model config)")
@@ -282,7 +295,7 @@ def _max_model_len(r: Resolution, backend: str, model_cfg, total_blocks: int) ->
     from blis_simpy.catalog.hfconfig import cap_max_model_len, derive_max_model_len
     eng = r.s.engine
     m = eng.max_model_len
-    if backend not in ANALYTICAL:
+    if not is_analytical(backend):
         return m
     if m == 0 and model_cfg is not None:
         m = derive_max_model_len(model_cfg)
@@ -295,26 +308,70 @@ def _max_model_len(r: Resolution, backend: str, model_cfg, total_blocks: int) ->
     return capped
 
 
+#: the tiered cache's parameters default to these engine keys (BLIS's flags)
+_TIER_KEYS = {"cpu_blocks": "kv_cpu_blocks", "transfer_bandwidth": "kv_transfer_bandwidth",
+              "transfer_base_latency_us": "kv_transfer_base_latency_us",
+              "offload_threshold": "kv_offload_threshold"}
+
+
 def _kv_factory(r: Resolution) -> Callable[[int, int], KVCache]:
-    eng = r.s.engine
-    if eng.kv_cpu_blocks <= 0:
-        return KVCache
+    """The registered KV cache (``engine.kv_cache``; unset: ``tiered`` when
+    ``engine.kv_cpu_blocks > 0``, else ``gpu``) with its validated ``engine.kv_cache_params``.
+    A plugin cache's constructor errors are reported as that plugin's (when the instances are
+    built)."""
     from blis_simpy.kv.tiered import TieredKVCache
-    r.note(f"CPU KV tier: {eng.kv_cpu_blocks} blocks, {eng.kv_transfer_bandwidth} blocks/us, "
-           f"base latency {eng.kv_transfer_base_latency_us} us")
+    eng = r.s.engine
+    given = eng.kv_cache_params
+    kind = eng.kv_cache if eng.kv_cache is not None else ("tiered" if eng.kv_cpu_blocks > 0 else "gpu")
+    cls = KVCache.lookup(kind, field="engine.kv_cache")
+    raw = dict(given)
+    tiered = issubclass(cls, TieredKVCache)
+    if tiered:
+        raw = {key: getattr(eng, flat) for key, flat in _TIER_KEYS.items()} | raw
+    try:
+        params = cls.parse_params(raw, field="engine.kv_cache_params")
+    except ConfigError as exc:      # a default taken from an engine key: point at that key
+        key = (exc.field or "").removeprefix("engine.kv_cache_params.")
+        if tiered and key in _TIER_KEYS and key not in given:
+            raise ConfigError(exc.problem, field=f"engine.{_TIER_KEYS[key]}") from None
+        raise
+    if cls is KVCache and not given:
+        return KVCache
+    if tiered:
+        r.note(f"CPU KV tier: {params.cpu_blocks} blocks, {params.transfer_bandwidth} blocks/us, "
+               f"base latency {params.transfer_base_latency_us} us")
     try:   # TieredKVCache warns (per cache) that the offload threshold is ignored
-        return TieredKVCache.factory(cpu_blocks=eng.kv_cpu_blocks, transfer_bandwidth=eng.kv_transfer_bandwidth,
-                                     transfer_base_latency_us=eng.kv_transfer_base_latency_us,
-                                     offload_threshold=eng.kv_offload_threshold)
+        factory = cls.factory_for(params)
     except ValueError as exc:
-        raise ConfigError(str(exc), field="engine.kv_cpu_blocks") from None
+        raise ConfigError(str(exc), field="engine.kv_cpu_blocks" if eng.kv_cache is None
+                          else "engine.kv_cache_params") from None
+    return factory if is_builtin(cls) else partial(_build_kv_plugin, cls, factory)
+
+
+def _build_kv_plugin(cls: type[KVCache], factory, total_blocks: int, block_size: int) -> KVCache:
+    try:
+        return factory(total_blocks, block_size)
+    except ConfigError:
+        raise
+    except Exception as exc:     # the plugin's own constructor failed
+        raise build_failure(cls, exc, field="engine.kv_cache") from None
 
 
 def build_backend(backend: str, model_cfg, gpu, tp, alpha, beta, compat: str,
-                  extra: dict | None = None) -> LatencyModel:
+                  extra: dict | None = None, params=None) -> LatencyModel:
     """Build one latency model; ``extra`` (:func:`backend_options`) goes to ``physics`` and
-    ``trained-physics`` only."""
+    ``trained-physics`` only. A plugin (a name outside :data:`BUILTIN_BACKENDS`) is built by
+    its :meth:`~blis_simpy.latency.base.LatencyModel.build` from its validated ``params``;
+    anything its constructor raises is reported as that plugin's error."""
     cls = LatencyModel.lookup(backend, field="latency.model")
+    if backend not in BUILTIN_BACKENDS:
+        try:
+            return cls.build(params if params is not None else cls.Params(), model_config=model_cfg,
+                             gpu=gpu, tp=max(int(tp or 0), 1))
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise build_failure(cls, exc, field="latency.model") from None
     try:
         if backend == "blackbox":
             return cls(alpha, beta)
@@ -355,7 +412,8 @@ def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:
     """Resolve ``scenario`` (explicit values always win). ``quiet``: log nothing."""
     import blis_simpy.latency  # noqa: F401  (registers every built-in backend)
     backend = scenario.latency.model or "physics"
-    LatencyModel.lookup(backend, field="latency.model")
+    lat_cls = LatencyModel.lookup(backend, field="latency.model")
+    lat_params = lat_cls.parse_params(scenario.latency.params, field="latency.params")
     lat, set_note = _with_coefficient_set(scenario.latency, backend)
     if lat is not scenario.latency:
         scenario = scenario.model_copy(update={"latency": lat})
@@ -366,9 +424,12 @@ def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:
     if backend in NO_COEFFICIENTS and (cfg.alpha_coeffs is not None or cfg.beta_coeffs is not None):
         raise ConfigError(f"{backend} takes no alpha/beta coefficients (use blackbox, trained-physics, "
                           "crossmodel or trained-roofline, or drop them)", field="latency.model")
+    if backend not in BUILTIN_BACKENDS and (cfg.alpha_coeffs is not None or cfg.beta_coeffs is not None):
+        raise ConfigError(f"latency model {backend!r} (a plugin) takes no alpha/beta coefficients; give "
+                          "its own parameters under latency.params", field="latency.model")
     cat = r.coefficients()
     hw, tp, vllm = _deployment_identity(r, cat)
-    analytical = backend in ANALYTICAL
+    analytical = is_analytical(backend)
     gpus = r.gpus()
     gpu = None
     if analytical:
@@ -400,7 +461,7 @@ def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:
     total = _kv_blocks(r, cat, backend, hw, tp, vllm, model_cfg, gpu)
     max_len = _max_model_len(r, backend, model_cfg, total)
     build = partial(build_backend, backend, model_cfg, gpu, tp, alpha, beta, cfg.compat,
-                    backend_options(s))
+                    backend_options(s), lat_params)
     build()                     # validate now: errors before anything runs
     return Deployment(total_kv_blocks=total, block_size=eng.block_size, max_model_len=max_len,
                       latency_factory=build, kv_factory=_kv_factory(r), notes=r.notes, backend=backend,

@@ -67,7 +67,9 @@ class LatencyConfig(Strict):
     """Which latency backend times the steps, and its coefficients (docs/latency-models.md)."""
 
     model: str = Field("blackbox", description="blackbox | physics | trained-physics | roofline | "
-                                                "crossmodel | trained-roofline")
+                                                "crossmodel | trained-roofline | a plugin's name")
+    params: dict = Field(default_factory=dict,
+                         description="the backend's own parameters (a plugin's Params; built-ins take none)")
     alpha_coeffs: list[NonNegFloat] | None = Field(
         None, description="alpha0 (µs), alpha1 (µs/input token), alpha2 (µs/output token)")
     beta_coeffs: list[NonNegFloat] | None = Field(
@@ -109,8 +111,16 @@ class EngineConfig(Strict):
         0.9, description="deprecated and ignored (BLIS keeps the flag)")
     kv_transfer_bandwidth: PosFloat = Field(100.0, description="CPU→GPU reload bandwidth, blocks/µs")
     kv_transfer_base_latency_us: NonNegInt = Field(0, description="fixed cost per reloaded block, µs")
-    implementation: Literal["fast", "reference"] = Field(
-        "fast", description="fast (lazy decode set) or reference (literal per-request loops)")
+    implementation: str = Field(
+        "fast", description="registered engine implementation: fast (lazy decode set), reference "
+                            "(literal per-request loops) or a plugin's name")
+    kv_cache: str | None = Field(
+        None, description="registered KV cache: gpu | tiered | a plugin's name; None = tiered when "
+                           "kv_cpu_blocks > 0, else gpu")
+    kv_cache_params: dict = Field(
+        default_factory=dict, description="the KV cache's own parameters (its Params; tiered: "
+                                          "cpu_blocks, transfer_bandwidth, transfer_base_latency_us, "
+                                          "offload_threshold, by default the kv_* keys above)")
     batching: str = Field(
         "vllm", description="registered batching policy: vllm (chunked prefill, recompute "
                             "preemption) or a plugin's name (docs/extending.md)")
@@ -143,6 +153,9 @@ class ClusterConfig(Strict):
     routing_latency_us: NonNegInt = 0
     snapshot_refresh_interval_us: NonNegInt = Field(
         0, description="0 = routers see instance state as of now; I > 0 = refreshed every I µs")
+    implementation: str | None = Field(
+        None, description="registered cluster class: standard | pd | a plugin's name; None = pd "
+                          "with prefill/decode pools, else standard")
 
 
 class TraceConfig(Strict):
@@ -232,6 +245,7 @@ class TransferConfig(Strict):
         None, description="none: every transfer gets the full bandwidth; snapshot: BLIS's share "
                           "fixed at start; fair-share: processor sharing. None = fair-share "
                           "(compat checkout: none)")
+    fabric: str = Field("default", description="registered fabric class: default | a plugin's name")
 
 
 class InterferenceConfig(Strict):

@@ -46,6 +46,7 @@ from blis_simpy.disagg.bandwidth import (
     SharedBandwidth,
     Transfer,
 )
+from blis_simpy.plugins import Pluggable
 from blis_simpy.units import ceil_div
 
 log = logging.getLogger("blis_simpy.disagg")
@@ -63,8 +64,11 @@ def kv_transfer_bytes(num_tokens: int, block_size: int, kv_bytes_per_token: floa
     return float(blocks) * float(block_size) * float(kv_bytes_per_token)
 
 
-class KVTransferFabric:
+class KVTransferFabric(Pluggable, family="kv transfer fabric", name="default"):
     """The cluster-wide KV-transfer fabric: counters around the shared bandwidth resource.
+
+    Fabric classes are a registry (``disaggregation.transfer.fabric``): this one is
+    ``default``; a subclass declared with ``name="..."`` is selectable by that name.
 
     ``start(parent, nbytes)`` is called at the ``KVTransferStarted`` event (key
     ``KV_TRANSFER_STARTED``) and returns the :class:`Transfer`; at its completion tick the

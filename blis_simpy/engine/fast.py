@@ -13,7 +13,7 @@ from blis_simpy.engine.instance import Instance
 from blis_simpy.engine.lazy_ledger import LazyLedger
 
 
-class FastInstance(Instance):
+class FastInstance(Instance, name="fast"):
     """An engine instance whose decoding requests cost O(1) per step in the common case."""
 
     ledger_class = LazyLedger

@@ -46,6 +46,7 @@ from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.engine.vllm_batching import VLLMBatching
 from blis_simpy.latency.base import BatchView, LatencyModel
 from blis_simpy.metrics.records import InstanceMetrics
+from blis_simpy.plugins import Pluggable
 from blis_simpy.request import COMPLETED, DROPPED, RUNNING, TIMED_OUT
 from blis_simpy.units import ceil_div
 
@@ -90,7 +91,7 @@ class InstanceListener:
     wants_request_state = False
 
 
-class Instance:
+class Instance(Pluggable, family="engine implementation", name="reference"):
     """An engine instance: wait queue, running batch, KV cache, latency model, metrics.
 
     With data parallelism (``dp > 1``) an instance is one DP rank of an engine:
@@ -98,6 +99,10 @@ class Instance:
     the rank for each request) and ``dp_rank`` the rank's position in it; ``lockstep`` is
     the engine's :class:`~blis_simpy.engine.dp.LockstepGroup` when the ranks step together
     (MoE models), in which case the rank never runs steps of its own.
+
+    Engine implementations are a registry (``engine.implementation``): this class is
+    ``reference``, :class:`~blis_simpy.engine.fast.FastInstance` is ``fast``; a subclass
+    declared with ``name="..."`` is selectable by that name (docs/extending.md).
     """
 
     dp_engine = None     # the DPEngine this instance is a rank of (None: no DP)

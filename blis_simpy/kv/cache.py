@@ -18,15 +18,25 @@ restores the request's own block list too.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
+from functools import partial
 
+from blis_simpy.plugins import Pluggable
 from blis_simpy.request import hash_block
 from blis_simpy.units import ceil_div
 
 
-class KVCache:
-    """Single-tier (GPU) KV block store. Units: blocks and token slots."""
+class KVCache(Pluggable, family="kv cache", name="gpu"):
+    """Single-tier (GPU) KV block store. Units: blocks and token slots.
 
-    def __init__(self, total_blocks: int, block_size: int = 16):
+    KV caches are a registry (``engine.kv_cache``): this one is ``gpu``,
+    :class:`~blis_simpy.kv.tiered.TieredKVCache` is ``tiered``. A subclass declared with
+    ``name="..."`` (and optionally a pydantic ``Params``) is selectable by that name; it is
+    built as ``cls(total_blocks, block_size, params=params)`` (see :meth:`factory_for`).
+    """
+
+    def __init__(self, total_blocks: int, block_size: int = 16, *, params=None):
+        self.params = params if params is not None else type(self).Params()
         if total_blocks <= 0:
             raise ValueError(f"total KV blocks must be > 0, got {total_blocks}")
         if block_size <= 0:
@@ -41,6 +51,12 @@ class KVCache:
         self.used = 0
         self.cache_hits = 0
         self.cache_misses = 0
+
+    @classmethod
+    def factory_for(cls, params) -> Callable[[int, int], KVCache]:
+        """A ``kv_factory(total_blocks, block_size)`` building this kind with validated
+        ``params`` (an instance of :attr:`Params`); raises ValueError for bad ones."""
+        return partial(cls, params=params)
 
     # ------------------------------------------------------------------ queries
     @property

@@ -39,6 +39,7 @@ from functools import partial
 from itertools import chain
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from blis_simpy.kv.cache import KVCache
 from blis_simpy.request import hash_block
@@ -63,19 +64,34 @@ def check_tier_params(cpu_blocks: int, transfer_bandwidth: float, transfer_base_
         raise ValueError(f"KV offload threshold must be finite and in [0, 1], got {offload_threshold!r}")
 
 
-class TieredKVCache(KVCache):
+class TieredKVCache(KVCache, name="tiered"):
     """GPU tier (:class:`KVCache`) plus a CPU mirror tier of ``cpu_blocks`` blocks.
 
     ``transfer_bandwidth`` is in blocks per µs, ``transfer_base_latency_us`` in µs per
     reloaded block. ``offload_threshold`` is validated and ignored, as in BLIS (a warning is
-    logged when it is non-zero).
+    logged when it is non-zero). Registered as KV cache kind ``tiered``; its :attr:`Params`
+    are the same four values.
     """
+
+    class Params(BaseModel):
+        """The CPU tier: blocks, reload bandwidth (blocks/µs), reload cost per block (µs)."""
+
+        model_config = ConfigDict(extra="forbid")
+        cpu_blocks: int = Field(gt=0)
+        transfer_bandwidth: float = Field(100.0, gt=0, allow_inf_nan=False)
+        transfer_base_latency_us: int = Field(0, ge=0)
+        offload_threshold: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
 
     def __init__(self, total_blocks: int, block_size: int = 16, *, cpu_blocks: int,
                  transfer_bandwidth: float = 100.0, transfer_base_latency_us: int = 0,
-                 offload_threshold: float = 0.0):
-        super().__init__(total_blocks, block_size)
+                 offload_threshold: float = 0.0, params=None):
+        super().__init__(total_blocks, block_size,
+                         params=params if params is not None else self.Params.model_construct())
         check_tier_params(cpu_blocks, transfer_bandwidth, transfer_base_latency_us, offload_threshold)
+        if params is None:
+            self.params = self.Params(cpu_blocks=cpu_blocks, transfer_bandwidth=transfer_bandwidth,
+                                      transfer_base_latency_us=transfer_base_latency_us,
+                                      offload_threshold=offload_threshold)
         if offload_threshold != 0:
             log.warning("KVOffloadThreshold is deprecated in vLLM v1 mirror model and will be "
                         "ignored. GPU prefix cache is now preserved on release; the CPU tier "
@@ -107,6 +123,13 @@ class TieredKVCache(KVCache):
         return partial(cls, cpu_blocks=cpu_blocks, transfer_bandwidth=transfer_bandwidth,
                        transfer_base_latency_us=transfer_base_latency_us,
                        offload_threshold=offload_threshold)
+
+    @classmethod
+    def factory_for(cls, params) -> partial:
+        return partial(cls.factory(cpu_blocks=params.cpu_blocks,
+                                   transfer_bandwidth=params.transfer_bandwidth,
+                                   transfer_base_latency_us=params.transfer_base_latency_us,
+                                   offload_threshold=params.offload_threshold), params=params)
 
     # ------------------------------------------------------------------ metrics
     def cache_hit_rate(self) -> float:

@@ -89,10 +89,32 @@ class LatencyModel(Pluggable, family="latency model"):
     """Times engine steps. All results are integer µs.
 
     Subclasses implement :meth:`step_time`; the overhead terms default to zero.
+
+    A plugin model registers a name (``class Mine(LatencyModel, name="mine")``), may declare
+    a pydantic ``Params`` (its own keys, from the scenario's ``latency.params``) and is built
+    by :meth:`build` — by default ``cls(params, model_config=..., gpu=..., tp=...)``; this
+    base constructor keeps them as ``self.params``, ``self.model_config``, ``self.gpu`` and
+    ``self.tp``. The built-in backends have constructors of their own (config/resolve.py).
     """
 
-    #: True when the model needs the HF model architecture (analytical backends).
+    #: True when the model needs the HF model architecture (analytical backends); a plugin
+    #: that sets it also needs a GPU (``hardware``) and ``tp`` > 0, as those backends do.
     needs_model_config: ClassVar[bool] = False
+
+    def __init__(self, params=None, *, model_config=None, gpu=None, tp: int = 1, **_ignored):
+        self.params = params if params is not None else type(self).Params()
+        self.model_config = model_config
+        self.gpu = gpu
+        self.tp = tp
+
+    @classmethod
+    def build(cls, params, *, model_config=None, gpu=None, tp: int = 1) -> LatencyModel:
+        """A plugin model for one instance: ``params`` (validated :attr:`Params`), the model
+        architecture (a :class:`~blis_simpy.catalog.types.ModelConfig`; None unless
+        :attr:`needs_model_config` or a config was resolved), the GPU
+        (:class:`~blis_simpy.catalog.types.GPUSpec`, None when no known ``hardware`` is given)
+        and tensor parallelism (≥ 1). Called once per instance (and once to validate)."""
+        return cls(params, model_config=model_config, gpu=gpu, tp=tp)
 
     def step_time(self, batch: BatchView) -> int:
         """Duration of one engine step, ≥ 1 µs."""
