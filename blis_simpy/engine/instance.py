@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from simpy.events import Event
 
-from blis_simpy.des import QUEUED, STEP, TIMEOUT, SimEnv, instance_key
+from blis_simpy.des import QUEUED, STEP, TIMEOUT, SimEnv, instance_key, succeed_at
 from blis_simpy.engine.batching import BatchingPolicy, StepAllocator
 from blis_simpy.engine.ledger import EagerLedger
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
@@ -187,9 +187,7 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         bell = self._doorbell
         if bell is not None:
             self._doorbell = None
-            bell._ok = True
-            bell._value = None
-            self.env.schedule(bell, self.key_step, t_us - self.env.now)
+            succeed_at(bell, t_us, self.key_step)
         else:
             self.env.process(self._orphan_chain(self.env.wake_at(t_us, self.key_step)))
 
