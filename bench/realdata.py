@@ -218,8 +218,8 @@ def build_requests(run: Run) -> list:
 
 
 def simulate(run: Run, backend: str, step: RealStep | None) -> BackendResult:
+    from blis_simpy.build.resolve import resolve
     from blis_simpy.cluster.simulation import Simulation
-    from blis_simpy.config.resolve import resolve
     st = run.settings
     out = BackendResult(backend)
     scenario = build_scenario(st, backend)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from blis_simpy.cluster.snapshot import RouterState
 from blis_simpy.plugins import Pluggable
+from blis_simpy.snapshot import RouterState
 
 
 class AdmissionPolicy(Pluggable, family="admission policy"):

@@ -9,7 +9,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from blis_simpy.admission.base import AdmissionPolicy
-from blis_simpy.cluster.snapshot import RouterState
+from blis_simpy.snapshot import RouterState
 
 log = logging.getLogger("blis_simpy.admission")
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from blis_simpy.build.resolve import Deployment, resolve
 from blis_simpy.cluster.simulation import Simulation
-from blis_simpy.config.resolve import Deployment, resolve
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.observed.run import ObservedRun, Settings
 from blis_simpy.units import MAX_INT64

@@ -27,31 +27,13 @@ from blis_simpy.cli.calibrate_cmd import register as _register_calibrate
 from blis_simpy.cli.catalog_cmd import register as _register_catalog
 from blis_simpy.cli.convert_cmd import register as _register_convert
 from blis_simpy.cli.fit_cmd import register as _register_fit
+from blis_simpy.cli.logs import setup_logging
 from blis_simpy.cli.observe_cmd import register as _register_observe
 from blis_simpy.cli.options import flag_parameters, given_flags
 from blis_simpy.config.scenario import TraceWorkload
 from blis_simpy.errors import BlisError, ConfigError
 
 log = logging.getLogger("blis_simpy")
-
-#: BLIS's ``--log`` levels (logrus) onto Python logging; anything else means "error".
-LOG_LEVELS = {"trace": 5, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
-              "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL,
-              "panic": logging.CRITICAL}
-_handler: logging.Handler | None = None
-
-
-def setup_logging(level: str | None) -> None:
-    """Route the ``blis_simpy`` loggers to the current stderr at the BLIS ``level``."""
-    global _handler
-    if _handler is not None:
-        log.removeHandler(_handler)
-    _handler = logging.StreamHandler(sys.stderr)
-    _handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    log.addHandler(_handler)
-    log.setLevel(LOG_LEVELS.get((level or "warn").lower(), logging.ERROR))
-    log.propagate = False
-
 
 class _Guarded(TyperGroup):
     """The one place that turns errors into ``error: <one line>`` and an exit status."""

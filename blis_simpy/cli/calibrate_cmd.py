@@ -21,6 +21,7 @@ import typer
 
 from blis_simpy.cli import flags as F
 from blis_simpy.cli import runner
+from blis_simpy.cli.logs import setup_logging
 from blis_simpy.cli.options import flag_parameters, given_flags
 from blis_simpy.errors import ConfigError
 from blis_simpy.units import MAX_INT64
@@ -144,7 +145,6 @@ def register(app: typer.Typer) -> None:
     ] + flag_parameters(F.REPLAY, SKIP)
 
     def cmd(**kw) -> None:
-        from blis_simpy.cli.app import setup_logging
         runs, scenario, fmt = kw.pop("runs"), kw.pop("scenario"), kw.pop("format")
         plot, report, timeline = kw.pop("plot"), kw.pop("report"), kw.pop("timeline")
         given = given_flags(F.REPLAY, kw)

@@ -17,6 +17,7 @@ import typer
 
 from blis_simpy.cli import flags as F
 from blis_simpy.cli.calibrate_cmd import SKIP, run_plan
+from blis_simpy.cli.logs import setup_logging
 from blis_simpy.cli.options import flag_parameters, given_flags
 from blis_simpy.errors import ConfigError
 
@@ -150,7 +151,6 @@ def register(app: typer.Typer) -> None:
     ] + flag_parameters(F.REPLAY, SKIP)
 
     def cmd(**kw) -> None:
-        from blis_simpy.cli.app import setup_logging
         runs, output, scenario = kw.pop("runs"), kw.pop("output"), kw.pop("scenario")
         budget, max_eval = kw.pop("time_budget"), kw.pop("max_evaluations")
         cv, name = kw.pop("cross_validate"), kw.pop("name")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from blis_simpy.config import policy as P
+from blis_simpy.build import policy as P
 from blis_simpy.config.scenario import DistributionWorkload
 from blis_simpy.errors import ConfigError
 from blis_simpy.units import MAX_INT64
@@ -99,7 +99,7 @@ def decider_text(value: str) -> str:
 
 
 def decider_rule(v) -> str | None:
-    from blis_simpy.config.pools import check_decider
+    from blis_simpy.build.pools import check_decider
     try:
         check_decider(v)
     except ConfigError as exc:

@@ -28,6 +28,7 @@ from pathlib import Path
 import typer
 
 from blis_simpy.cli import flags as F
+from blis_simpy.cli.logs import setup_logging
 from blis_simpy.errors import ConfigError
 
 #: ``run``'s workload flags that ``observe`` takes (parsed and checked by the flag table)
@@ -240,7 +241,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Send a workload to a real OpenAI-compatible server (e.g. `vllm serve`) and record
         real timings as a TraceV2 (mode real) plus a results JSON."""
-        from blis_simpy.cli.app import setup_logging
         setup_logging(log_level)
         raw = locals()
         given = {n: raw[F.BY_NAME[n].dest] for n in WORKLOAD_FLAGS if raw.get(F.BY_NAME[n].dest) is not None}

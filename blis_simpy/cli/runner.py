@@ -18,11 +18,11 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from blis_simpy.build.pools import resolve_pools
+from blis_simpy.build.resolve import build_latency_model
 from blis_simpy.cli.flags import BY_NAME, REPLAY, apply_flags, flag_for_path
 from blis_simpy.cluster.simulation import Simulation, SimulationResult, component_classes
 from blis_simpy.config.loader import Source, check_scenario, load_raw, undotted, validate
-from blis_simpy.config.pools import resolve_pools
-from blis_simpy.config.resolve import build_latency_model
 from blis_simpy.config.scenario import Scenario, SpecWorkload, TraceWorkload
 from blis_simpy.engine.batching import BatchingPolicy
 from blis_simpy.errors import ConfigError

@@ -19,11 +19,11 @@ import logging
 from dataclasses import dataclass, field
 
 from blis_simpy.admission.base import AdmissionPolicy
-from blis_simpy.cluster.snapshot import RouterState, SnapshotProvider
 from blis_simpy.des import ADMISSION, CLUSTER_ARRIVAL, FOLLOWUP_ARRIVAL, ROUTING, SimEnv
 from blis_simpy.engine.instance import Instance, InstanceListener
 from blis_simpy.plugins import Pluggable
 from blis_simpy.routing.base import Router
+from blis_simpy.snapshot import RouterState, SnapshotProvider
 
 log = logging.getLogger("blis_simpy.cluster")
 

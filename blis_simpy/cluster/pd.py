@@ -251,7 +251,7 @@ def _share_hashes(src, dst) -> None:
 def build_pd_cluster(env, instances, admission, router, plan, scenario, rng, block_size: int,
                      *, cluster_class: type[PDCluster] | None = None, fabric_class=None,
                      **kw) -> PDCluster:
-    """A :class:`PDCluster` for a resolved :class:`~blis_simpy.config.pools.PoolPlan`.
+    """A :class:`PDCluster` for a resolved :class:`~blis_simpy.build.pools.PoolPlan`.
 
     ``cluster_class`` (a :class:`PDCluster` subclass) and ``fabric_class`` (a
     :class:`~blis_simpy.disagg.fabric.KVTransferFabric` subclass) replace the built-in ones.

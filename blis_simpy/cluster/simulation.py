@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import blis_simpy.admission  # noqa: F401  (registers the built-in admission policies)
 import blis_simpy.routing  # noqa: F401  (registers the built-in routers and scorers)
+from blis_simpy.build.pools import resolve_pools
+from blis_simpy.build.resolve import Deployment, resolve
 from blis_simpy.cluster.cluster import Cluster, ControlPlaneCounters
 from blis_simpy.cluster.invariants import (
     check_causality,
@@ -33,8 +35,6 @@ from blis_simpy.cluster.invariants import (
 )
 from blis_simpy.cluster.pd import PDCluster, build_pd_cluster, finish_pd
 from blis_simpy.cluster.policies import build_admission, build_router
-from blis_simpy.config.pools import resolve_pools
-from blis_simpy.config.resolve import Deployment, resolve
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.des import SimEnv
 from blis_simpy.disagg.fabric import KVTransferFabric

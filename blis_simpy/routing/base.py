@@ -1,7 +1,7 @@
 """The routing-policy family and its simplest member (docs/control-plane.md, "Routing").
 
 A router is a plain synchronous decider: given the request and a read-only
-:class:`~blis_simpy.cluster.snapshot.RouterState`, it returns a :class:`RoutingDecision`.
+:class:`~blis_simpy.snapshot.RouterState`, it returns a :class:`RoutingDecision`.
 Add one by subclassing (see docs/extending.md)::
 
     class LeastKV(Router, name="least-kv"):
@@ -27,8 +27,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from blis_simpy.cluster.snapshot import RouterState
 from blis_simpy.plugins import Pluggable
+from blis_simpy.snapshot import RouterState
 
 TieBreak = Literal["random", "first"]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from blis_simpy.cluster.snapshot import RouterState
 from blis_simpy.routing.base import Router, RoutingDecision, TieBreak, TieBreakParams, break_tie
 from blis_simpy.routing.scorers import Scorer, ScorerSpec, check_scorer, default_scorers, parse_scorers
+from blis_simpy.snapshot import RouterState
 
 
 class LeastLoaded(Router, name="least-loaded"):

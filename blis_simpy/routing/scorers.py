@@ -25,9 +25,9 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from blis_simpy.cluster.snapshot import InstanceSnapshot
 from blis_simpy.plugins import Pluggable
 from blis_simpy.routing.prefix_index import DEFAULT_CAPACITY, PrefixIndex
+from blis_simpy.snapshot import InstanceSnapshot
 
 
 class Scorer(Pluggable, family="routing scorer"):

@@ -10,7 +10,7 @@ snapshots gives no candidates and regret 0. With K = 0 nothing is computed.
 
 from __future__ import annotations
 
-from blis_simpy.cluster.snapshot import InstanceSnapshot
+from blis_simpy.snapshot import InstanceSnapshot
 from blis_simpy.trace.records import Candidate
 
 

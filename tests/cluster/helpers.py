@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from blis_simpy.cluster.snapshot import InstanceSnapshot, RouterState
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.request import Request
+from blis_simpy.snapshot import InstanceSnapshot, RouterState
 
 ALPHA = [1000.0, 0.0, 0.0]
 BETA = [5000.0, 10.0, 100.0]

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from blis_simpy.build.resolve import DEFAULT_TOTAL_KV_BLOCKS, resolve
 from blis_simpy.catalog.hardware import builtin_gpus
 from blis_simpy.catalog.models import builtin_models
 from blis_simpy.config.loader import load_scenario
-from blis_simpy.config.resolve import DEFAULT_TOTAL_KV_BLOCKS, resolve
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.capacity import kv_capacity_blocks

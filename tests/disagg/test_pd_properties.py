@@ -26,8 +26,8 @@ import numpy as np
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from blis_simpy.build.resolve import resolve
 from blis_simpy.cluster.simulation import Simulation
-from blis_simpy.config.resolve import resolve
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.latency.interference import InterferenceModel
 from blis_simpy.request import COMPLETED, DROPPED, QUEUED, RUNNING, TIMED_OUT, Request

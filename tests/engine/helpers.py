@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from blis_simpy.build.resolve import Deployment
 from blis_simpy.catalog.types import ModelConfig
 from blis_simpy.cluster.simulation import Simulation
-from blis_simpy.config.resolve import Deployment
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.latency.base import BatchView, LatencyModel
 from blis_simpy.request import Request

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from blis_simpy.config.resolve import resolve
+from blis_simpy.build.resolve import resolve
 from blis_simpy.config.scenario import LatencyConfig, Scenario
 from blis_simpy.fit.prefit import StepObs, decode_steps, model_steps, prefit_steps
 from blis_simpy.fit.space import space_for

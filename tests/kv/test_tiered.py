@@ -22,8 +22,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from blis_simpy.build.resolve import Deployment
 from blis_simpy.cluster.simulation import Simulation
-from blis_simpy.config.resolve import Deployment
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.kv.tiered import TieredKVCache
 from blis_simpy.latency.blackbox import BlackboxModel

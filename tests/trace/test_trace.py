@@ -75,7 +75,7 @@ def test_empty_trace_summary():
 def test_record_routing_copies_scores():
     t = DecisionTrace(k=1)
     scores = {"instance_0": 0.5, "instance_1": 0.75}
-    from blis_simpy.cluster.snapshot import RouterState
+    from blis_simpy.snapshot import RouterState
     t.record_routing(request(0), RouterState((snap(0), snap(1)), 42),
                      RoutingDecision(0, "why", scores), "instance_0")
     scores["instance_0"] = 9.0

@@ -25,7 +25,7 @@ from the offline catalogs (:mod:`blis_simpy.catalog`). :func:`resolve` applies B
 
 ``Deployment.notes`` records where each value came from.
 
-Prefill/decode pools are resolved on top of this by :mod:`blis_simpy.config.pools`.
+Prefill/decode pools are resolved on top of this by :mod:`blis_simpy.build.pools`.
 """
 
 from __future__ import annotations

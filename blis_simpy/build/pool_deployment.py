@@ -1,18 +1,16 @@
 """One PD pool's deployment: the global one with the pool's overrides (docs/disaggregation.md,
 "Per-pool overrides"; divergences.md P5).
 
-:func:`resolve_pool_deployment` is called by :func:`~blis_simpy.config.pools.resolve_pools`
+:func:`resolve_pool_deployment` is called by :func:`~blis_simpy.build.pools.resolve_pools`
 for the prefill and the decode pool; it reuses the steps of the global resolution
-(:mod:`blis_simpy.config.resolve`) on a deep copy of the scenario.
+(:mod:`blis_simpy.build.resolve`) on a deep copy of the scenario.
 """
 
 from __future__ import annotations
 
 from functools import partial
 
-from blis_simpy.catalog.coefficients import CoefficientCatalog
-from blis_simpy.catalog.hardware import GPUCatalog
-from blis_simpy.config.resolve import (
+from blis_simpy.build.resolve import (
     ANALYTICAL,
     Deployment,
     Resolution,
@@ -23,6 +21,8 @@ from blis_simpy.config.resolve import (
     global_coefficients,
     is_analytical,
 )
+from blis_simpy.catalog.coefficients import CoefficientCatalog
+from blis_simpy.catalog.hardware import GPUCatalog
 from blis_simpy.config.scenario import PoolOverrides, Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.latency.base import LatencyModel

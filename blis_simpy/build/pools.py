@@ -1,10 +1,10 @@
 """Prefill/decode pools resolved from a scenario (docs/disaggregation.md, "PD in the simulator").
 
 :func:`resolve_pools` adds prefill/decode disaggregation to the global resolution
-(:func:`~blis_simpy.config.resolve.resolve`): it validates the pool topology and the PD
+(:func:`~blis_simpy.build.resolve.resolve`): it validates the pool topology and the PD
 settings and returns a :class:`PoolPlan` — the role of every instance, one
-:class:`~blis_simpy.config.resolve.Deployment` per role (pool overrides applied to a copy of
-the scenario, :mod:`blis_simpy.config.pool_deployment`), the KV-transfer parameters, the
+:class:`~blis_simpy.build.resolve.Deployment` per role (pool overrides applied to a copy of
+the scenario, :mod:`blis_simpy.build.pool_deployment`), the KV-transfer parameters, the
 decider, the interference factors, the per-pool routers and the compatibility mode.
 """
 
@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from blis_simpy.build.pool_deployment import OVERRIDE_FIELDS, resolve_pool_deployment
+from blis_simpy.build.resolve import Deployment, Resolution, resolve
 from blis_simpy.catalog.types import ModelConfig
-from blis_simpy.config.pool_deployment import OVERRIDE_FIELDS, resolve_pool_deployment
-from blis_simpy.config.resolve import Deployment, Resolution, resolve
 from blis_simpy.config.scenario import PoolOverrides, RoutingConfig, Scenario
 from blis_simpy.errors import ConfigError
 

@@ -1,0 +1,27 @@
+"""The ``--log`` flag: BLIS's log levels onto the ``blis_simpy`` loggers, on stderr."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+log = logging.getLogger("blis_simpy")
+
+#: BLIS's ``--log`` levels (logrus) onto Python logging; anything else means "error".
+LOG_LEVELS = {"trace": 5, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+              "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL,
+              "panic": logging.CRITICAL}
+
+
+def setup_logging(level: str | None) -> None:
+    """Route the ``blis_simpy`` loggers to the current stderr at the BLIS ``level``; any
+    handler an earlier call installed goes (its stream may be gone: an in-process caller
+    such as a test runner swaps stderr between invocations)."""
+    for h in [h for h in log.handlers if getattr(h, "_blis_cli", False)]:
+        log.removeHandler(h)
+    handler = logging.StreamHandler(sys.stderr)
+    handler._blis_cli = True
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(LOG_LEVELS.get((level or "warn").lower(), logging.ERROR))
+    log.propagate = False
