@@ -39,7 +39,13 @@ from typing import Annotated, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
+from blis_simpy.admission import AdmissionPolicy
+from blis_simpy.config.loader import _model_loc, read_yaml, validation_problem
+from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.errors import ConfigError
+from blis_simpy.metrics.fitness import FITNESS_KEYS
+from blis_simpy.routing import Router
+from blis_simpy.routing.scorers import check_scorer, parse_scorers
 
 log = logging.getLogger("blis_simpy.config")
 
@@ -84,8 +90,6 @@ class PolicyBundle(_Strict):
 
 def load_policy_bundle(path: str):
     """Read and validate a bundle. Returns ``(PolicyBundle, Source)``."""
-    from blis_simpy.config.loader import _model_loc, read_yaml, validation_problem
-    from blis_simpy.routing.scorers import check_scorer
 
     data, src = read_yaml(path)
     if data is None:
@@ -119,9 +123,6 @@ def load_policy_bundle(path: str):
 
 def _families() -> dict[str, type]:
     """The policy registries (importing the packages registers the built-ins)."""
-    from blis_simpy.admission import AdmissionPolicy
-    from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
-    from blis_simpy.routing import Router
     return {"admission": AdmissionPolicy, "routing": Router, "scheduler": Scheduler,
             "priority": PriorityPolicy}
 
@@ -141,13 +142,11 @@ def boolean(value) -> bool:
 
 def scorer_text(text: str) -> list[dict]:
     """``--routing-scorers "name:w,name:w"`` → ``[{name, weight}]`` (empty text ⇒ [])."""
-    from blis_simpy.routing.scorers import parse_scorers
     return parse_scorers(text) if text.strip() else []
 
 
 def fitness_text(text: str) -> dict[str, float]:
     """``--fitness-weights "key:w,key:w"`` → ``{key: w}`` (docs/metrics.md, "Fitness")."""
-    from blis_simpy.metrics.fitness import FITNESS_KEYS
     out: dict[str, float] = {}
     if not text.strip():
         return out

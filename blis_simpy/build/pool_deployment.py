@@ -23,6 +23,7 @@ from blis_simpy.build.resolve import (
 )
 from blis_simpy.catalog.coefficients import CoefficientCatalog
 from blis_simpy.catalog.hardware import GPUCatalog
+from blis_simpy.catalog.hfconfig import derive_max_model_len
 from blis_simpy.config.scenario import PoolOverrides, Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.latency.base import LatencyModel
@@ -106,7 +107,6 @@ def resolve_pool_deployment(s: Scenario, glob: Deployment, ov: PoolOverrides, ro
     total, max_len = glob.total_kv_blocks, glob.max_model_len
     kv_cap, kv_source = glob.kv_capacity, glob.kv_source
     if analytical and glob.backend not in ANALYTICAL and eng.max_model_len == 0 and max_len == 0:
-        from blis_simpy.catalog.hfconfig import derive_max_model_len
         max_len = derive_max_model_len(model_cfg)
     if ov.total_kv_blocks is not None:
         total, kv_cap, kv_source = ov.total_kv_blocks, None, "explicit"

@@ -19,14 +19,15 @@ from blis_simpy.build.pool_deployment import OVERRIDE_FIELDS, resolve_pool_deplo
 from blis_simpy.build.resolve import Deployment, Resolution, resolve
 from blis_simpy.catalog.types import ModelConfig
 from blis_simpy.config.scenario import PoolOverrides, RoutingConfig, Scenario
+from blis_simpy.disagg.deciders import DisaggregationDecider
 from blis_simpy.errors import ConfigError
+from blis_simpy.routing.base import Router
 
 PREFILL, DECODE, UNASSIGNED = "prefill", "decode", "unassigned"
 ROLES = (PREFILL, DECODE, UNASSIGNED)
 #: BLIS's --pd-kv-bytes-per-token default (docs/disaggregation.md, "KV-transfer fabric"; divergences P4)
 BLIS_KV_BYTES_PER_TOKEN = 512
 #: the built-in deciders (docs/disaggregation.md), used to check names before the registry is imported
-BUILTIN_DECIDERS = ("never", "always", "prefix-threshold", "direct-to-decode")
 
 
 @dataclass(frozen=True)
@@ -158,50 +159,18 @@ def kv_bytes_per_token(model: ModelConfig) -> int:
     return v
 
 
-def decider_registry():
-    """The decider registry (``DisaggregationDecider``), or ``None`` if not importable."""
-    try:
-        from blis_simpy.disagg.deciders import DisaggregationDecider
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("blis_simpy.disagg.deciders",):
-            raise
-        return None
-    return DisaggregationDecider
-
-
-def decider_names() -> list[str]:
-    reg = decider_registry()
-    return reg.names() if reg is not None else list(BUILTIN_DECIDERS)
-
-
 def check_decider(name: str, params: Mapping | None = None, *, field: str = "disaggregation.decider"):
     """Check a decider name (``""`` = ``never``) and its parameters; returns the name."""
     name = name or "never"
-    reg = decider_registry()
-    if reg is not None:
-        cls = reg.lookup(name, field=f"{field}.policy")
-        if params is not None:
-            cls.parse_params(dict(params), field=f"{field}.params")
-        return name
-    if name not in BUILTIN_DECIDERS:
-        raise ConfigError(f"unknown disaggregation decider {name!r}; valid: {', '.join(BUILTIN_DECIDERS)}",
-                          field=f"{field}.policy")
-    for key, v in (params or {}).items():
-        if key != "threshold" or name not in ("prefix-threshold", "direct-to-decode"):
-            raise ConfigError("unknown parameter", field=f"{field}.params.{key}")
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ConfigError(f"must be an integer >= 0, got {v!r}", field=f"{field}.params.{key}")
+    cls = DisaggregationDecider.lookup(name, field=f"{field}.policy")
+    if params is not None:
+        cls.parse_params(dict(params), field=f"{field}.params")
     return name
 
 
 def _decider_warnings(name: str, params: Mapping, block_size: int) -> list[str]:
     """The decider's own notes on a legal but probably unintended configuration."""
-    reg = decider_registry()
-    if reg is None:
-        if name == "direct-to-decode" and params.get("threshold", 256) == 0:
-            return ["direct-to-decode threshold 0: every non-empty request is disaggregated"]
-        return []
-    cls = reg.lookup(name)
+    cls = DisaggregationDecider.lookup(name)
     return list(cls(cls.parse_params(dict(params)), block_size=block_size).config_warnings())
 
 
@@ -238,7 +207,6 @@ def resolve_pools(scenario: Scenario, *, quiet: bool = False,
     ``quiet``: log nothing (warnings are still in ``PoolPlan.warnings``). Raises
     :class:`ConfigError` naming the scenario key (the CLI maps it to the flag that set it).
     """
-    import blis_simpy.latency  # noqa: F401  (registers every built-in backend)
     s, d = scenario, scenario.disaggregation
     n = s.cluster.num_instances
     P, D = d.prefill_instances, d.decode_instances
@@ -259,8 +227,7 @@ def resolve_pools(scenario: Scenario, *, quiet: bool = False,
     if enabled:
         for text in _decider_warnings(decider, d.decider.params, glob.block_size):
             r.warn(text)
-        reg = decider_registry()
-        always = (reg.lookup(decider).constant_decision is True) if reg is not None else decider == "always"
+        always = DisaggregationDecider.lookup(decider).constant_decision is True
 
     t = d.transfer
     contention = t.contention
@@ -349,7 +316,6 @@ def _pool_routing(s: Scenario, cfg: RoutingConfig | None, key: str) -> RoutingCo
     """A pool's own router, checked; it inherits the main ``tie_break`` when it has none."""
     if cfg is None:
         return None
-    from blis_simpy.routing.base import Router
     cls = Router.lookup(cfg.policy, field=f"{key}.policy")
     params = dict(cfg.params)
     main = s.cluster.routing.params

@@ -38,12 +38,21 @@ from functools import partial
 
 from blis_simpy.catalog.coefficients import CoefficientCatalog, builtin_coefficients, read_blis_defaults
 from blis_simpy.catalog.hardware import GPUCatalog, gpu_catalog
+from blis_simpy.catalog.hfconfig import (
+    cap_max_model_len,
+    derive_max_model_len,
+    load_hf_json,
+    looks_like_hf_config,
+    parse_hf_config,
+)
 from blis_simpy.catalog.models import builtin_models
 from blis_simpy.catalog.types import GPUSpec, ModelConfig
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.cache import KVCache
-from blis_simpy.kv.sizing import KV_DTYPE_BYTES
+from blis_simpy.kv.capacity import KVCapacityError
+from blis_simpy.kv.sizing import KV_DTYPE_BYTES, kv_capacity
+from blis_simpy.kv.tiered import TieredKVCache
 from blis_simpy.kv.vllm_capacity import KVCapacity
 from blis_simpy.latency.base import LatencyModel
 from blis_simpy.latency.coefficient_sets import PhysicsCoefficients, read_set
@@ -150,7 +159,6 @@ class Resolution:
 
     def model_config(self, model: str) -> tuple[ModelConfig | None, list[str]]:
         """The model's architecture and, if none is found, the places that were tried."""
-        from blis_simpy.catalog.hfconfig import looks_like_hf_config, parse_hf_config
         s = self.s
         if s.model_config_folder:
             path = os.path.join(s.model_config_folder, "config.json")
@@ -165,7 +173,6 @@ class Resolution:
             path = os.path.join(os.path.dirname(s.defaults_filepath) or ".", "model_configs", short, "config.json")
             tried.append(path)
             if ".." not in short.split("/") and os.path.isfile(path):
-                from blis_simpy.catalog.hfconfig import load_hf_json
                 data = load_hf_json(path)
                 if looks_like_hf_config(data):
                     self.note(f"model config: {path}")
@@ -265,8 +272,6 @@ def auto_kv_capacity(r: Resolution, model_cfg: ModelConfig, gpu: GPUSpec, tp: in
     ``r.kv_capacity``). ``vllm``: a model that does not fit is a :class:`ConfigError` on
     ``field`` (one line with the GiB shortfall). ``blis``: a failure is warned (``what`` names
     the deployment, ``fallback`` says what happens instead) and gives None."""
-    from blis_simpy.kv.capacity import KVCapacityError
-    from blis_simpy.kv.sizing import kv_capacity
     s, eng = r.s, r.s.engine
     name = eng.kv_capacity_model
     try:
@@ -292,7 +297,6 @@ def auto_kv_capacity(r: Resolution, model_cfg: ModelConfig, gpu: GPUSpec, tp: in
 
 
 def _max_model_len(r: Resolution, backend: str, model_cfg, total_blocks: int) -> int:
-    from blis_simpy.catalog.hfconfig import cap_max_model_len, derive_max_model_len
     eng = r.s.engine
     m = eng.max_model_len
     if not is_analytical(backend):
@@ -319,7 +323,6 @@ def _kv_factory(r: Resolution) -> Callable[[int, int], KVCache]:
     ``engine.kv_cpu_blocks > 0``, else ``gpu``) with its validated ``engine.kv_cache_params``.
     A plugin cache's constructor errors are reported as that plugin's (when the instances are
     built)."""
-    from blis_simpy.kv.tiered import TieredKVCache
     eng = r.s.engine
     given = eng.kv_cache_params
     kind = eng.kv_cache if eng.kv_cache is not None else ("tiered" if eng.kv_cpu_blocks > 0 else "gpu")
@@ -410,7 +413,6 @@ def _with_coefficient_set(cfg, backend: str):
 
 def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:
     """Resolve ``scenario`` (explicit values always win). ``quiet``: log nothing."""
-    import blis_simpy.latency  # noqa: F401  (registers every built-in backend)
     backend = scenario.latency.model or "physics"
     lat_cls = LatencyModel.lookup(backend, field="latency.model")
     lat_params = lat_cls.parse_params(scenario.latency.params, field="latency.params")

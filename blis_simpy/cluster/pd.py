@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 
 from blis_simpy.cluster.cluster import Cluster
+from blis_simpy.cluster.policies import build_router
 from blis_simpy.des import (
     DECODE_ROUTING,
     DISAGGREGATION,
@@ -28,8 +29,12 @@ from blis_simpy.des import (
     ROUTING,
     Mailbox,
 )
+from blis_simpy.disagg.deciders import make_decider
+from blis_simpy.disagg.fabric import KVTransferFabric
 from blis_simpy.disagg.parent import ParentRequest
+from blis_simpy.disagg.projection import correct_and_project, pd_metrics
 from blis_simpy.errors import InvariantError
+from blis_simpy.metrics.summary import aggregate
 from blis_simpy.request import COMPLETED, DROPPED, Request
 from blis_simpy.units import ceil_div
 
@@ -261,9 +266,6 @@ def build_pd_cluster(env, instances, admission, router, plan, scenario, rng, blo
     policy on that stream — or, under compat ``checkout``, the main policy object itself
     (divergences.md P2: one shared round-robin counter).
     """
-    from blis_simpy.cluster.policies import build_router
-    from blis_simpy.disagg.deciders import make_decider
-    from blis_simpy.disagg.fabric import KVTransferFabric
 
     def pool_router(role: str):
         cfg = plan.routing_for(role)
@@ -293,8 +295,6 @@ def build_pd_cluster(env, instances, admission, router, plan, scenario, rng, blo
 def finish_pd(cluster: PDCluster, metrics, plan):
     """End of a PD run: check the PD invariants, then the corrected, parent-projected
     cluster record and the PD metrics (docs/disaggregation.md, "End-of-run accounting")."""
-    from blis_simpy.disagg.projection import correct_and_project, pd_metrics
-    from blis_simpy.metrics.summary import aggregate
 
     check_pd_invariants(cluster)
     agg = aggregate(metrics)

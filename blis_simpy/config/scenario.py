@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from blis_simpy.metrics.fitness import FITNESS_KEYS
 from blis_simpy.units import MAX_INT64
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -320,7 +321,6 @@ class Scenario(Strict):
     @field_validator("fitness_weights")
     @classmethod
     def _fitness_keys(cls, v: dict) -> dict:
-        from blis_simpy.metrics.fitness import FITNESS_KEYS
         for k in v:
             if k not in FITNESS_KEYS:
                 raise ValueError(f"unknown fitness key {k!r}; valid keys: {', '.join(sorted(FITNESS_KEYS))}")

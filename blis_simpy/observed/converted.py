@@ -23,8 +23,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from blis_simpy.config.loader import load_scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.observed.run import ObservedRun, RealRequest, Settings, Tick, latencies
+from blis_simpy.observed.vllm_bench import load_vllm_bench
+from blis_simpy.observed.vllm_log import load_vllm_log, read_ticks
 from blis_simpy.units import MAX_INT64
 from blis_simpy.workload.tracev2 import header_to_yaml, read_trace_header, read_trace_records, trace_csv_text
 
@@ -135,7 +138,6 @@ def write_files(files: dict[Path, str]) -> list[Path]:
 
 # ---------------------------------------------------------------------------- reading
 def _settings(path: Path) -> Settings:
-    from blis_simpy.config.loader import load_scenario
     s = load_scenario(str(path))
     e = s.engine
     return Settings(
@@ -175,7 +177,6 @@ def load_converted(prefix: str | os.PathLike) -> ObservedRun:
             scheduled_s=sched / 1e6 if known else None))
         prompts.append(r.input_token_ids)
     settings = _settings(p["scenario"]) if p["scenario"].is_file() else None
-    from blis_simpy.observed.vllm_log import read_ticks
     ticks = read_ticks(p["timeseries"]) if p["timeseries"].is_file() else []
     has_ids = any(x is not None for x in prompts)
     return ObservedRun(Path(prefix).name, settings, reqs, prompts if has_ids else None, None, ticks,
@@ -188,13 +189,11 @@ def load_observed(path: str | os.PathLike, workload: str | os.PathLike | None = 
     ``PREFIX.header.yaml`` also name it)."""
     p = Path(path)
     if p.is_dir():
-        from blis_simpy.observed.vllm_log import load_vllm_log
         return load_vllm_log(p, workload)
     for s in (".scenario.yaml", ".header.yaml", ".csv"):
         if p.name.endswith(s):
             return load_converted(p.with_name(p.name[: -len(s)]))
     if p.suffix == ".json":
-        from blis_simpy.observed.vllm_bench import load_vllm_bench
         return load_vllm_bench(p)
     if paths(p)["header"].is_file():
         return load_converted(p)

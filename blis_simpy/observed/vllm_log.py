@@ -35,8 +35,12 @@ from pathlib import Path
 
 import numpy as np
 
+from blis_simpy.catalog.hardware import builtin_gpus
+from blis_simpy.catalog.models import builtin_models
 from blis_simpy.errors import ConfigError
 from blis_simpy.observed.run import ObservedRun, RealRequest, Settings, Tick, latencies
+from blis_simpy.rng import numpy_rng
+from blis_simpy.workload.replay import VOCAB_SIZE
 from blis_simpy.workload.tracev2 import MAX_TOKEN_IDS_PER_FILE, TraceHeader, TraceRecord, TraceServer
 
 MAX_ROWS = 1_000_000                     # lines of one JSONL / CSV file
@@ -222,7 +226,6 @@ def _norm(name: str) -> str:
 def find_gpu(meta: dict, run_name: str) -> tuple[str, str]:
     """The catalog GPU of a run: meta.json ``hardware.device_name`` (longest catalog name or
     alias it starts with), else the longest catalog name or alias in the run folder's name."""
-    from blis_simpy.catalog.hardware import builtin_gpus
     names = {}
     for key, e in builtin_gpus().entries.items():
         for n in (key, *e.aliases):
@@ -242,7 +245,6 @@ def find_gpu(meta: dict, run_name: str) -> tuple[str, str]:
 
 def find_model(name: str) -> tuple[str, str]:
     """The catalog model: the run's own name, else its ``-instruct`` variant (same shape)."""
-    from blis_simpy.catalog.models import builtin_models
     cat = builtin_models()
     m = name.lower()
     if cat.find(m) is not None:
@@ -351,8 +353,6 @@ def load_vllm_log(run_dir: str | os.PathLike, workload: str | os.PathLike | None
     from the run's seed where missing, with a note), ``ticks`` the timeseries (empty when
     there is none, an error with ``require_ticks``), and ``header``/``records`` the run as
     TraceV2 (:func:`trace_of`)."""
-    from blis_simpy.rng import numpy_rng
-    from blis_simpy.workload.replay import VOCAB_SIZE
     folder = Path(run_dir)
     if not folder.is_dir():
         raise ConfigError("missing folder", file=str(folder))
