@@ -128,10 +128,6 @@ class SimEnv(simpy.Environment):
         self.schedule(ev, key, time_us - self._now)
         return ev
 
-    def run_to_horizon(self) -> None:
-        """Process every event with time ≤ horizon (events at the horizon run)."""
-        self.run(until=self.horizon_us + 1)
-
 
 class Mailbox(simpy.Store):
     """A FIFO hand-off between processes whose deliveries run at a fixed event key.

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.des import (
     ADMISSION,
     ARRIVAL,
@@ -31,6 +32,8 @@ from blis_simpy.des import (
     SimEnv,
     instance_key,
 )
+from tests.des_support import run_through_horizon
+from tests.engine.helpers import make_requests, scenario
 
 # BLIS cluster priorities, in order
 CLUSTER_KEYS = [CLUSTER_ARRIVAL, ADMISSION, ROUTING, DISAGGREGATION, PREFILL_ROUTING,
@@ -62,7 +65,7 @@ def test_cluster_events_before_instance_events_at_equal_time():
     env.call_at(100, DECODE_ROUTING, f, "decode-routing")       # largest cluster priority
     env.call_at(100, CLUSTER_ARRIVAL, f, "arrival")
     env.call_at(99, instance_key(5, TIMEOUT), f, "earlier-instance")
-    env.run_to_horizon()
+    run_through_horizon(env)
     assert log == [(99, "earlier-instance"), (100, "arrival"), (100, "decode-routing"),
                    (100, "inst0-arrival"), (100, "inst3-arrival")]
 
@@ -73,7 +76,7 @@ def test_cluster_priorities_in_blis_order():
     f = _logger(log, env)
     for k in reversed(CLUSTER_KEYS):
         env.call_at(7, k, f, k)
-    env.run_to_horizon()
+    run_through_horizon(env)
     assert [tag for _, tag in log] == CLUSTER_KEYS
 
 
@@ -86,7 +89,7 @@ def test_lower_instance_index_first_whatever_the_priority():
     env.call_at(50, instance_key(0, TIMEOUT), f, "i0-timeout")
     env.call_at(50, instance_key(10, ARRIVAL), f, "i10-arrival")
     env.call_at(50, instance_key(1, ARRIVAL), f, "i1-arrival")
-    env.run_to_horizon()
+    run_through_horizon(env)
     assert [t for _, t in log] == ["i0-timeout", "i1-arrival", "i1-timeout", "i2-arrival",
                                    "i10-arrival"]
 
@@ -97,7 +100,7 @@ def test_within_an_instance_lower_blis_priority_first():
     f = _logger(log, env)
     for p in reversed(INSTANCE_PRIOS):
         env.call_at(5, instance_key(4, p), f, p)
-    env.run_to_horizon()
+    run_through_horizon(env)
     assert [t for _, t in log] == [ARRIVAL, QUEUED, STEP, SCHEDULED, REQUEST_LEFT, TIMEOUT]
 
 
@@ -108,7 +111,7 @@ def test_completion_step_beats_timeout_at_same_tick():
     f = _logger(log, env)
     env.call_at(1000, instance_key(0, TIMEOUT), f, "timeout")
     env.call_at(1000, instance_key(0, STEP), f, "step")
-    env.run_to_horizon()
+    run_through_horizon(env)
     assert [t for _, t in log] == ["step", "timeout"]
 
 
@@ -119,7 +122,7 @@ def test_fifo_among_equal_keys(key):
     f = _logger(log, env)
     for i in range(20):
         env.call_at(3, key, f, i)
-    env.run_to_horizon()
+    run_through_horizon(env)
     assert [t for _, t in log] == list(range(20))
 
 
@@ -134,7 +137,7 @@ def test_session_followups_after_pregenerated_arrivals():
     env.call_at(10, CLUSTER_ARRIVAL, f, "pregen-2")
     # ... and still before any other cluster event at that time (it is a ClusterArrival)
     env.call_at(10, ADMISSION, f, "admission")
-    env.run_to_horizon()
+    run_through_horizon(env)
     assert [t for _, t in log] == ["pregen-1", "pregen-2", "followup-1", "followup-2", "admission"]
 
 
@@ -152,7 +155,7 @@ def test_cluster_event_created_by_instance_event_runs_before_remaining_instance_
     env.call_at(200, instance_key(0, TIMEOUT), f, "i0-timeout")
     env.call_at(200, instance_key(1, QUEUED), f, "i1-queued")
     env.call_at(201, CLUSTER_ARRIVAL, f, "later-cluster")
-    env.run_to_horizon()
+    run_through_horizon(env)
     assert log == [(200, "i0-step"), (200, "cluster-from-step"), (200, "i0-timeout"),
                    (200, "i1-arrival-from-step"), (200, "i1-queued"), (201, "later-cluster")]
 
@@ -169,7 +172,7 @@ def test_instance_event_created_for_lower_index_runs_next():
 
     env.call_at(9, instance_key(2, STEP), step2)
     env.call_at(9, instance_key(2, TIMEOUT), f, "i2-timeout")
-    env.run_to_horizon()
+    run_through_horizon(env)
     # new i1 event first (lower index); new i2 Queued (prio 1) before the old i2 Timeout (5)
     assert [t for _, t in log] == ["i2-step", "i1-timeout-new", "i2-queued-new", "i2-timeout"]
 
@@ -189,7 +192,7 @@ def test_wake_at_resumes_a_process_in_key_order():
     env.call_at(30, instance_key(0, TIMEOUT), f, "timeout")
     env.call_at(30, instance_key(0, QUEUED), f, "queued")
     env.call_at(30, CLUSTER_ARRIVAL, f, "arrival")
-    env.run_to_horizon()
+    run_through_horizon(env)
     assert log == [(30, "arrival"), (30, "queued"), (30, "proc-step"), (30, "proc-step-again"),
                    (30, "timeout")]
 
@@ -199,22 +202,21 @@ def test_clock_is_integer_and_callback_gets_arg():
     seen = []
     env.call_at(1234, CLUSTER_ARRIVAL, lambda a: seen.append((env.now, a)), {"x": 1})
     ev = env.call_at(5, CLUSTER_ARRIVAL, lambda a: seen.append((env.now, a)))
-    env.run_to_horizon()
+    run_through_horizon(env)
     assert seen == [(5, None), (1234, {"x": 1})]
     assert type(env.now) is int
     assert ev.processed
 
 
-def test_events_at_horizon_run_after_horizon_do_not():
-    env = _env(horizon=100)
-    log = []
-    f = _logger(log, env)
-    env.call_at(100, instance_key(0, TIMEOUT), f, "at-horizon")
-    env.call_at(101, CLUSTER_ARRIVAL, f, "after")
-    env.call_at(0, instance_key(0, STEP), f, "start")
-    env.run_to_horizon()
-    assert log == [(0, "start"), (100, "at-horizon")]
-    assert env.horizon_us == 100
+def test_a_simulation_runs_events_at_the_horizon_and_none_after():
+    """The horizon cut is the simulation's (``Simulation.run``): a request arriving exactly
+    at the horizon arrives and is routed (its ClusterArrival, admission and routing events
+    all sit at the horizon), one arriving 1 µs later never arrives."""
+    reqs = make_requests([(100, 8, 4), (101, 8, 4)])
+    res = Simulation(scenario(), reqs, horizon_us=100).run()
+    c = res.counters
+    assert (c.offered, c.arrived, c.admitted, c.routed) == (2, 1, 1, 1)
+    assert res.horizon_us == 100
 
 
 def test_key_ranges_do_not_overlap():
@@ -258,6 +260,6 @@ def test_processing_order_is_blis_total_order(events):
     log = []
     for seq, (t, kind) in enumerate(events):
         env.call_at(t, _key_of(kind), log.append, seq)
-    env.run_to_horizon()
+    run_through_horizon(env)
     expected = sorted(range(len(events)), key=lambda s: (events[s][0], *events[s][1], s))
     assert log == expected

@@ -22,6 +22,7 @@ from blis_simpy.des import (
     instance_key,
     succeed_at,
 )
+from tests.des_support import run_through_horizon
 
 PACKAGE = Path(__file__).resolve().parents[1] / "blis_simpy"
 
@@ -48,7 +49,7 @@ def test_a_second_reader_is_served_not_stranded():
     env.process(_reader(env, box, "r2", log, 1))
     env.call_at(10, ROUTING, box.put, "a")
     env.call_at(20, ROUTING, box.put, "b")
-    env.run_to_horizon()
+    run_through_horizon(env)
     assert log == [(10, "r1", "a"), (20, "r2", "b")]
     assert len(box) == 0 and len(box.get_queue) == 0
 
@@ -66,7 +67,7 @@ def test_waiting_readers_are_served_first_come_first_served():
 
     env.call_at(5, ROUTING, burst, ["a", "b", "c", "d"])
     env.call_at(7, ROUTING, burst, ["e", "f"])
-    env.run_to_horizon()
+    run_through_horizon(env)
     # at 5 the three waiting readers get a, b, c in the order they came; d waits in the
     # store and goes to the first reader asking again (r1, resumed first)
     assert log == [(5, "r1", "a"), (5, "r2", "b"), (5, "r3", "c"), (5, "r1", "d"),
@@ -82,7 +83,7 @@ def test_delivery_runs_at_the_mailbox_key():
     env.call_at(30, KV_TRANSFER_COMPLETED, log.append, "cluster event, higher key")
     env.call_at(30, instance_key(0, STEP), box.put, "x")          # a step hands over x
     env.call_at(30, instance_key(0, STEP) + 1, log.append, "the instance's next event")
-    env.run_to_horizon()
+    run_through_horizon(env)
     # the cluster events at 30 ran before the step; the delivery (a cluster event pushed
     # by the step) runs right after it, before the instance's remaining events at 30
     assert log == ["cluster event, lower key", "cluster event, higher key", (30, "reader", "x"),
@@ -95,7 +96,7 @@ def test_delivery_runs_at_the_mailbox_key():
     env.call_at(30, ROUTING, box.put, "y")                          # a cluster event hands over y
     env.call_at(30, KV_TRANSFER_COMPLETED, log.append, "higher key")
     env.call_at(30, PREFILL_ROUTING, log.append, "lower key")
-    env.run_to_horizon()
+    run_through_horizon(env)
     assert log == ["lower key", (30, "reader", "y"), "higher key"]
 
 
@@ -107,7 +108,7 @@ def test_items_put_with_no_reader_queue_up_in_order():
     assert len(box) == 3
     log = []
     env.process(_reader(env, box, "late", log, 3))
-    env.run_to_horizon()
+    run_through_horizon(env)
     assert log == [(0, "late", "a"), (0, "late", "b"), (0, "late", "c")]
     assert len(box) == 0
 
@@ -121,7 +122,7 @@ def test_put_at_delivers_later_at_the_key():
     box.put_at(12, "first")
     env.call_at(12, KV_TRANSFER_STARTED, log.append, "after")
     env.call_at(12, ROUTING, log.append, "before")
-    env.run_to_horizon()
+    run_through_horizon(env)
     assert log == ["before", (12, "r", "first"), "after", (40, "r", "second")]
 
 
@@ -147,7 +148,7 @@ def test_succeed_at_fires_a_pending_event_at_time_and_key():
     env.call_at(3, ROUTING, lambda _: succeed_at(bell, 9, instance_key(1, STEP), "go"))
     env.call_at(9, instance_key(1, STEP) + 1, log.append, "after")
     env.call_at(9, instance_key(1, STEP) - 1, log.append, "before")
-    env.run_to_horizon()
+    run_through_horizon(env)
     assert log == ["before", (9, "woken", "go"), "after"]
 
 

@@ -18,6 +18,7 @@ from blis_simpy.des import (
     instance_key,
 )
 from blis_simpy.disagg.fabric import KVTransferFabric, SharedBandwidth, kv_transfer_bytes
+from tests.des_support import run_through_horizon
 
 MODES = ("none", "snapshot", "fair-share")
 TEN_BLOCKS = 10 * 16 * 512          # 81 920 B
@@ -41,7 +42,7 @@ def run(mode, specs, *, bw=10.0, base=0.0, horizon=10**9, probes=()):
         env.call_at(t, KV_TRANSFER_STARTED, lambda a: fab.start(f"p{a[0]}", a[1]), (i, b))
     for t, key, label in probes:
         env.call_at(t, key, log.append, label)
-    env.run_to_horizon()
+    run_through_horizon(env)
     return fab, log
 
 
@@ -235,7 +236,7 @@ def test_negative_active_sets_corruption_flag(caplog):
 
     env.call_at(0, KV_TRANSFER_STARTED, start_and_break)
     with caplog.at_level(logging.ERROR, logger="blis_simpy.disagg"):
-        env.run_to_horizon()
+        run_through_horizon(env)
     assert fab.corrupted and fab.active == 0 and fab.transfers_completed == 1
     assert "negative" in caplog.text
 

@@ -10,6 +10,7 @@ from simpy.resources.base import BaseResource, Get, Put
 from blis_simpy.des import KV_TRANSFER_COMPLETED, KV_TRANSFER_STARTED, SimEnv
 from blis_simpy.disagg.bandwidth import BandwidthLink, Transfer
 from blis_simpy.disagg.fabric import KVTransferFabric
+from tests.des_support import run_through_horizon
 
 RATE = 1000.0          # bytes per µs (1 GB/s)
 
@@ -37,7 +38,7 @@ def _run(contention, specs, *, latency_us=0.0, probes=()):
         env.process(_transfer(env, link, start, nbytes, log))
     for t, key, fn in probes:
         env.call_at(t, key, fn, link)
-    env.run_to_horizon()
+    run_through_horizon(env)
     return link, log
 
 
@@ -104,7 +105,7 @@ def test_the_fabric_acquires_and_releases_its_link():
                            on_complete=lambda tr: handed_on.append((env.now, tr.parent, len(fab.link.users))))
     for start, nbytes in THREE:
         env.call_at(start, KV_TRANSFER_STARTED, lambda a: fab.start(*a), (f"p{start}", nbytes))
-    env.run_to_horizon()
+    run_through_horizon(env)
     # released before being handed on: the holders left are the others still in flight
     assert handed_on == [(4, "p1", 2), (6, "p2", 1), (7, "p0", 0)]
     assert [t.duration_us for t in fab.transfers] == [7, 3, 4]
