@@ -3,9 +3,10 @@
 
 When a prefill sub-request finishes, its KV cache is sent to the decode pool over one
 cluster-wide fabric: every transfer shares the same bandwidth budget, whichever instance
-pair it connects. A transfer of ``B`` bytes (block-rounded, see :func:`kv_transfer_bytes`)
-takes a fixed base latency plus ``B`` divided by the bandwidth it gets. Three ways of
-sharing the bandwidth (``contention``):
+pair it connects. A transfer of ``B`` bytes (the prompt's whole KV blocks × block size × KV
+bytes per token, computed by :class:`~blis_simpy.cluster.pd.PDCluster`) takes a fixed base
+latency plus ``B`` divided by the bandwidth it gets. Three ways of sharing the bandwidth
+(``contention``):
 
 ``"none"``
     Every transfer gets the full bandwidth: ``duration = max(1, ceil(base + B / bw))``.
@@ -47,21 +48,11 @@ from blis_simpy.disagg.bandwidth import (
     Transfer,
 )
 from blis_simpy.plugins import Pluggable
-from blis_simpy.units import ceil_div
 
 log = logging.getLogger("blis_simpy.disagg")
 
 #: Largest accepted base latency, ms (1000 hours): keeps every µs value far from int64 limits.
 MAX_BASE_LATENCY_MS = 3.6e9
-
-
-def kv_transfer_bytes(num_tokens: int, block_size: int, kv_bytes_per_token: float) -> float:
-    """Bytes moved for a prompt of ``num_tokens``: whole blocks, in float (docs/disaggregation.md).
-
-    ``ceil_div(num_tokens, block_size) × block_size × kv_bytes_per_token``.
-    """
-    blocks = ceil_div(int(num_tokens), int(block_size))
-    return float(blocks) * float(block_size) * float(kv_bytes_per_token)
 
 
 class KVTransferFabric(Pluggable, family="kv transfer fabric", name="default"):
@@ -147,17 +138,17 @@ class KVTransferFabric(Pluggable, family="kv transfer fabric", name="default"):
         it, hand it on."""
         tr: Transfer = event.value
         self.link.release(tr)
-        now = self.env.now
-        tr.complete_us = now
+        now_us = self.env.now
+        tr.complete_us = now_us
         self.transfers_completed += 1
         self.active -= 1
         if self.active < 0:
             log.error("KV transfer bookkeeping: active transfers went negative at %d us "
-                      "(transfer %d); reset to 0", now, tr.seq)
+                      "(transfer %d); reset to 0", now_us, tr.seq)
             self.active = 0
             self.corrupted = True
         self.on_complete(tr)
 
 
 __all__ = ["CONTENTION_MODES", "KVTransferFabric", "MAX_BASE_LATENCY_MS", "SharedBandwidth",
-           "Transfer", "kv_transfer_bytes"]
+           "Transfer"]

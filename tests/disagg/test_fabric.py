@@ -17,7 +17,7 @@ from blis_simpy.des import (
     SimEnv,
     instance_key,
 )
-from blis_simpy.disagg.fabric import KVTransferFabric, SharedBandwidth, kv_transfer_bytes
+from blis_simpy.disagg.fabric import KVTransferFabric, SharedBandwidth
 from tests.des_support import run_through_horizon
 
 MODES = ("none", "snapshot", "fair-share")
@@ -51,13 +51,6 @@ def durations(fab):
 
 
 # --------------------------------------------------------------------------- golden values
-def test_transfer_bytes_are_block_rounded():
-    assert kv_transfer_bytes(160, 16, 512) == TEN_BLOCKS
-    assert kv_transfer_bytes(1000, 16, 512) == DEFAULT_1000          # 63 blocks
-    assert kv_transfer_bytes(1, 16, 512) == 16 * 512
-    assert kv_transfer_bytes(0, 16, 512) == 0.0
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_ten_blocks_alone_take_9us(mode):
     fab, log = run(mode, [(5, TEN_BLOCKS)])
