@@ -145,10 +145,10 @@ def decode_context(run: Run, step: RealStep) -> None:
     none, the token-weighted mean decode context of the whole run."""
     ctx, seen = [], 0
     for t in step.ticks:
-        now = run.q0_s + t - 0.5
+        now_s = run.q0_s + t - 0.5
         for r in run.requests:
-            if r.tpot_ms and r.first_token_s <= now < r.last_token_s:
-                made = 1 + int((now - r.first_token_s) * 1000.0 / r.tpot_ms)
+            if r.tpot_ms and r.first_token_s <= now_s < r.last_token_s:
+                made = 1 + int((now_s - r.first_token_s) * 1000.0 / r.tpot_ms)
                 ctx.append(r.input_toks + min(made, r.output_toks - 1))
                 seen += 1
     if ctx:
@@ -172,10 +172,10 @@ def model_decode_step_ms(latency, batch: int, context: int, dp: int = 1) -> floa
         v.entries_fn = lambda: iter([(False, context, 1, context)] * k)
         return v
     if dp == 1:
-        us = latency.step_time(view(batch))
+        us = latency.step_time_us(view(batch))
     else:
-        us = latency.lockstep_step_time([view(batch // dp + (r < batch % dp)) for r in range(dp)])
-    return (us + latency.output_token_processing_time()) / 1000.0
+        us = latency.lockstep_step_time_us([view(batch // dp + (r < batch % dp)) for r in range(dp)])
+    return (us + latency.output_token_time_us()) / 1000.0
 
 
 # ============================================================================ simulation

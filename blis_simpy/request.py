@@ -62,7 +62,7 @@ class Request:
         # --- cluster ----------------------------------------------------------------------
         "assigned_instance", "priority",
         # --- engine state -----------------------------------------------------------------
-        "state", "pi", "num_new_tokens", "computed_tokens", "ttft_set", "first_token_us",
+        "state", "pi", "num_new_tokens", "computed_tokens", "ttft_set", "ttft_us",
         "itl", "scheduled_step", "finished_step", "length_capped", "batch_pos", "enqueue_us",
         "first_itl_us", "prefill_to", "last_emit_us",
         # --- KV cache (owned by the kv package) -------------------------------------------
@@ -114,7 +114,7 @@ class Request:
         self.num_new_tokens = 0
         self.computed_tokens = 0
         self.ttft_set = False
-        self.first_token_us = 0
+        self.ttft_us = 0          # TTFT (µs from arrival), set with ttft_set
         self.itl = []
         self.scheduled_step = 0
         self.finished_step = 0

@@ -310,7 +310,7 @@ def export_trace(out: Outcome, prefix: str) -> None:
     from blis_simpy.workload import TraceHeader, TraceRecord, write_trace
     s = out.plan.scenario
     cluster = out.report.cluster
-    post = build_latency_model(s).post_decode_fixed_overhead()
+    post = build_latency_model(s).post_decode_us()
     rows = []
     reqs = list(out.requests)
     if out.sessions is not None:      # closed-loop follow-ups are part of the workload

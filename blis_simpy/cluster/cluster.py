@@ -104,17 +104,17 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         ``among`` restricts the candidates to those instances (a PD pool). A request naming
         a model only sees instances serving that model (docs/control-plane.md).
         """
-        now = self.env.now
+        now_us = self.env.now
         snap = self.snapshots.snapshot
         inflight = self.inflight
         insts = self.instances if among is None else among
         model = req.model if req is not None else ""
         if model:
-            snaps = tuple(snap(inst, inflight[inst.index], now) for inst in insts
+            snaps = tuple(snap(inst, inflight[inst.index], now_us) for inst in insts
                           if not inst.model or inst.model == model)
         else:
-            snaps = tuple(snap(inst, inflight[inst.index], now) for inst in insts)
-        return RouterState(snaps, now)
+            snaps = tuple(snap(inst, inflight[inst.index], now_us) for inst in insts)
+        return RouterState(snaps, now_us)
 
     def snapshot(self, inst: Instance):
         """The snapshot of one instance, as a policy would see it now."""

@@ -97,13 +97,13 @@ class PDCluster(Cluster, name="pd"):
         self.env.call_at(self.env.now, DISAGGREGATION, self._on_disaggregation, req)
 
     def _on_disaggregation(self, req) -> None:
-        now = self.env.now
+        now_us = self.env.now
         split = self.decider.decide(req)
         if self.trace is not None:
-            self.trace.record_disaggregation(req, now, split)
+            self.trace.record_disaggregation(req, now_us, split)
         lat = self.routing_latency_us
         if not split:
-            self.env.call_at(now + lat, ROUTING, self._on_local_routing, req)
+            self.env.call_at(now_us + lat, ROUTING, self._on_local_routing, req)
             return
         parent = ParentRequest(req.id, req, num_kv_blocks=ceil_div(req.input_len, self.block_size),
                                arrival_us=req.arrival_us)
@@ -114,7 +114,7 @@ class PDCluster(Cluster, name="pd"):
                       prefix_group=req.prefix_group, prefix_length=req.prefix_length)
         _share_hashes(req, sub)
         parent.prefill_sub = sub
-        self.prefill_inbox.put_at(now + lat, parent)
+        self.prefill_inbox.put_at(now_us + lat, parent)
 
     def _on_local_routing(self, req) -> None:
         if self.local_routing == "all":
@@ -134,15 +134,15 @@ class PDCluster(Cluster, name="pd"):
                 self.sessions.on_request_rejected(parent.original, self.env.now)
             return
         inst, state, decision = chosen
-        now = self.env.now
+        now_us = self.env.now
         parent.prefill_instance = inst.id
-        parent.prefill_enqueue_us = now
+        parent.prefill_enqueue_us = now_us
         if self.trace is not None:
             self.trace.record_pool_routing("prefill", parent.id, state, decision, inst.id)
         self.pending_prefill[sub.id] = parent
         self.inflight[inst.index] += 1
         self.prefill_routed += 1
-        inst.inject(sub, now)
+        inst.inject(sub, now_us)
         self.prefill_router.observe(sub, inst.index)
         if self.decider.stateful:
             self.decider.observe(sub, inst.index)
@@ -155,8 +155,8 @@ class PDCluster(Cluster, name="pd"):
 
     def _on_transfer_complete(self, transfer) -> None:
         parent: ParentRequest = transfer.parent
-        now = self.env.now
-        parent.transfer_complete_us = now
+        now_us = self.env.now
+        parent.transfer_complete_us = now_us
         req = parent.original
         sub = Request(parent.decode_sub_id, req.arrival_us, req.tokens[: req.input_len],
                       req.tokens[req.input_len:], max_output_len=req.max_output_len,
@@ -169,32 +169,32 @@ class PDCluster(Cluster, name="pd"):
 
     # ------------------------------------------------------------------ decode pool
     def _route_decode(self, parent: ParentRequest) -> None:
-        now = self.env.now
+        now_us = self.env.now
         sub = parent.decode_sub
         chosen = self.choose(sub, self.decode_pool, self.decode_router, what="decode sub-request")
         if chosen is None:
-            return self._drop_at_decode(parent, now, "no decode instance")
+            return self._drop_at_decode(parent, now_us, "no decode instance")
         inst, state, decision = chosen
         sub.pi = 0
         if sub.input_len and not inst.kv.allocate(sub, 0, sub.input_len):
-            return self._drop_at_decode(parent, now, f"{inst.id} has no KV room for its prompt")
+            return self._drop_at_decode(parent, now_us, f"{inst.id} has no KV room for its prompt")
         sub.pi = sub.input_len
         parent.decode_instance = inst.id
-        parent.decode_enqueue_us = now
+        parent.decode_enqueue_us = now_us
         if self.trace is not None:
             self.trace.record_kv_transfer(parent)
             self.trace.record_pool_routing("decode", parent.id, state, decision, inst.id)
         self.pending_decode[sub.id] = parent
         self.inflight[inst.index] += 1
         self.decode_injected += 1
-        inst.inject_decode(sub, now)
+        inst.inject_decode(sub, now_us)
         self.decode_router.observe(sub, inst.index)
 
-    def _drop_at_decode(self, parent: ParentRequest, now: int, why: str) -> None:
+    def _drop_at_decode(self, parent: ParentRequest, now_us: int, why: str) -> None:
         log.warning("dropping %s at decode routing: %s", parent.id, why)
         self.dropped_at_decode_kv += 1
-        parent.completion_us = now
-        self._parent_failed(parent, now, DROPPED)
+        parent.completion_us = now_us
+        self._parent_failed(parent, now_us, DROPPED)
 
     # ------------------------------------------------------------------ detection
     def on_request_done(self, inst, req, tick_us: int) -> None:
@@ -213,24 +213,24 @@ class PDCluster(Cluster, name="pd"):
 
     def on_event_end(self, inst) -> None:
         """After each instance event: detect finished prefills and decodes (docs/disaggregation.md)."""
-        now = self.env.now
+        now_us = self.env.now
         if self._prefill_done:
             done, self._prefill_done = sorted(self._prefill_done), []
             for rid, tick in done:
                 parent = self.pending_prefill.pop(rid)
                 self.prefill_completed += 1
-                if self.transfer_at_step_end and tick > now:
+                if self.transfer_at_step_end and tick > now_us:
                     parent.prefill_complete_us = tick
                     self.fabric_inbox.put_at(tick, parent)
                 else:
-                    parent.prefill_complete_us = now
+                    parent.prefill_complete_us = now_us
                     self.fabric_inbox.put(parent)
         if self._decode_done:
             done, self._decode_done = sorted(self._decode_done), []
             for rid, tick in done:
                 parent = self.pending_decode.pop(rid)
                 # BLIS: detection time = start of the last decode step; ours: its end
-                parent.completion_us = tick if self.transfer_at_step_end else now
+                parent.completion_us = tick if self.transfer_at_step_end else now_us
                 self.decode_completed += 1
                 if self.on_parent_done is not None:
                     orig = parent.original

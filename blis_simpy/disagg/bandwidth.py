@@ -234,7 +234,7 @@ class BandwidthLink(BaseResource):
     # ------------------------------------------------------------------ SimPy hooks
     def _do_put(self, tr: Transfer) -> bool:
         """Acquisition: always granted now; schedule the transfer's bytes."""
-        now = self._env.now
+        now_us = self._env.now
         tr.seq = self._acquired
         self._acquired += 1
         self.users.append(tr)
@@ -246,15 +246,15 @@ class BandwidthLink(BaseResource):
                 share = share / n                                  # INV-P2-2, fixed at start
             tr.share = share
             exact = self.latency_us + tr.nbytes / share
-            tr.finish_exact_us = now + exact
+            tr.finish_exact_us = now_us + exact
             dur = to_int64(math.ceil(exact))
-            heapq.heappush(self._due, (now + (dur if dur > 1 else 1), tr.seq, tr))
+            heapq.heappush(self._due, (now_us + (dur if dur > 1 else 1), tr.seq, tr))
         else:
-            self._settle(now)
+            self._settle(now_us)
             if ps.idle:                   # a new busy period: restart the time axis here
-                self._epoch = now
+                self._epoch = now_us
                 ps.reset()
-            ps.add((now - self._epoch) + self.latency_us, tr.seq, tr.nbytes, tr)
+            ps.add((now_us - self._epoch) + self.latency_us, tr.seq, tr.nbytes, tr)
         tr.succeed()
         self._arm()
         return True
@@ -281,10 +281,10 @@ class BandwidthLink(BaseResource):
                 nxt = tick
         return nxt
 
-    def _settle(self, now: int) -> None:
-        """Apply every processor-sharing join/finish up to ``now``; finished → due heap."""
+    def _settle(self, now_us: int) -> None:
+        """Apply every processor-sharing join/finish up to ``now_us``; finished → due heap."""
         epoch = self._epoch
-        for f, tr in self._ps.advance(now - epoch):
+        for f, tr in self._ps.advance(now_us - epoch):
             tr.finish_exact_us = epoch + f
             tick = max(tr.start_us + 1, epoch + math.ceil(f))
             heapq.heappush(self._due, (tick, tr.seq, tr))
@@ -304,18 +304,18 @@ class BandwidthLink(BaseResource):
         if timer != self._timer:
             return                        # superseded by an earlier timer
         self._armed = None
-        now = self._env.now
+        now_us = self._env.now
         if self._ps is not None:
-            self._settle(now)
+            self._settle(now_us)
         due = self._due
-        while due and due[0][0] <= now:
+        while due and due[0][0] <= now_us:
             tr = heapq.heappop(due)[2]
-            succeed_at(tr.finished, now, self.key, tr)
+            succeed_at(tr.finished, now_us, self.key, tr)
         nxt = self.next_completion_us()
-        if nxt is not None and nxt <= now:
+        if nxt is not None and nxt <= now_us:
             # everything due now was just fired: a completion at or before now would make
             # the timer spin in place (a bookkeeping bug, never expected)
-            raise RuntimeError(f"bandwidth link: next completion {nxt} us is not after {now} us")
+            raise RuntimeError(f"bandwidth link: next completion {nxt} us is not after {now_us} us")
         self._arm()
 
 

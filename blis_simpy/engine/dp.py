@@ -24,10 +24,10 @@ engine together:
   group's maximum). The group is one SimPy process — one event per lockstep step — that
   runs while any rank has work. At time ``t`` it runs :meth:`Instance.begin_step` on every
   rank that has work (running or queued requests), asks the latency model for the common
-  duration ``D = lockstep_step_time(views)`` (an idle rank passes an empty view, which the
+  duration ``D = lockstep_step_time_us(views)`` (an idle rank passes an empty view, which the
   model times as :meth:`BatchView.dummy`), adds the largest pending KV-transfer stall of
   any rank (everyone waits for it), and runs :meth:`Instance.finish_step` on those ranks
-  with ``adv = D``; then it wakes at ``t + D``. The ranks' own step chains never run: a
+  with ``step_us = D``; then it wakes at ``t + D``. The ranks' own step chains never run: a
   request reaching an idle group rings the group's doorbell (``Instance._push_step``);
   the group then steps at once, or when its last step ends if that is later (unlike a
   lone instance, which BLIS lets start a step before its last one has ended).
@@ -90,7 +90,7 @@ class DPEngine:
 class LockstepGroup:
     """Steps the ranks of one engine together: one SimPy event per lockstep step.
 
-    Hooks for subclasses: :meth:`step_time` (the common duration of a step). The ranks'
+    Hooks for subclasses: :meth:`step_time_us` (the common duration of a step). The ranks'
     own hooks (``form_batch``, ``on_step_end``, …) run inside their begin/finish phases.
     ``steps`` counts lockstep steps, ``dummy_rank_steps`` the rank-steps that ran the dummy
     batch (a rank without a scheduled request in that step).
@@ -135,8 +135,8 @@ class LockstepGroup:
         succeed_at(bell, max(t_us, self.free_at_us), self.key)
 
     # ------------------------------------------------------------------ one step
-    def step(self, now: int) -> int | None:
-        """One lockstep step at ``now``; the time of the next one, or None when no rank
+    def step(self, now_us: int) -> int | None:
+        """One lockstep step at ``now_us``; the time of the next one, or None when no rank
         has work left."""
         busy = [inst for inst in self.ranks if inst.running or inst.waitq]
         if not busy:
@@ -145,25 +145,25 @@ class LockstepGroup:
         views = []
         for inst in self.ranks:
             if inst.running or inst.waitq:
-                inst._touch(now)
-                views.append(inst.begin_step(now))
+                inst._touch(now_us)
+                views.append(inst.begin_step(now_us))
             else:
                 views.append(BatchView())
         self.dummy_rank_steps += sum(1 for v in views if v.size == 0)
         stall = max(inst.kv.consume_pending_transfer_latency() for inst in self.ranks)
-        adv = self.step_time(views) + stall
-        if adv < 1:
-            adv = 1
-        self.free_at_us = now + adv
+        step_us = self.step_time_us(views) + stall
+        if step_us < 1:
+            step_us = 1
+        self.free_at_us = now_us + step_us
         for inst in busy:
-            inst.finish_step(now, adv)
+            inst.finish_step(now_us, step_us)
         for inst in busy:
             inst.listener.on_event_end(inst)
         if any(inst.running or inst.waitq for inst in self.ranks):
-            return now + adv
+            return now_us + step_us
         return None
 
-    def step_time(self, views: list[BatchView]) -> int:
+    def step_time_us(self, views: list[BatchView]) -> int:
         """Hook: the common duration (µs) of a step whose rank ``r`` runs ``views[r]``
         (size 0 = the dummy batch)."""
-        return self.latency.lockstep_step_time(views)
+        return self.latency.lockstep_step_time_us(views)

@@ -6,7 +6,7 @@ wait queue are empty. Each step calls three overridable hooks:
 
 * :meth:`form_batch` — batch formation by the instance's batching policy
   (:mod:`blis_simpy.engine.batching`; the built-in ``vllm`` policy by default);
-* :meth:`step_time` — the step duration from the latency model;
+* :meth:`step_time_us` — the step duration from the latency model;
 * :meth:`on_step_end` — called with the requests that completed in the step.
 
 The progress of the running requests is kept by a *ledger*
@@ -134,8 +134,8 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         self.key_queued = instance_key(index, QUEUED)
         self.key_step = instance_key(index, STEP)
         self.key_timeout = instance_key(index, TIMEOUT)
-        self.otpt_us = latency.output_token_processing_time()
-        self.post_decode_us = latency.post_decode_fixed_overhead()
+        self.otpt_us = latency.output_token_time_us()
+        self.post_decode_us = latency.post_decode_us()
 
         self.waitq: deque = deque()
         self.ledger = ledger = self.ledger_class(self)
@@ -203,7 +203,7 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         self.injected += 1
         self.in_queueing_delay += 1
         self._touch(now_us)
-        q = self.latency.queueing_time(req)
+        q = self.latency.queueing_time_us(req)
         self.env.call_at(now_us + q, self.key_queued, self._on_queued, req)
 
     def inject_decode(self, req, now_us: int) -> None:
@@ -221,12 +221,12 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
             self._push_step(max(self.clock_us, now_us))
 
     def _on_queued(self, req) -> None:
-        now = self.env.now
-        self._touch(now)
+        now_us = self.env.now
+        self._touch(now_us)
         self.in_queueing_delay -= 1
-        self.enqueue(req, now)
+        self.enqueue(req, now_us)
         if not self.step_pending and self.waitq:
-            self._push_step(now)
+            self._push_step(now_us)
         self.listener.on_event_end(self)
 
     def enqueue(self, req, now_us: int) -> None:
@@ -272,8 +272,8 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
 
     # ================================================================= timeouts
     def _on_timeout(self, req) -> None:
-        now = self.env.now
-        self._touch(now)
+        now_us = self.env.now
+        self._touch(now_us)
         if req.state in (COMPLETED, TIMED_OUT, DROPPED):
             self.listener.on_event_end(self)
             return
@@ -292,14 +292,14 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
             except ValueError:
                 pass
         if not self.running and not self.step_pending and self.waitq:
-            self._push_step(now)
-        self.listener.on_request_done(self, req, now)
+            self._push_step(now_us)
+        self.listener.on_request_done(self, req, now_us)
         self.listener.on_event_end(self)
 
     # ================================================================= the step
-    def step(self, now: int) -> int | None:
-        """One engine iteration at ``now``; returns the time of the next step, or None."""
-        self._touch(now)
+    def step(self, now_us: int) -> int | None:
+        """One engine iteration at ``now_us``; returns the time of the next step, or None."""
+        self._touch(now_us)
         self._steps_scheduled -= 1
         if not self.running and not self.waitq:
             # A stale step: nothing to do. If no other step event is scheduled, nothing is
@@ -308,52 +308,52 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
             if self._steps_scheduled == 0:
                 self.step_pending = False
             return None
-        view = self.begin_step(now)
-        adv = self.step_time(view) + self.kv.consume_pending_transfer_latency()
-        if adv < 1:
-            adv = 1
-        self.finish_step(now, adv)
+        view = self.begin_step(now_us)
+        step_us = self.step_time_us(view) + self.kv.consume_pending_transfer_latency()
+        if step_us < 1:
+            step_us = 1
+        self.finish_step(now_us, step_us)
         if self.running or self.waitq:
             self.step_pending = True
-            return now + adv
+            return now_us + step_us
         self.step_pending = False
         return None
 
-    def begin_step(self, now: int) -> BatchView:
-        """First half of a step at ``now``: reorder the queue, form the batch, record the
+    def begin_step(self, now_us: int) -> BatchView:
+        """First half of a step at ``now_us``: reorder the queue, form the batch, record the
         per-step statistics; returns the batch view the latency model will time.
 
         :meth:`step` calls it, then times the view, then :meth:`finish_step`; a lockstep
         group (:mod:`blis_simpy.engine.dp`) calls it on every busy rank before timing all
         the ranks' views together."""
         self.step_count += 1
-        self.reorder_queue(now)
-        scheduled = self.form_batch(now)
+        self.reorder_queue(now_us)
+        scheduled = self.form_batch(now_us)
         met = self.metrics
         sd = met.scheduling_delay
         keep_first = self.limits.preemption_model == "vllm"
         for req in scheduled:
             if not (keep_first and req.id in sd):   # blis: a re-admission overwrites it
-                sd[req.id] = now - req.arrival_us
+                sd[req.id] = now_us - req.arrival_us
         met.waitq_len_sum += len(self.waitq)
         met.running_len_sum += len(self.running)
         met.step_samples += 1
         return self.batch_view()
 
-    def finish_step(self, now: int, adv: int) -> list:
-        """Second half of a step begun at ``now`` that lasts ``adv`` µs (≥ 1): execute the
+    def finish_step(self, now_us: int, step_us: int) -> list:
+        """Second half of a step begun at ``now_us`` that lasts ``step_us`` µs (≥ 1): execute the
         batch, record KV statistics, complete requests, call :meth:`on_step_end`. Returns
         the requests that completed."""
         met = self.metrics
         running = self.running
-        self.execute(now, adv)
+        self.execute(now_us, step_us)
         used = self.kv.used
         if used > met.peak_kv_blocks:
             met.peak_kv_blocks = used
-        met.kv_blocks_integral += used * adv
+        met.kv_blocks_integral += used * step_us
         self.kv.mirror_to_cpu(running)
-        completed = self.complete(now, adv)
-        self.on_step_end(now, adv, completed)
+        completed = self.complete(now_us, step_us)
+        self.on_step_end(now_us, step_us, completed)
         if completed:
             self.ledger.forget(completed)
         return completed
@@ -364,41 +364,41 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         the listener's ``wants_request_state``)?"""
         return self._hooked or self.listener.wants_request_state
 
-    def form_batch(self, now: int) -> list:
+    def form_batch(self, now_us: int) -> list:
         """Hook: form the step's batch with the instance's batching policy
         (:mod:`blis_simpy.engine.batching`); returns the requests admitted in this step."""
         return self.allocator.form()
 
-    def reorder_queue(self, now: int) -> None:
+    def reorder_queue(self, now_us: int) -> None:
         """Recompute priorities of queued requests, then let the scheduler reorder."""
         if not self.waitq:
             return
         pol = self.priority_policy
         if not pol.constant:
             for r in self.waitq:
-                r.priority = pol.priority(r, now)
+                r.priority = pol.priority(r, now_us)
         if not self.scheduler.keeps_order:
-            self.scheduler.reorder(self.waitq, now)
+            self.scheduler.reorder(self.waitq, now_us)
 
     def batch_view(self) -> BatchView:
         """Summary of the running batch for the latency model (after batch formation)."""
         return self.ledger.view()
 
-    def step_time(self, batch: BatchView) -> int:
+    def step_time_us(self, batch: BatchView) -> int:
         """Hook: the latency model's step duration (µs)."""
-        return self.latency.step_time(batch)
+        return self.latency.step_time_us(batch)
 
-    def on_step_end(self, now: int, adv: int, completed: list) -> None:
+    def on_step_end(self, now_us: int, step_us: int, completed: list) -> None:
         """Hook: called after completions are recorded."""
 
     # ---------------------------------------------------------------- execute
-    def execute(self, now: int, adv: int) -> None:
+    def execute(self, now_us: int, step_us: int) -> None:
         """Advance every running request by its scheduled tokens (docs/engine.md, "The step"; the
         ledger's :meth:`~blis_simpy.engine.ledger.Ledger.execute`)."""
-        self.ledger.execute(now, adv)
+        self.ledger.execute(now_us, step_us)
 
     # ---------------------------------------------------------------- completion
-    def complete(self, now: int, adv: int) -> list:
+    def complete(self, now_us: int, step_us: int) -> list:
         """The completion pass (docs/engine.md): the requests that emitted their last token
         (or reached MaxModelLen) leave the batch, in batch order; the rest keep running."""
         ledger = self.ledger
@@ -419,20 +419,20 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
                     log.error("KV allocation failed for the final token of %s", req.id)
                     met.kv_allocation_failures += 1
             kv.release(req)
-            self._record_completion(req, now, adv)
+            self._record_completion(req, now_us, step_us)
         return done
 
-    def _record_completion(self, req, now: int, adv: int) -> None:
+    def _record_completion(self, req, now_us: int, step_us: int) -> None:
         met = self.metrics
         req.state = COMPLETED
         req.finished_step = self.step_count
-        self._touch(now + adv)          # the RequestLeft marker event
+        self._touch(now_us + step_us)          # the RequestLeft marker event
         itl_sum, n_itl, first_itl = self.ledger.itl_summary(req)
         if first_itl is not None:
             req.first_itl_us = first_itl
         n_out = req.output_len
         post = self.post_decode_us if n_out > 0 else 0
-        e2e = req.first_token_us + itl_sum + post
+        e2e = req.ttft_us + itl_sum + post
         met.e2e[req.id] = e2e
         met.completion_time[req.id] = req.arrival_us + e2e
         if n_out == 0:
@@ -444,7 +444,7 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         met.itl[req.id] = avg
         met.completed_requests += 1
         met.step_counters_sum += req.finished_step - req.scheduled_step
-        self.listener.on_request_done(self, req, now + adv)
+        self.listener.on_request_done(self, req, now_us + step_us)
 
     # ================================================================= end of run
     def finalize(self) -> InstanceMetrics:

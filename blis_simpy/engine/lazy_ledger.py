@@ -54,7 +54,7 @@ class LazyLedger(Ledger):
         self.running: dict = {}    # request -> None, in batch order
         self.prefilling = {}       # running requests with pi < prefill_to, batch order
         self.T = 0                 # executed steps (ticks)
-        self.tick_cum = array("q", [0])   # prefix sums of tick ITL values (adv + OTPT)
+        self.tick_cum = array("q", [0])   # prefix sums of tick ITL values (step_us + OTPT)
         self.cov = array("q", [0])        # coverage difference array over ticks
         self.tick_end = array("q")        # end time of each tick, µs
         self.classes = [set() for _ in range(self.kv.block_size)]
@@ -237,9 +237,9 @@ class LazyLedger(Ledger):
                 yield False, r.pi, r.num_new_tokens, r.input_len
 
     # ================================================================= execute
-    def execute(self, now_us: int, adv_us: int) -> None:
+    def execute(self, now_us: int, step_us: int) -> None:
         met = self.metrics
-        end = now_us + adv_us
+        end = now_us + step_us
         first_tok = end + self.otpt_us
         T = self.T
         self.tick_end.append(end)
@@ -265,7 +265,7 @@ class LazyLedger(Ledger):
                 self._first_token(r, first_tok)
                 r.last_emit_tick = T
         self.T = T + 1
-        self.tick_cum.append(self.tick_cum[-1] + adv_us + self.otpt_us)
+        self.tick_cum.append(self.tick_cum[-1] + step_us + self.otpt_us)
         self.cov.append(0)
         bs = self.kv.block_size
         for r in skipped:            # no token this tick: shift its lazy clock by one

@@ -120,7 +120,7 @@ class Ledger:
         """The batch the latency model times (after batch formation)."""
         return BatchView.of(self.running)
 
-    def execute(self, now_us: int, adv_us: int) -> None:
+    def execute(self, now_us: int, step_us: int) -> None:
         """Advance every running request by its scheduled tokens (docs/engine.md, "The step")."""
         raise NotImplementedError
 
@@ -149,7 +149,7 @@ class Ledger:
         """``req`` emitted its first token (TTFT = its end + OTPT − arrival)."""
         req.ttft_set = True
         ttft = first_token_end_us - req.arrival_us
-        req.first_token_us = ttft
+        req.ttft_us = ttft
         met = self.metrics
         met.ttft_sum += ttft
         met.ttft[req.id] = ttft
@@ -186,15 +186,15 @@ class EagerLedger(Ledger):
         for r in self.running:
             r.num_new_tokens = 0
 
-    def execute(self, now_us: int, adv_us: int) -> None:
+    def execute(self, now_us: int, step_us: int) -> None:
         """A prefill that completes the prompt emits the first token (TTFT); one that
         completes a vLLM recompute (``prefill_to`` beyond the prompt) emits the next output
         token, whose ITL sample is the gap since the request's previous token (plus OTPT,
         as every sample). A decode step emits one token. A decoder that got no token while
         at the end of its prompt records its TTFT again (BLIS's Execute does)."""
         met = self.metrics
-        itl_val = adv_us + self.otpt_us
-        end = now_us + adv_us
+        itl_val = step_us + self.otpt_us
+        end = now_us + step_us
         first_tok = end + self.otpt_us
         for req in self.running:
             n_in = req.input_len

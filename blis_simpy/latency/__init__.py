@@ -1,7 +1,7 @@
 """Latency models: how long one engine step takes, plus per-request overhead terms
 (docs/latency-models.md).
 
-Pure code: knows nothing of SimPy. The engine calls ``step_time`` once per step.
+Pure code: knows nothing of SimPy. The engine calls ``step_time_us`` once per step.
 Importing this package registers every built-in backend: ``blackbox``, ``roofline``,
 ``crossmodel``, ``trained-roofline``, ``physics`` and ``trained-physics``.
 """

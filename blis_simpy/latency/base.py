@@ -88,7 +88,7 @@ def _entries(batch) -> Iterator[tuple[bool, int, int, int]]:
 class LatencyModel(Pluggable, family="latency model"):
     """Times engine steps. All results are integer µs.
 
-    Subclasses implement :meth:`step_time`; the overhead terms default to zero.
+    Subclasses implement :meth:`step_time_us`; the overhead terms default to zero.
 
     A plugin model registers a name (``class Mine(LatencyModel, name="mine")``), may declare
     a pydantic ``Params`` (its own keys, from the scenario's ``latency.params``) and is built
@@ -116,11 +116,11 @@ class LatencyModel(Pluggable, family="latency model"):
         and tensor parallelism (≥ 1). Called once per instance (and once to validate)."""
         return cls(params, model_config=model_config, gpu=gpu, tp=tp)
 
-    def step_time(self, batch: BatchView) -> int:
+    def step_time_us(self, batch: BatchView) -> int:
         """Duration of one engine step, ≥ 1 µs."""
         raise NotImplementedError
 
-    def lockstep_step_time(self, views: list[BatchView]) -> int:
+    def lockstep_step_time_us(self, views: list[BatchView]) -> int:
         """Duration (µs) of one lockstep step of the data-parallel ranks of one engine.
 
         ``views[r]`` is rank r's batch; an idle rank has ``size == 0`` and runs the dummy
@@ -135,20 +135,20 @@ class LatencyModel(Pluggable, family="latency model"):
                 if dummy is None:
                     dummy = BatchView.dummy()
                 v = dummy
-            t = self.step_time(v)
+            t = self.step_time_us(v)
             if t > worst:
                 worst = t
         return worst
 
-    def queueing_time(self, req) -> int:
+    def queueing_time_us(self, req) -> int:
         """Arrival → Queued delay (API / pre-scheduling overhead), µs."""
         return 0
 
-    def output_token_processing_time(self) -> int:
+    def output_token_time_us(self) -> int:
         """Per-token post-processing (OTPT): added to TTFT once and to every ITL entry, µs."""
         return 0
 
-    def post_decode_fixed_overhead(self) -> int:
+    def post_decode_us(self) -> int:
         """Added once to the E2E of a request with at least one output token, µs."""
         return 0
 

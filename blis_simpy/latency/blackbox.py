@@ -16,13 +16,13 @@ class BlackboxModel(LatencyModel, name="blackbox"):
         self.beta = check_coeffs("beta", beta, 3)
         self._otpt = to_int64(self.alpha[2])
 
-    def step_time(self, batch: BatchView) -> int:
+    def step_time_us(self, batch: BatchView) -> int:
         b0, b1, b2 = self.beta[0], self.beta[1], self.beta[2]
         t = to_int64(b0 + b1 * batch.prefill_tokens + b2 * batch.decode_tokens)
         return t if t > 1 else 1
 
-    def queueing_time(self, req) -> int:
+    def queueing_time_us(self, req) -> int:
         return to_int64(self.alpha[0] + self.alpha[1] * req.input_len)
 
-    def output_token_processing_time(self) -> int:
+    def output_token_time_us(self) -> int:
         return self._otpt

@@ -3,9 +3,9 @@
 ::
 
     kv_dim_scaled = L · Hkv · (d/H) / TP · 1e-6          (Hkv = 0 ⇒ H)
-    step_time     = max(1, to_int64( β0·L + β1·decode_tokens·kv_dim_scaled
-                                     + β2·(prefill_tokens + decode_tokens)·is_moe + β3·is_tp ))
-    queueing_time = to_int64(α0 + α1·input_len) ;  OTPT = to_int64(α2) ;  post_decode = 0
+    step_time_us     = max(1, to_int64( β0·L + β1·decode_tokens·kv_dim_scaled
+                                        + β2·(prefill_tokens + decode_tokens)·is_moe + β3·is_tp ))
+    queueing_time_us = to_int64(α0 + α1·input_len) ;  OTPT = to_int64(α2) ;  post_decode = 0
 
 ``decode_tokens`` is Σ NumNewTokens over decode-phase requests (0 or 1 each) and
 ``prefill_tokens`` Σ NumNewTokens over prefill-phase requests; both are integers, so the O(1)
@@ -72,7 +72,7 @@ class CrossModel(LatencyModel, name="crossmodel"):
         return cls(model, tp, DEFAULT_ALPHA if alpha is None else alpha,
                    DEFAULT_BETA if beta is None else beta, **opts)
 
-    def step_time(self, batch: BatchView) -> int:
+    def step_time_us(self, batch: BatchView) -> int:
         dt = batch.decode_tokens
         pt = 0
         for r in batch.prefill:
@@ -81,10 +81,10 @@ class CrossModel(LatencyModel, name="crossmodel"):
                      + self._b2 * (pt + dt) * self.is_moe + self._c3)
         return t if t > 1 else 1
 
-    def queueing_time(self, req) -> int:
+    def queueing_time_us(self, req) -> int:
         return to_int64(self.alpha[0] + self.alpha[1] * req.input_len)
 
-    def output_token_processing_time(self) -> int:
+    def output_token_time_us(self) -> int:
         return self._otpt
 
 

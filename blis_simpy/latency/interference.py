@@ -74,7 +74,7 @@ class InterferenceModel(LatencyModel):
         self.inner = inner
         self.prefill_factor = check_factor("prefill", prefill_factor)
         self.decode_factor = check_factor("decode", decode_factor)
-        #: multiplier applied by the last :meth:`step_time` call (1.0 before any)
+        #: multiplier applied by the last :meth:`step_time_us` call (1.0 before any)
         self.last_multiplier = 1.0
 
     def multiplier(self, batch: BatchView) -> float:
@@ -82,8 +82,8 @@ class InterferenceModel(LatencyModel):
         return interference_multiplier(len(batch.prefill), batch.size, self.prefill_factor,
                                        self.decode_factor)
 
-    def step_time(self, batch: BatchView) -> int:
-        base = self.inner.step_time(batch)
+    def step_time_us(self, batch: BatchView) -> int:
+        base = self.inner.step_time_us(batch)
         m = self.multiplier(batch)
         self.last_multiplier = m
         if m == 1.0:
@@ -96,14 +96,14 @@ class InterferenceModel(LatencyModel):
         r = round_half_away(x)
         return r if r > 1 else 1
 
-    def queueing_time(self, req) -> int:
-        return self.inner.queueing_time(req)
+    def queueing_time_us(self, req) -> int:
+        return self.inner.queueing_time_us(req)
 
-    def output_token_processing_time(self) -> int:
-        return self.inner.output_token_processing_time()
+    def output_token_time_us(self) -> int:
+        return self.inner.output_token_time_us()
 
-    def post_decode_fixed_overhead(self) -> int:
-        return self.inner.post_decode_fixed_overhead()
+    def post_decode_us(self) -> int:
+        return self.inner.post_decode_us()
 
 
 __all__ = ["InterferenceModel", "MAX_INTERFERENCE_FACTOR", "check_factor", "interference_multiplier"]

@@ -20,7 +20,7 @@ the batch; prefill chunks attend to their cached context (``pi``) plus themselve
 
 Data parallelism: each DP rank times its own batch; for an MoE model the ranks step in
 lockstep and the expert layers see the tokens of every rank, padded to the busiest
-(:meth:`PhysicsModel.lockstep_step_time`).
+(:meth:`PhysicsModel.lockstep_step_time_us`).
 
 Coefficients come from a coefficient set (:class:`PhysicsCoefficients`, one YAML file,
 :mod:`blis_simpy.latency.coefficient_sets`): ``--coefficients FILE`` if given, else
@@ -128,7 +128,7 @@ class PhysicsModel(LatencyModel, name="physics"):
         return (linear + attention + experts + t["tp_allreduce"] + t["ep_dispatch_combine"]
                 + t["sampling"] + t["layer_launch"] + t["request_cpu"] + t["step_cpu"])
 
-    def step_time(self, batch: BatchView) -> int:
+    def step_time_us(self, batch: BatchView) -> int:
         if batch.size == 0 and not batch.prefill and batch.decode_count == 0:
             return 1
         if self.is_moe:
@@ -148,7 +148,7 @@ class PhysicsModel(LatencyModel, name="physics"):
             step += self.coeffs.tp_allreduce * P.tp_allreduce_us(self.shape, self.rates, pf_tokens + n_dc)
         return _clamp(step)
 
-    def lockstep_step_time(self, views: list[BatchView]) -> int:
+    def lockstep_step_time_us(self, views: list[BatchView]) -> int:
         """DP ranks in lockstep: the MoE layers of every rank see the tokens of all ranks,
         padded to the busiest rank (vLLM pads DP ranks to the group's max token count); an
         idle rank runs the 1-token dummy batch. The step lasts as long as the slowest rank."""
@@ -159,20 +159,20 @@ class PhysicsModel(LatencyModel, name="physics"):
         return max(_clamp(self.combine(self.terms(v, routed))) for v in views)
 
     # ------------------------------------------------------------------ overheads
-    def queueing_time(self, req) -> int:
+    def queueing_time_us(self, req) -> int:
         return to_int64(self._queue + self._queue_tok * req.input_len)
 
-    def output_token_processing_time(self) -> int:
+    def output_token_time_us(self) -> int:
         return self._otpt
 
-    def post_decode_fixed_overhead(self) -> int:
+    def post_decode_us(self) -> int:
         return self._post
 
     def decode_step_us(self, batch_size: int, context_tokens: int) -> int:
         """A pure decode step of ``batch_size`` requests at ``context_tokens`` each (µs)."""
         v = BatchView(decode_count=batch_size, decode_tokens=batch_size,
                       decode_pi_sum=batch_size * context_tokens, size=batch_size)
-        return self.step_time(v)
+        return self.step_time_us(v)
 
 
 def _prefill_sums(batch: BatchView) -> tuple[int, int, float]:

@@ -11,7 +11,7 @@ Construction (what the resolution code calls)::
                               alpha=None, beta=None, *, moe_weight_batch_zero=False)
 
 * ``alpha`` (≥ 3 finite, non-negative; default zeros, which is what BLIS's CLI always uses):
-  ``queueing_time = to_int64(α0 + α1·input_len)``, ``OTPT = to_int64(α2)``.
+  ``queueing_time_us = to_int64(α0 + α1·input_len)``, ``OTPT = to_int64(α2)``.
 * ``beta`` is accepted for a uniform signature and ignored (roofline has no coefficients).
 * ``moe_weight_batch_zero=True`` reproduces BLIS checkout 89bece82, which evaluates the
   per-step MoE weight bytes with a batch of 0 tokens, so ``nEff = 0`` and the expert weights
@@ -170,7 +170,7 @@ class RooflineModel(LatencyModel, name="roofline"):
         self._dc_acts = L * d * bpp * t
         self._kv_coef = 2 * L * hkv * dh * bpp   # · tokens
         self._dc_kvw = self._kv_coef * t
-        # O(1) decode aggregates (see step_time): Σ FLOPs = n·fixed + per_seq·Σ seq (an
+        # O(1) decode aggregates (see step_time_us): Σ FLOPs = n·fixed + per_seq·Σ seq (an
         # estimate used only as a bound), and integer byte coefficients when they are exact.
         self._dc_flops_fixed = self._dc_gemm0 + self._dc_mlp + L * self._dc_sram_c
         self._dc_flops_per_seq = self._dc_attn * dh + L * self._dc_sram
@@ -229,7 +229,7 @@ class RooflineModel(LatencyModel, name="roofline"):
         return MemoryBytes(acts, kv_r, kv_w, w, acts + kv_r + kv_w + w)
 
     # ------------------------------------------------------------------ LatencyModel
-    def step_time(self, batch: BatchView) -> int:
+    def step_time_us(self, batch: BatchView) -> int:
         """One step's duration (µs); bit-identical to :meth:`step_time_literal`.
 
         Fast path (decode requests in O(1) instead of O(batch)), taken only when provably exact:
@@ -342,10 +342,10 @@ class RooflineModel(LatencyModel, name="roofline"):
         memory_s = (wb + dyn) / self.bw
         return max(1, to_int64(max(compute_s, memory_s) * 1e6))
 
-    def queueing_time(self, req) -> int:
+    def queueing_time_us(self, req) -> int:
         return to_int64(self.alpha[0] + self.alpha[1] * req.input_len)
 
-    def output_token_processing_time(self) -> int:
+    def output_token_time_us(self) -> int:
         return self._otpt
 
 

@@ -156,7 +156,7 @@ class TrainedPhysicsModel(LatencyModel, name="trained-physics"):
             "batch": float(b_pf + n_dc),
         }
 
-    def step_time(self, batch: BatchView) -> int:
+    def step_time_us(self, batch: BatchView) -> int:
         if batch.size == 0:
             return 1
         x = self.basis(batch)
@@ -171,13 +171,13 @@ class TrainedPhysicsModel(LatencyModel, name="trained-physics"):
         t = to_int64(step)
         return t if t > 1 else 1
 
-    def queueing_time(self, req) -> int:
+    def queueing_time_us(self, req) -> int:
         return self._queue
 
-    def output_token_processing_time(self) -> int:
+    def output_token_time_us(self) -> int:
         return self._otpt
 
-    def post_decode_fixed_overhead(self) -> int:
+    def post_decode_us(self) -> int:
         return self._post
 
 

@@ -17,8 +17,8 @@ and input length of prefill request i::
     step = β1·max(pf_compute, pf_kv) + β2·max(dc_compute, dc_kv) + β3·t_weight + β4·0
          + β5·L + β6·len(batch) + β7                  → max(1, to_int64(step)) µs
 
-Overheads: ``queueing_time = to_int64(α0)`` (not scaled by input length),
-``post_decode_fixed_overhead = to_int64(α1)``, ``OTPT = to_int64(α2)``.
+Overheads: ``queueing_time_us = to_int64(α0)`` (not scaled by input length),
+``post_decode_us = to_int64(α1)``, ``OTPT = to_int64(α2)``.
 
 ``T_pf``, ``T_dc`` and ``S`` are integer sums, so the batch's O(1) aggregates give exactly
 BLIS's values; only ``A_pf`` loops (over the prefill requests, in batch order).
@@ -134,7 +134,7 @@ class TrainedRooflineModel(LatencyModel, name="trained-roofline"):
         n_eff = min(self.E, max(self.k_eff, tokens * self.k_eff))
         return (self._w_attn + self.L * n_eff * 3 * self.d * self.dff * BYTES_PER_ELEMENT / self.tpf) / self.W
 
-    def step_time(self, batch: BatchView) -> int:
+    def step_time_us(self, batch: BatchView) -> int:
         if batch.size == 0:
             return 1
         L, d, tpf, F, W = self.L, self.d, self.tpf, self.F, self.W
@@ -166,13 +166,13 @@ class TrainedRooflineModel(LatencyModel, name="trained-roofline"):
         out = to_int64(step)
         return out if out > 1 else 1
 
-    def queueing_time(self, req) -> int:
+    def queueing_time_us(self, req) -> int:
         return self._queue
 
-    def output_token_processing_time(self) -> int:
+    def output_token_time_us(self) -> int:
         return self._otpt
 
-    def post_decode_fixed_overhead(self) -> int:
+    def post_decode_us(self) -> int:
         return self._post
 
 

@@ -163,24 +163,24 @@ def _record_completions(cluster, done: dict) -> None:
 def _record_step_ends(group, ends: set) -> None:
     """Wrap ``group`` so every lockstep step's end time lands in ``ends`` and check that
     no step begins before the previous one ended."""
-    step, step_time = group.step, group.step_time
-    last = {"end": 0, "adv": 0}
+    step, step_time_us = group.step, group.step_time_us
+    last = {"end": 0, "step_us": 0}
 
     def timed(views):
-        adv = step_time(views)
-        last["adv"] = max(adv, 1)
-        return adv
+        step_us = step_time_us(views)
+        last["step_us"] = max(step_us, 1)
+        return step_us
 
-    def stepped(now):
+    def stepped(now_us):
         before = group.steps
-        nxt = step(now)
+        nxt = step(now_us)
         if group.steps > before:           # a real step ran (not an idle wake-up)
-            assert now >= last["end"], "a lockstep step began before the previous one ended"
-            last["end"] = now + last["adv"]
+            assert now_us >= last["end"], "a lockstep step began before the previous one ended"
+            last["end"] = now_us + last["step_us"]
             ends.add(last["end"])
         return nxt
 
-    group.step_time = timed
+    group.step_time_us = timed
     group.step = stepped
 
 

@@ -160,7 +160,7 @@ def test_crossmodel_and_trained_roofline_use_the_global_sets_unless_given():
     m = resolve(sc(latency={"model": "crossmodel", "beta_coeffs": [1, 2, 3, 4]}, hardware="H100")).new_latency_model()
     assert m.beta == [1, 2, 3, 4] and m.alpha == [13732.0, 0.0, 860.6]
     m = resolve(sc(latency={"model": "trained-roofline"}, hardware="H100")).new_latency_model()
-    assert isinstance(m, TrainedRooflineModel) and m.queueing_time(Req(0, 10, 10)) == 9315
+    assert isinstance(m, TrainedRooflineModel) and m.queueing_time_us(Req(0, 10, 10)) == 9315
     with pytest.raises(ConfigError, match="at least 4"):
         resolve(sc(latency={"model": "crossmodel", "beta_coeffs": [1, 2, 3]}, hardware="H100"))
 
@@ -170,7 +170,7 @@ def test_latency_compat_checkout_reproduces_blis_moe_roofline():
     fixed = resolve(sc(model=mx, hardware="H100", tp=2)).new_latency_model()
     blis = resolve(sc(model=mx, hardware="H100", tp=2, latency={"model": "roofline", "compat": "checkout"}))
     b = decode_batch()
-    assert blis.new_latency_model().step_time(b) < fixed.step_time(b)    # BLIS: expert weights free
+    assert blis.new_latency_model().step_time_us(b) < fixed.step_time_us(b)    # BLIS: expert weights free
 
 
 # ---------------------------------------------------------------------------- sources
@@ -208,7 +208,7 @@ workload: {{kind: distribution, num_requests: 5}}
     h100 = resolve(sc(hardware="H100")).new_latency_model()
     b = decode_batch()
     # decode is memory bound: 6.7x less bandwidth ⇒ 6.7x slower steps (± truncation)
-    assert d.new_latency_model().step_time(b) == pytest.approx(h100.step_time(b) * 3.35 / 0.5, rel=1e-3)
+    assert d.new_latency_model().step_time_us(b) == pytest.approx(h100.step_time_us(b) * 3.35 / 0.5, rel=1e-3)
 
 
 def test_hardware_config_json_gpu_is_usable():

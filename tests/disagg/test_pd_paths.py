@@ -260,14 +260,14 @@ def _spy_prefill_on(sim, k):
     """Count steps of instance ``k`` whose batch holds a prefill-phase request."""
     sim.prefill_batches_on_decode = 0
     lat = sim.instances[k].latency
-    inner = lat.step_time
+    inner = lat.step_time_us
 
-    def step_time(batch: BatchView):
+    def step_time_us(batch: BatchView):
         if batch.prefill:
             sim.prefill_batches_on_decode += 1
         return inner(batch)
 
-    lat.step_time = step_time
+    lat.step_time_us = step_time_us
 
 
 @pytest.mark.parametrize("compat", ["fixed", "checkout"])
@@ -371,8 +371,8 @@ def test_decode_pool_gpu_override_changes_step_time_only_when_fixed(compat):
     r = Request("x", 0, np.arange(64), np.arange(3))
     r.pi, r.num_new_tokens = 64, 1
     batch = BatchView.of([r])
-    t_pre, t_dec = (inst.latency.step_time(batch) for inst in sim.instances)
-    t_base = base_sim.instances[1].latency.step_time(batch)
+    t_pre, t_dec = (inst.latency.step_time_us(batch) for inst in sim.instances)
+    t_base = base_sim.instances[1].latency.step_time_us(batch)
     assert t_pre == t_base
     itl, itl_base = res.cluster.itl["r"], base.cluster.itl["r"]
     if compat == "fixed":

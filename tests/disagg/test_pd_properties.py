@@ -191,7 +191,7 @@ class Probe:
             inst.step = self._watchdog(inst, inst.step)
             lat = inst.latency
             if isinstance(lat, InterferenceModel):
-                lat.step_time = self._recording(inst.index, lat, lat.step_time)
+                lat.step_time_us = self._recording(inst.index, lat, lat.step_time_us)
 
     @staticmethod
     def _watchdog(inst, step):
@@ -201,8 +201,8 @@ class Probe:
         such a run would never end, so the property test fails instead of hanging."""
         idle = [0]
 
-        def watched(now):
-            nxt = step(now)
+        def watched(now_us):
+            nxt = step(now_us)
             if nxt is not None and not inst.running and inst.waitq:
                 idle[0] += 1
                 if idle[0] > 300:
@@ -216,11 +216,11 @@ class Probe:
         cl = self.sim.cluster
         return (tuple(cl.roles), tuple(i.id for i in cl.prefill_pool), tuple(i.id for i in cl.decode_pool))
 
-    def _recording(self, k, lat, step_time):
+    def _recording(self, k, lat, step_time_us):
         def st_(batch):
-            t = step_time(batch)
+            t = step_time_us(batch)
             self.steps.append((k, len(batch.prefill), batch.size, lat.last_multiplier,
-                               lat.inner.step_time(batch), t))
+                               lat.inner.step_time_us(batch), t))
             return t
         return st_
 

@@ -53,14 +53,14 @@ DENSE = ModelConfig(name="tiny-dense", num_layers=2, hidden_size=64, num_heads=4
 
 
 class TinyLatency(LatencyModel):
-    """``step_time`` = 1000 µs + 100 µs per scheduled token (the dummy batch: 1100 µs);
-    ``lockstep_step_time`` = the slowest rank + 10 µs. No queueing delay or overheads."""
+    """``step_time_us`` = 1000 µs + 100 µs per scheduled token (the dummy batch: 1100 µs);
+    ``lockstep_step_time_us`` = the slowest rank + 10 µs. No queueing delay or overheads."""
 
-    def step_time(self, batch: BatchView) -> int:
+    def step_time_us(self, batch: BatchView) -> int:
         return 1000 + 100 * (batch.prefill_tokens + batch.decode_tokens)
 
-    def lockstep_step_time(self, views: list[BatchView]) -> int:
-        return super().lockstep_step_time(views) + 10
+    def lockstep_step_time_us(self, views: list[BatchView]) -> int:
+        return super().lockstep_step_time_us(views) + 10
 
 
 def build_dp(model: ModelConfig, *, dp: int = 2, n: int = 1, impl: str = "fast", requests=(),

@@ -3,9 +3,9 @@ ones, the front door's rank choice (blis_simpy.engine.dp).
 
 Every run here uses ``tests.engine.helpers.TinyLatency``, a hand-checkable latency model:
 
-* ``step_time(view) = 1000 + 100 * (prefill tokens + decode tokens)`` µs, so the dummy
+* ``step_time_us(view) = 1000 + 100 * (prefill tokens + decode tokens)`` µs, so the dummy
   batch of an idle rank (one decode token) takes 1100 µs;
-* ``lockstep_step_time(views) = max over ranks of step_time (dummy for idle ranks) + 10``
+* ``lockstep_step_time_us(views) = max over ranks of step_time_us (dummy for idle ranks) + 10``
   (a fixed 10 µs "collective"), so a test can tell the group's duration from one rank's;
 * no queueing delay, no per-token or post-decode overhead; no admission/routing latency.
 

@@ -146,10 +146,10 @@ class _Recorder:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def step_time(self, batch):
+    def step_time_us(self, batch):
         self.log.append((list(batch.entries()), batch.decode_count, batch.decode_tokens,
                          batch.decode_pi_sum, batch.size, batch.prefill_tokens))
-        return self.inner.step_time(batch)
+        return self.inner.step_time_us(batch)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -29,11 +29,11 @@ class ReferenceProgress(Instance):
     """Records, at the end of every step, each running and completed request's progress
     and the sums a progress hook would compute (pi, output tokens, ITL samples)."""
 
-    def on_step_end(self, now: int, adv: int, completed: list) -> None:
+    def on_step_end(self, now_us: int, step_us: int, completed: list) -> None:
         reqs = [*self.running, *completed]
         if not hasattr(self, "seen"):
             self.seen = []
-        self.seen.append((now, adv, sum(r.pi for r in reqs),
+        self.seen.append((now_us, step_us, sum(r.pi for r in reqs),
                           sum(max(r.pi - r.input_len, 0) for r in reqs),
                           sum(len(r.itl) for r in reqs),
                           [_state(r) for r in self.running], [_state(r) for r in completed]))

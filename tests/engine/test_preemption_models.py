@@ -35,9 +35,9 @@ class _Recorder:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def step_time(self, batch):
+    def step_time_us(self, batch):
         self.log.append(list(batch.entries()))
-        return self.inner.step_time(batch)
+        return self.inner.step_time_us(batch)
 
 
 def _tiny(impl: str, model: str):
@@ -115,10 +115,10 @@ def test_vllm_every_request_emits_each_token_once(w):
         assert m.total_output_tokens == need == sum(m.all_itls.values())
         for r in reqs:
             assert m.e2e[r.id] == m.completion_time[r.id] - r.arrival_us
-            assert m.scheduling_delay[r.id] < m.ttft[r.id] == r.first_token_us
+            assert m.scheduling_delay[r.id] < m.ttft[r.id] == r.ttft_us
             if impl == "reference":
                 assert len(r.itl) == r.output_len - 1
-                assert m.e2e[r.id] == r.first_token_us + sum(r.itl)
+                assert m.e2e[r.id] == r.ttft_us + sum(r.itl)
 
 
 @pytest.mark.parametrize("impl", IMPLS)

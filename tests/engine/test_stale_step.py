@@ -27,9 +27,9 @@ def _run_logging_steps(sc, reqs):
     steps = []
     orig = inst.step
 
-    def step(now):
-        nxt = orig(now)
-        steps.append((now, inst.step_count))
+    def step(now_us):
+        nxt = orig(now_us)
+        steps.append((now_us, inst.step_count))
         return nxt
 
     inst.step = step

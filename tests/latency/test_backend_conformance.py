@@ -103,8 +103,8 @@ class Recording(RooflineModel):
         super().__init__(*a, **kw)
         self.steps = []
 
-    def step_time(self, batch):
-        t = super().step_time(batch)
+    def step_time_us(self, batch):
+        t = super().step_time_us(batch)
         if len(self.steps) < 4:
             pf = [(r.pi, r.num_new_tokens) for r in batch.prefill]
             dc = [pi for is_pf, pi, _, _ in batch.entries() if not is_pf]

@@ -1,8 +1,8 @@
 """The trained alpha/beta ``blackbox`` latency model (docs/latency-models.md).
 
-step_time     = max(1, to_int64(β0 + β1·Σ prefill NumNewTokens + β2·Σ decode NumNewTokens))
-queueing_time = to_int64(α0 + α1·len(input))
-OTPT          = to_int64(α2);  post_decode = 0
+step_time_us     = max(1, to_int64(β0 + β1·Σ prefill NumNewTokens + β2·Σ decode NumNewTokens))
+queueing_time_us = to_int64(α0 + α1·len(input))
+OTPT             = to_int64(α2);  post_decode = 0
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _sums(m, prefill_tokens: int, decode_tokens: int) -> int:
     """``m``'s step time for a batch holding these token sums (one prefill chunk of
     ``prefill_tokens``, ``decode_tokens`` decoders)."""
     pre = [SimpleNamespace(num_new_tokens=prefill_tokens)] if prefill_tokens else []
-    return m.step_time(BatchView(prefill=pre, decode_count=decode_tokens, decode_tokens=decode_tokens,
+    return m.step_time_us(BatchView(prefill=pre, decode_count=decode_tokens, decode_tokens=decode_tokens,
                                  size=len(pre) + decode_tokens))
 
 
@@ -49,7 +49,7 @@ def test_registered_under_blackbox():
 # ---------------------------------------------------------------------------- step time
 def test_step_time_truncates_beta0():
     m = BlackboxModel([0, 0, 0], [1000.9, 0, 0])
-    assert m.step_time(_batch()) == 1000          # truncated, not rounded to 1001
+    assert m.step_time_us(_batch()) == 1000          # truncated, not rounded to 1001
 
 
 def test_step_time_linear_in_prefill_and_decode_tokens():
@@ -58,19 +58,19 @@ def test_step_time_linear_in_prefill_and_decode_tokens():
     # 1000 + 20 + 0.5 = 1020.5 -> 1020
     b = _batch(prefill_new=(3, 5), decode_new=(1, 1, 0))
     assert b.prefill_tokens == 8 and b.decode_tokens == 2
-    assert m.step_time(b) == 1020
+    assert m.step_time_us(b) == 1020
 
 
 def test_step_time_truncates_the_float_sum():
     m = BlackboxModel([0, 0, 0], [100.0, 0.3, 0.3])
     # 100 + 0.3*3 + 0.3*3 = 101.8 (float: 101.79999999999998) -> 101; round would give 102
-    assert m.step_time(_batch(prefill_new=(3,), decode_new=(1, 1, 1))) == 101
+    assert m.step_time_us(_batch(prefill_new=(3,), decode_new=(1, 1, 1))) == 101
 
 
 def test_step_time_prefill_and_decode_use_their_own_coefficient():
     m = BlackboxModel([0, 0, 0], [10.0, 100.0, 1.0])
-    assert m.step_time(_batch(prefill_new=(1,))) == 110
-    assert m.step_time(_batch(decode_new=(1,))) == 11
+    assert m.step_time_us(_batch(prefill_new=(1,))) == 110
+    assert m.step_time_us(_batch(decode_new=(1,))) == 11
 
 
 @pytest.mark.parametrize(("beta", "expected"), [
@@ -83,14 +83,14 @@ def test_step_time_prefill_and_decode_use_their_own_coefficient():
 ])
 def test_step_time_floor_at_one(beta, expected):
     m = BlackboxModel([0, 0, 0], beta)
-    assert m.step_time(_batch()) == expected
+    assert m.step_time_us(_batch()) == expected
 
 
 def test_requests_outside_prefill_and_decode_are_ignored():
     # a zero-output request that finished its prompt is neither prefill nor decode
     m = BlackboxModel([0, 0, 0], [10.0, 100.0, 1000.0])
     done = _req("z", 4, 0, pi=4, new=1)
-    assert m.step_time(BatchView.of([done])) == 10
+    assert m.step_time_us(BatchView.of([done])) == 10
 
 
 def test_extra_coefficients_are_ignored():
@@ -98,8 +98,8 @@ def test_extra_coefficients_are_ignored():
     m5 = BlackboxModel([1, 2, 3, 99, 99], [10, 20, 30, 99, 99])
     assert _sums(m5, 2, 3) == _sums(m3, 2, 3) == 10 + 40 + 90
     r = _req("r", 7, 1)
-    assert m5.queueing_time(r) == m3.queueing_time(r) == 1 + 14
-    assert m5.output_token_processing_time() == 3
+    assert m5.queueing_time_us(r) == m3.queueing_time_us(r) == 1 + 14
+    assert m5.output_token_time_us() == 3
 
 
 @given(st.lists(st.floats(0, 1e4, allow_nan=False), min_size=3, max_size=3),
@@ -115,28 +115,28 @@ def test_step_time_property(beta, p, d):
 def test_queueing_time_truncated():
     m = BlackboxModel([100.7, 1.5, 50.9], [1, 0, 0])
     # 100.7 + 1.5*3 = 105.2 -> 105
-    assert m.queueing_time(_req("a", 3, 1)) == 105
+    assert m.queueing_time_us(_req("a", 3, 1)) == 105
     # 100.7 + 1.5*0 -> 100 (empty prompt)
-    assert m.queueing_time(_req("b", 0, 1)) == 100
+    assert m.queueing_time_us(_req("b", 0, 1)) == 100
     # 100.7 + 1.5*1 = 102.2 -> 102
-    assert m.queueing_time(_req("c", 1, 0)) == 102
+    assert m.queueing_time_us(_req("c", 1, 0)) == 102
 
 
 def test_queueing_time_depends_on_input_length_only():
     m = BlackboxModel([0, 2.0, 0], [1, 0, 0])
-    assert m.queueing_time(_req("a", 10, 0)) == m.queueing_time(_req("b", 10, 500)) == 20
+    assert m.queueing_time_us(_req("a", 10, 0)) == m.queueing_time_us(_req("b", 10, 500)) == 20
 
 
 def test_otpt_truncated_and_post_decode_zero():
-    assert BlackboxModel([0, 0, 50.9], [1, 0, 0]).output_token_processing_time() == 50
-    assert BlackboxModel([0, 0, 0.99], [1, 0, 0]).output_token_processing_time() == 0
-    assert BlackboxModel([0, 0, 50.9], [1, 0, 0]).post_decode_fixed_overhead() == 0
+    assert BlackboxModel([0, 0, 50.9], [1, 0, 0]).output_token_time_us() == 50
+    assert BlackboxModel([0, 0, 0.99], [1, 0, 0]).output_token_time_us() == 0
+    assert BlackboxModel([0, 0, 50.9], [1, 0, 0]).post_decode_us() == 0
 
 
 def test_results_are_ints():
     m = BlackboxModel([1.5, 0.5, 2.5], [3.5, 0.5, 0.5])
-    for v in (_sums(m, 1, 1), m.queueing_time(_req("a", 3, 1)),
-              m.output_token_processing_time()):
+    for v in (_sums(m, 1, 1), m.queueing_time_us(_req("a", 3, 1)),
+              m.output_token_time_us()):
         assert type(v) is int
 
 

@@ -35,7 +35,7 @@ def test_physics_set_round_trip_and_use(tmp_path):
     mine = resolve(_scenario(model="physics", coefficients=str(path)), quiet=True).new_latency_model()
     v = BatchView(decode_count=1, decode_tokens=1, decode_pi_sum=100, size=1)
     # decode at batch 1 is weight-bound, so only the fixed per-step cost differs
-    assert mine.step_time(v) - base.step_time(v) in (373, 374, 375)  # 500 - 126.02
+    assert mine.step_time_us(v) - base.step_time_us(v) in (373, 374, 375)  # 500 - 126.02
 
 
 def test_alpha_beta_set_feeds_blackbox(tmp_path):
@@ -46,7 +46,7 @@ def test_alpha_beta_set_feeds_blackbox(tmp_path):
     from blis_simpy.request import Request
     r = Request("a", 0, list(range(100)), [1, 2])
     r.num_new_tokens = 100
-    assert lat.step_time(BatchView.of([r])) == 1200
+    assert lat.step_time_us(BatchView.of([r])) == 1200
 
 
 def test_set_of_another_backend_is_refused(tmp_path):

@@ -26,17 +26,17 @@ class Fixed(LatencyModel):
         self.step = step
         self.calls = 0
 
-    def step_time(self, batch):
+    def step_time_us(self, batch):
         self.calls += 1
         return self.step
 
-    def queueing_time(self, req):
+    def queueing_time_us(self, req):
         return 11 + req.input_len
 
-    def output_token_processing_time(self):
+    def output_token_time_us(self):
         return 22
 
-    def post_decode_fixed_overhead(self):
+    def post_decode_us(self):
         return 33
 
 
@@ -56,7 +56,7 @@ def wrapped(fp, fd, step=1000):
 def test_spec_examples(f, p, q, expected):
     m = wrapped(f, f)
     assert m.multiplier(batch(p, q)) == expected
-    assert m.step_time(batch(p, q)) == 1000 * expected
+    assert m.step_time_us(batch(p, q)) == 1000 * expected
     assert m.last_multiplier == expected
 
 
@@ -70,21 +70,21 @@ def test_phase_pure_and_empty_batches_are_exactly_one():
     m = wrapped(100, 100)
     for b in (batch(4, 0), batch(0, 4), batch(1, 0), batch(0, 1), BatchView()):
         assert m.multiplier(b) == 1.0
-        assert m.step_time(b) == 1000 and m.last_multiplier == 1.0
+        assert m.step_time_us(b) == 1000 and m.last_multiplier == 1.0
 
 
 def test_majority_phase_picks_the_factor():
     # prefill-dominant (3 vs 1) uses the prefill factor, decode-dominant the decode one
-    assert wrapped(1.0, 0.0).step_time(batch(3, 1)) == 1250
-    assert wrapped(0.0, 1.0).step_time(batch(3, 1)) == 1000
-    assert wrapped(0.0, 1.0).step_time(batch(1, 3)) == 1250
-    assert wrapped(1.0, 0.0).step_time(batch(1, 3)) == 1000
+    assert wrapped(1.0, 0.0).step_time_us(batch(3, 1)) == 1250
+    assert wrapped(0.0, 1.0).step_time_us(batch(3, 1)) == 1000
+    assert wrapped(0.0, 1.0).step_time_us(batch(1, 3)) == 1250
+    assert wrapped(1.0, 0.0).step_time_us(batch(1, 3)) == 1000
 
 
 def test_tie_uses_the_larger_factor_either_way():
     assert wrapped(0.2, 0.8).multiplier(batch(2, 2)) == 1 + 0.8 * 2 / 4
     assert wrapped(0.8, 0.2).multiplier(batch(2, 2)) == 1 + 0.8 * 2 / 4
-    assert wrapped(0.0, 0.6).step_time(batch(1, 1)) == 1300
+    assert wrapped(0.0, 0.6).step_time_us(batch(1, 1)) == 1300
 
 
 def test_counts_requests_not_tokens_and_reads_the_batch_view():
@@ -99,29 +99,29 @@ def test_counts_requests_not_tokens_and_reads_the_batch_view():
 
 
 def test_rounds_half_away_from_zero_and_floors_at_one():
-    assert wrapped(1.0, 1.0, step=3).step_time(batch(1, 1)) == 5    # 4.5 -> 5 (banker's: 4)
-    assert wrapped(1.0, 1.0, step=5).step_time(batch(1, 1)) == 8    # 7.5 -> 8
-    assert wrapped(0.5, 0.5, step=1).step_time(batch(1, 1)) == 1    # 1.25 -> 1
-    assert wrapped(1.0, 1.0, step=0).step_time(batch(1, 1)) == 1    # max(1, 0)
-    assert wrapped(1.0, 1.0, step=0).step_time(batch(2, 0)) == 1
+    assert wrapped(1.0, 1.0, step=3).step_time_us(batch(1, 1)) == 5    # 4.5 -> 5 (banker's: 4)
+    assert wrapped(1.0, 1.0, step=5).step_time_us(batch(1, 1)) == 8    # 7.5 -> 8
+    assert wrapped(0.5, 0.5, step=1).step_time_us(batch(1, 1)) == 1    # 1.25 -> 1
+    assert wrapped(1.0, 1.0, step=0).step_time_us(batch(1, 1)) == 1    # max(1, 0)
+    assert wrapped(1.0, 1.0, step=0).step_time_us(batch(2, 0)) == 1
 
 
 def test_int64_overflow_returns_base(caplog):
     m = wrapped(100.0, 100.0, step=2**62)
     with caplog.at_level(logging.ERROR, logger="blis_simpy.latency"):
-        assert m.step_time(batch(1, 1)) == 2**62
+        assert m.step_time_us(batch(1, 1)) == 2**62
     assert "overflow" in caplog.text
-    assert wrapped(1.0, 1.0, step=2**61).step_time(batch(1, 1)) == 3 * 2**60
+    assert wrapped(1.0, 1.0, step=2**61).step_time_us(batch(1, 1)) == 3 * 2**60
 
 
 def test_last_multiplier_tracks_each_call():
     m = wrapped(1.0, 1.0)
     assert m.last_multiplier == 1.0                # before any call
-    m.step_time(batch(1, 1))
+    m.step_time_us(batch(1, 1))
     assert m.last_multiplier == 1.5
-    m.step_time(batch(1, 3))
+    m.step_time_us(batch(1, 3))
     assert m.last_multiplier == 1.25
-    m.step_time(batch(0, 3))
+    m.step_time_us(batch(0, 3))
     assert m.last_multiplier == 1.0
     m.multiplier(batch(1, 1))                      # pure query: no change
     assert m.last_multiplier == 1.0
@@ -131,19 +131,19 @@ def test_overheads_are_delegated():
     inner = Fixed()
     m = InterferenceModel(inner, 3.0, 4.0)
     r = type("R", (), {"input_len": 5})()
-    assert m.queueing_time(r) == 16
-    assert m.output_token_processing_time() == 22
-    assert m.post_decode_fixed_overhead() == 33
-    m.step_time(batch(1, 1))
+    assert m.queueing_time_us(r) == 16
+    assert m.output_token_time_us() == 22
+    assert m.post_decode_us() == 33
+    m.step_time_us(batch(1, 1))
     assert inner.calls == 1
 
 
 def test_wraps_a_real_backend():
     bb = BlackboxModel([0, 0, 0], [100, 1, 2])
     b = view(prefill(0, 50), decode(60), decode(70), decode(80))
-    base = bb.step_time(b)
+    base = bb.step_time_us(b)
     assert base == 100 + 50 + 3 * 2
-    assert InterferenceModel(bb, 0.0, 1.0).step_time(b) == round(base * 1.25)
+    assert InterferenceModel(bb, 0.0, 1.0).step_time_us(b) == round(base * 1.25)
 
 
 @pytest.mark.parametrize("bad", [-0.001, math.nan, math.inf, -math.inf, MAX_INTERFERENCE_FACTOR + 1e-9])
@@ -182,7 +182,7 @@ def test_inv_p2_3_multiplier_properties(p, q, fp, fd, step):
     assert mult >= 1.0
     assert (mult == 1.0) == (p == 0 or q == 0 or deciding == 0.0)
     assert mult <= 1 + MAX_INTERFERENCE_FACTOR / 2
-    t = m.step_time(b)
+    t = m.step_time_us(b)
     assert t >= step
     assert m.last_multiplier == mult
     if step * (mult - 1) >= 1.5:

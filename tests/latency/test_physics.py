@@ -142,8 +142,8 @@ def test_step_time_composition_by_hand():
     # linear   max(9728 + 10752, 3664) = 20480
     # attention max(4·2·8·(18 + 103)·2 = 15488, 448 + 6592) = 15488
     # sampling 1024; layers 2 x 10 + 4 requests x 1 + 100
-    assert m.step_time(batch) == 20480 + 15488 + 1024 + 124
-    assert m.step_time(batch) == int(PhysicsModel.combine(m.terms(batch)))
+    assert m.step_time_us(batch) == 20480 + 15488 + 1024 + 124
+    assert m.step_time_us(batch) == int(PhysicsModel.combine(m.terms(batch)))
 
 
 def test_decode_is_weight_bound_not_compute_bound():
@@ -151,7 +151,7 @@ def test_decode_is_weight_bound_not_compute_bound():
     v = BatchView(decode_count=1, decode_tokens=1, decode_pi_sum=0, size=1)
     t = m.terms(v)
     assert t["weight_reads"] == 3664 and t["decode_compute"] == 0
-    assert m.step_time(v) == 3664 + max(4 * 2 * 8 * 2, 64) + 2 * 32 * 4
+    assert m.step_time_us(v) == 3664 + max(4 * 2 * 8 * 2, 64) + 2 * 32 * 4
 
 
 def test_coefficients_scale_their_term():
@@ -172,7 +172,7 @@ def test_fast_path_equals_the_terms_on_random_batches(tp):
         if not batch:
             continue
         v = BatchView.of(batch)
-        assert m.step_time(v) == max(1, int(PhysicsModel.combine(m.terms(v))))
+        assert m.step_time_us(v) == max(1, int(PhysicsModel.combine(m.terms(v))))
 
 
 def test_lockstep_pads_moe_tokens_to_the_busiest_rank():
@@ -182,9 +182,9 @@ def test_lockstep_pads_moe_tokens_to_the_busiest_rank():
     # routed = 3 tokens (the busiest) x 2 ranks = 6 for both ranks; the idle one runs the dummy
     want = max(int(PhysicsModel.combine(m.terms(busy, 6.0))),
                int(PhysicsModel.combine(m.terms(BatchView.dummy(), 6.0))))
-    assert m.lockstep_step_time([busy, idle]) == want
-    assert m.lockstep_step_time([busy, idle]) == int(PhysicsModel.combine(m.terms(busy, 6.0)))
-    assert m.lockstep_step_time([busy, idle]) > m.step_time(BatchView.of([req(10, 1, n_in=5)]))
+    assert m.lockstep_step_time_us([busy, idle]) == want
+    assert m.lockstep_step_time_us([busy, idle]) == int(PhysicsModel.combine(m.terms(busy, 6.0)))
+    assert m.lockstep_step_time_us([busy, idle]) > m.step_time_us(BatchView.of([req(10, 1, n_in=5)]))
 
 
 def test_validation_errors():
@@ -240,10 +240,10 @@ def test_both_new_backends_build_for_every_catalog_model_and_gpu():
     from blis_simpy.latency.trained_physics import TrainedPhysicsModel
     v = BatchView.of([req(0, 512, n_in=512), req(100, 1, n_in=50)])
     for name, m, gname, g, tp in _deployments():
-        assert PhysicsModel(m, g, tp).step_time(v) > 1, (name, gname)
+        assert PhysicsModel(m, g, tp).step_time_us(v) > 1, (name, gname)
         hkv = m.num_kv_heads or m.num_heads
         if hkv % tp == 0:
-            assert TrainedPhysicsModel(m, g, tp).step_time(v) > 1, (name, gname)
+            assert TrainedPhysicsModel(m, g, tp).step_time_us(v) > 1, (name, gname)
 
 
 def test_llama8b_batch1_decode_is_weight_bound_on_the_4090():

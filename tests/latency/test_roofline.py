@@ -59,38 +59,38 @@ def test_dense_mixed_batch_by_hand():
     assert m.flops(10, 1) == 120_464
     # compute = 926.176 + 481.856 = 1408.032 µs; memory = (114 688 + 2 048 + 3 072) B / 1e9 B/s
     # = 119.808 µs; max → 1408.032 µs, truncated to 1408.
-    assert m.step_time(view(prefill(0, 4), decode(10))) == 1408
-    assert m.step_time(view(prefill(0, 4), decode(10))) == int(PF_US + DC_US)
+    assert m.step_time_us(view(prefill(0, 4), decode(10))) == 1408
+    assert m.step_time_us(view(prefill(0, 4), decode(10))) == int(PF_US + DC_US)
 
 
 def test_dense_decode_only_memory_bound_by_hand():
     m = RooflineModel(TOY, NARROW_GPU, 1)
     # compute 481.856 µs; memory = (114 688 + 3 072) B / 1e8 B/s = 1177.6 µs → 1177.
-    assert m.step_time(view(decode(10))) == 1177
+    assert m.step_time_us(view(decode(10))) == 1177
     # Two decodes, seq 10 and 30: memory = (114 688 + 3 072 + (256 + 2·2·2·16·2·30 + 256)) / 1e8
     # = (114 688 + 3 072 + 8 192) / 1e8 s = 1259.52 µs.
-    assert m.step_time(view(decode(10), decode(30))) == 1259
+    assert m.step_time_us(view(decode(10), decode(30))) == 1259
 
 
 def test_tensor_parallel_divides_both_terms():
     m1 = RooflineModel(TOY, NARROW_GPU, 1)
     m2 = RooflineModel(TOY, NARROW_GPU, 2)
     # TP 2 halves every term: memory 1177.6 / 2 = 588.8 µs; compute 481.856 / 2 = 240.928.
-    assert m2.step_time(view(decode(10))) == 588
-    assert m1.step_time(view(decode(10))) == 1177
+    assert m2.step_time_us(view(decode(10))) == 588
+    assert m1.step_time_us(view(decode(10))) == 1177
 
 
 def test_empty_and_ignored_batches_take_one_tick():
     m = RooflineModel(TOY, SLOW_GPU, 1)
-    assert m.step_time(view()) == 1
+    assert m.step_time_us(view()) == 1
     # PI >= input length but no output token: neither prefill nor decode (docs/latency-models.md)
-    assert m.step_time(view(Req(pi=10, input_len=10, num_new_tokens=0, output_len=0))) == 1
+    assert m.step_time_us(view(Req(pi=10, input_len=10, num_new_tokens=0, output_len=0))) == 1
 
 
 def test_decode_with_zero_new_tokens_still_costs_one_token():
     """Decode requests are priced with t = 1 whatever their NumNewTokens (0 or 1)."""
     m = RooflineModel(TOY, SLOW_GPU, 1)
-    assert m.step_time(view(decode(10, new=0))) == m.step_time(view(decode(10, new=1))) == 481
+    assert m.step_time_us(view(decode(10, new=0))) == m.step_time_us(view(decode(10, new=1))) == 481
 
 
 def test_fp8_peak_selected_for_one_byte_weights():
@@ -100,13 +100,13 @@ def test_fp8_peak_selected_for_one_byte_weights():
     # memory = (57 344 + 5 120) / 1e9 s = 62.464 µs → 704.
     m = RooflineModel(fp8_model, FP8_GPU, 1)
     assert m.fp8 and m.peak == 2e12 * 1e-3
-    assert m.step_time(view(prefill(0, 4), decode(10))) == 704
+    assert m.step_time_us(view(prefill(0, 4), decode(10))) == 704
     # No native FP8 on the GPU: the BF16 peak → 1408 as in the dense test.
-    assert RooflineModel(fp8_model, SLOW_GPU, 1).step_time(view(prefill(0, 4), decode(10))) == 1408
+    assert RooflineModel(fp8_model, SLOW_GPU, 1).step_time_us(view(prefill(0, 4), decode(10))) == 1408
     # 4-bit weights on an FP8 GPU: not 1.0 byte/param → BF16 peak.
     w4 = dataclasses.replace(TOY, weight_bytes_per_param=0.5)
     assert not RooflineModel(w4, FP8_GPU, 1).fp8
-    assert RooflineModel(w4, FP8_GPU, 1).step_time(view(prefill(0, 4), decode(10))) == 1408
+    assert RooflineModel(w4, FP8_GPU, 1).step_time_us(view(prefill(0, 4), decode(10))) == 1408
     # An int8/fp8 checkpoint (bytes_per_param 1, no quantisation config) also selects FP8.
     assert RooflineModel(dataclasses.replace(TOY, bytes_per_param=1.0), FP8_GPU, 1).fp8
 
@@ -117,7 +117,7 @@ def test_quantised_weights_shrink_only_the_weight_bytes():
     # weights 28 672·2·0.5 = 28 672 B; KV/activations keep bpp = 2: 3 072 B.
     # memory = 31 744 / 1e8 s = 317.44 µs; compute 481.856 µs → compute-bound 481.
     assert m.weight_bytes(1) == 28_672
-    assert m.step_time(view(decode(10))) == 481
+    assert m.step_time_us(view(decode(10))) == 481
 
 
 # MoE toy: E = 4, k = 2, dexp = moe_intermediate_size = 32 (else as the dense toy).
@@ -136,8 +136,8 @@ def test_moe_weight_term_by_hand():
     assert fixed.n_eff(0) == 0.0
     assert fixed.weight_bytes(2) == 98_304
     batch = view(decode(10), decode(10))
-    assert fixed.step_time(batch) == 1044
-    assert checkout.step_time(batch) == 701
+    assert fixed.step_time_us(batch) == 1044
+    assert checkout.step_time_us(batch) == 701
 
 
 def test_moe_batch_counts_prefill_tokens_and_decode_requests():
@@ -145,7 +145,7 @@ def test_moe_batch_counts_prefill_tokens_and_decode_requests():
     seen = []
     orig = m.weight_bytes
     m.weight_bytes = lambda b: seen.append(b) or orig(b)
-    m.step_time(view(prefill(0, 5), prefill(3, 2), decode(10, new=0), decode(12)))
+    m.step_time_us(view(prefill(0, 5), prefill(3, 2), decode(10, new=0), decode(12)))
     assert seen and set(seen) == {5 + 2 + 2}
 
 
@@ -153,7 +153,7 @@ def test_moe_single_expert_is_dense():
     one = dataclasses.replace(TOY, num_local_experts=1, num_experts_per_tok=1)
     m = RooflineModel(one, SLOW_GPU, 1)
     assert not m.is_moe and m.n_eff(7) == 1.0
-    assert m.step_time(view(prefill(0, 4), decode(10))) == 1408
+    assert m.step_time_us(view(prefill(0, 4), decode(10))) == 1408
 
 
 def test_moe_expert_ffn_falls_back_to_intermediate():
@@ -189,14 +189,14 @@ MODELS = [(TOY, SLOW_GPU, 1), (TOY, NARROW_GPU, 2), (TOY_MOE, NARROW_GPU, 2), (T
        st.lists(st.tuples(st.integers(0, 30_000), st.integers(0, 2048)), max_size=3),
        st.lists(st.tuples(st.integers(1, 60_000), st.integers(0, 1)), max_size=300))
 def test_step_time_is_bit_identical_to_the_literal_formula(which, zero_b, prefills, decodes):
-    """step_time (O(1) decode aggregates when provably exact, else the hoisted loop) must equal
+    """step_time_us (O(1) decode aggregates when provably exact, else the hoisted loop) must equal
     step_time_literal (the formula through flops()/memory_bytes()) on every batch."""
     cfg, gpu, tp = MODELS[which]
     m = RooflineModel(cfg, gpu, tp, moe_weight_batch_zero=zero_b)
     batch = view(*[prefill(s, t) for s, t in prefills], *[decode(s, new) for s, new in decodes])
     want = m.step_time_literal(batch)
     assert m._step_loop(batch) == want
-    assert m.step_time(batch) == want
+    assert m.step_time_us(batch) == want
 
 
 def test_literal_reference_matches_hand_values():
@@ -211,16 +211,16 @@ def test_memory_bound_decode_step_skips_the_per_request_loop():
         raise AssertionError("per-request loop used")
     m._step_loop = boom
     # 1177.6 µs memory vs 481.856 µs compute: decided from the aggregates alone
-    assert m.step_time(view(decode(10))) == 1177
+    assert m.step_time_us(view(decode(10))) == 1177
     slow = RooflineModel(TOY, SLOW_GPU, 1)
     slow._step_loop = boom
     # compute-bound (481.856 µs vs memory 117.76 µs), far from a µs boundary: no loop either
-    assert slow.step_time(view(decode(10))) == 481
+    assert slow.step_time_us(view(decode(10))) == 481
     # seq 78: FLOPs = 114 944 + 552·78 = 158 000 → exactly 632 µs at 2.5e8 FLOP/s. The
     # estimate's ±1e-9 interval straddles 632, so only the exact per-request sum can decide.
     with pytest.raises(AssertionError, match="loop used"):
-        slow.step_time(view(decode(78)))
-    assert RooflineModel(TOY, SLOW_GPU, 1).step_time(view(decode(78))) == 632
+        slow.step_time_us(view(decode(78)))
+    assert RooflineModel(TOY, SLOW_GPU, 1).step_time_us(view(decode(78))) == 632
     odd = RooflineModel(ODD, NARROW_GPU, 1)                     # dh = 60/7: bytes not integers
     assert not odd._exact_bytes
     assert not RooflineModel(TOY, NARROW_GPU, 3)._exact_bytes   # TP 3: /TP is inexact
@@ -228,12 +228,12 @@ def test_memory_bound_decode_step_skips_the_per_request_loop():
 
 def test_queueing_and_otpt_from_alpha():
     m = RooflineModel(TOY, SLOW_GPU, 1, alpha=(100.5, 2.25, 7.9))
-    assert m.queueing_time(prefill(0, 10)) == 123      # to_int64(100.5 + 2.25·10) = 123
-    assert m.queueing_time(prefill(0, 11)) == 125      # to_int64(100.5 + 24.75) = 125
-    assert m.output_token_processing_time() == 7
-    assert m.post_decode_fixed_overhead() == 0
+    assert m.queueing_time_us(prefill(0, 10)) == 123      # to_int64(100.5 + 2.25·10) = 123
+    assert m.queueing_time_us(prefill(0, 11)) == 125      # to_int64(100.5 + 24.75) = 125
+    assert m.output_token_time_us() == 7
+    assert m.post_decode_us() == 0
     cli = RooflineModel.from_config(TOY, SLOW_GPU, 1)
-    assert cli.queueing_time(prefill(0, 500)) == 0 and cli.output_token_processing_time() == 0
+    assert cli.queueing_time_us(prefill(0, 500)) == 0 and cli.output_token_time_us() == 0
 
 
 def test_from_config_ignores_beta_and_passes_options():

@@ -30,29 +30,29 @@ def test_decode_sanity_figures():
     assert x["weight"] == pytest.approx(4167, abs=1)      # T_weight
     assert x["dc_kv"] == pytest.approx(1253, abs=1)
     # 1.3625·4167 + 1.9471·1253 + 32.095·32 + 4.4168·32 + 126.02
-    assert m.step_time(DECODE32) == 9412
-    assert TrainedPhysicsModel(LLAMA, H100, 2).step_time(DECODE32) == 5356
+    assert m.step_time_us(DECODE32) == 9412
+    assert TrainedPhysicsModel(LLAMA, H100, 2).step_time_us(DECODE32) == 5356
 
 
 def test_prefill_sanity_figure():
     m = TrainedPhysicsModel(LLAMA, H100, 1)
     assert m.basis(PREFILL)["pf_compute"] == pytest.approx(15279, abs=1)
-    assert m.step_time(PREFILL) == 9159
+    assert m.step_time_us(PREFILL) == 9159
 
 
 def test_alphas_enter_outside_the_step():
     m = TrainedPhysicsModel(LLAMA, H100, 1)
-    assert (m.queueing_time(NS(input_len=5000)), m.post_decode_fixed_overhead(),
-            m.output_token_processing_time()) == (15563, 777, 45)
+    assert (m.queueing_time_us(NS(input_len=5000)), m.post_decode_us(),
+            m.output_token_time_us()) == (15563, 777, 45)
 
 
 def test_seven_betas_take_the_max_of_compute_and_kv():
     beta = [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     m = TrainedPhysicsModel(LLAMA, H100, 1, beta=beta)
     x = m.basis(DECODE32)
-    assert m.step_time(DECODE32) == int(max(x["dc_compute"], x["dc_kv"]))
+    assert m.step_time_us(DECODE32) == int(max(x["dc_compute"], x["dc_kv"]))
     m10 = TrainedPhysicsModel(LLAMA, H100, 1, beta=beta + [0.0, 1.0, 1.0])
-    assert m10.step_time(DECODE32) == int(x["dc_compute"] + x["dc_kv"])
+    assert m10.step_time_us(DECODE32) == int(x["dc_compute"] + x["dc_kv"])
 
 
 def test_head_dim_is_ignored_as_in_blis():

@@ -44,17 +44,17 @@ def test_registered_and_defaults():
 
 def test_dense_step_by_hand():
     m = model()
-    assert m.step_time(view(*BATCH)) == 943
+    assert m.step_time_us(view(*BATCH)) == 943
     # a request that is neither prefill nor decode still counts in len(batch): + β6 = 5
     idle = Req(pi=10, input_len=10, num_new_tokens=0, output_len=0)
-    assert m.step_time(view(*BATCH, idle)) == 948
+    assert m.step_time_us(view(*BATCH, idle)) == 948
 
 
 def test_memory_bound_terms_by_hand():
     # W = 1 B/µs: pf = max(610.304, 1024) = 1024, dc = max(152.576, 2816) = 2816,
     # t_weight = 147 456 → 1024 + 2816 + 147 456 + 33 = 151 329
     gpu = dataclasses.replace(SLOW_GPU, bw_peak_tbs=1e-6)
-    assert model(gpu=gpu).step_time(view(*BATCH)) == 151_329
+    assert model(gpu=gpu).step_time_us(view(*BATCH)) == 151_329
 
 
 def test_moe_step_by_hand():
@@ -64,7 +64,7 @@ def test_moe_step_by_hand():
     #   n_eff = min(4, max(2, (4 + 1)·2)) = 4
     #   t_weight = [49 152 + 2·4·3·64·128·2] / 1000 = 442.368
     #   step = 1003.52 + 250.88 + 442.368 + 33 = 1729.768 → 1729
-    assert model(TOY_MOE).step_time(view(*BATCH)) == 1729
+    assert model(TOY_MOE).step_time_us(view(*BATCH)) == 1729
     # one decode only: n_eff = min(4, max(2, 1·2)) = 2
     m = model(TOY_MOE)
     assert m.t_weight(1) == pytest.approx((49_152 + 2 * 2 * 3 * 64 * 128 * 2) / 1000)
@@ -75,25 +75,25 @@ def test_single_expert_is_dense_under_both_thresholds():
     assert not model(one).is_moe
     assert model(one, checkout_moe_threshold=True).is_moe
     # n_eff = min(1, …) = 1 and k_eff = 1: the two rules give the same time (divergences.md #9)
-    assert model(one).step_time(view(*BATCH)) == model(one, checkout_moe_threshold=True).step_time(
+    assert model(one).step_time_us(view(*BATCH)) == model(one, checkout_moe_threshold=True).step_time_us(
         view(*BATCH)) == 943
 
 
 def test_empty_batch_is_one_tick():
-    assert model().step_time(view()) == 1
+    assert model().step_time_us(view()) == 1
 
 
 def test_overheads():
     m = model()
-    assert m.queueing_time(prefill(0, 5000)) == 100      # α0, not scaled by input length
-    assert m.post_decode_fixed_overhead() == 200         # α1
-    assert m.output_token_processing_time() == 3         # α2
+    assert m.queueing_time_us(prefill(0, 5000)) == 100      # α0, not scaled by input length
+    assert m.post_decode_us() == 200         # α1
+    assert m.output_token_time_us() == 3         # α2
 
 
 def test_seven_betas_are_enough_and_extra_ones_ignored():
     TrainedRooflineModel.from_config(TOY, SLOW_GPU, 1)                       # defaults: 7
     m = TrainedRooflineModel(TOY, SLOW_GPU, 1, ALPHA, BETA + (99.0, 99.0, 99.0))
-    assert m.step_time(view(*BATCH)) == 943
+    assert m.step_time_us(view(*BATCH)) == 943
     with pytest.raises(ValueError, match="at least 7"):
         TrainedRooflineModel(TOY, SLOW_GPU, 1, ALPHA, BETA[:6])
 
@@ -103,7 +103,7 @@ def test_quantised_model_warns(caplog):
     with caplog.at_level(logging.WARNING, logger="blis_simpy"):
         m = model(q)
     assert any("quantis" in r.getMessage() for r in caplog.records)
-    assert m.step_time(view(*BATCH)) == 943          # quantisation ignored (b = 2)
+    assert m.step_time_us(view(*BATCH)) == 943          # quantisation ignored (b = 2)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="blis_simpy"):
         model()

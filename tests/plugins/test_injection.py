@@ -34,8 +34,8 @@ class CountingInstance(FastInstance, name="inj-counting"):
 
     steps_seen = 0
 
-    def on_step_end(self, now, adv, completed):
-        super().on_step_end(now, adv, completed)
+    def on_step_end(self, now_us, step_us, completed):
+        super().on_step_end(now_us, step_us, completed)
         self.steps_seen += 1
 
     def finalize(self):
@@ -88,10 +88,10 @@ class ConstantStep(LatencyModel, name="inj-constant-step"):
         step_us: int = Field(gt=0)
         queue_us: int = Field(0, ge=0)
 
-    def step_time(self, batch):
+    def step_time_us(self, batch):
         return self.params.step_us
 
-    def queueing_time(self, req):
+    def queueing_time_us(self, req):
         return self.params.queue_us
 
 
@@ -110,7 +110,7 @@ class PerLayer(LatencyModel, name="inj-per-layer"):
             raise ValueError(f"built for {self.gpu}")
         self.step_us = self.params.layer_us * self.model_config.num_layers // self.tp
 
-    def step_time(self, batch):
+    def step_time_us(self, batch):
         return self.step_us
 
 
@@ -362,8 +362,8 @@ def test_simulation_takes_the_classes_directly():
     from tests.engine.helpers import scenario as engine_scenario
 
     class Recording(Instance):
-        def on_step_end(self, now, adv, completed):
-            self.ends = [*getattr(self, "ends", []), (now + adv, [r.id for r in completed])]
+        def on_step_end(self, now_us, step_us, completed):
+            self.ends = [*getattr(self, "ends", []), (now_us + step_us, [r.id for r in completed])]
 
     sc = engine_scenario(alpha=(0, 0, 0), beta=(1000, 0, 0))
     sim = Simulation(sc, make_requests([(0, 32, 3), (500, 32, 3)]), instance_class=Recording)
