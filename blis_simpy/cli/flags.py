@@ -1,145 +1,45 @@
-"""BLIS's command-line flags (docs/cli.md) as one table, and how they override a scenario.
+"""BLIS's command-line flags (docs/cli.md) as one table.
 
 Each :class:`Flag` row says: the BLIS flag name, how its text is parsed, the scenario key it
 sets (dotted path; ``None`` = read by the CLI itself), the validation rule, and which
 commands accept it. Adding a flag is one row. The table order is BLIS's processing order
-(docs/cli.md, "Validation order"), so the first error reported is the one BLIS would report; a few cross-flag
-rules (coefficient pairing, workload source, trace pairing) run in :func:`apply_flags` right
-after the row they follow.
-
-"Given" matters: every option defaults to ``None`` and only flags the user passed override
-the scenario. Flag problems are :class:`ConfigError` with ``field="--flag-name"``.
+(docs/cli.md, "Validation order"), so the first error reported is the one BLIS would report.
+The parsers and rules are in :mod:`blis_simpy.cli.flag_values`; applying the given flags to
+a scenario, with the cross-flag rules that run right after their row, is
+:mod:`blis_simpy.cli.flag_rules`. Values carry the unit of the key they set (the help says it).
 """
 
 from __future__ import annotations
 
-import logging
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from blis_simpy.build import policy as P
-from blis_simpy.config.scenario import DistributionWorkload
-from blis_simpy.errors import ConfigError
-from blis_simpy.units import MAX_INT64
+from blis_simpy.cli.flag_values import (
+    Rule,
+    at_least_one,
+    decider_rule,
+    decider_text,
+    each_non_negative,
+    fraction,
+    integer,
+    interference_range,
+    lowered,
+    non_negative,
+    number,
+    numbers,
+    one_of,
+    positive,
+    registered,
+    text,
+    unit_interval,
+)
 
 RUN, REPLAY = "run", "replay"
 BOTH = (RUN, REPLAY)
 SIM, WORKLOAD, OUTPUT = "Simulation", "Workload (run)", "Output"
 PD = "Prefill/decode disaggregation"
-
-log = logging.getLogger("blis_simpy.cli")
-
-
-# ---------------------------------------------------------------------------- parsers
-def integer(text: str) -> int:
-    """A Go ``int64`` flag value: optional sign and decimal digits."""
-    t = text.strip()
-    if not t.lstrip("+-").isdigit():
-        raise ValueError(f"invalid integer {text!r}")
-    v = int(t)
-    if not -MAX_INT64 - 1 <= v <= MAX_INT64:
-        raise ValueError(f"{text} is out of the int64 range")
-    return v
-
-
-def number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"invalid number {text!r}") from None
-
-
-def numbers(text: str) -> list[float]:
-    """A comma-separated float list (``1.5,0,2e-3``)."""
-    return [number(p) for p in text.split(",")]
-
-
-def text(value: str) -> str:
-    return value
-
-
-def lowered(value: str) -> str:
-    return value.lower()
-
-
-# ---------------------------------------------------------------------------- rules
-# A rule returns None when the value is fine, else the problem (the flag name is added).
-Rule = Callable[[Any], "str | None"]
-
-
-def positive(v) -> str | None:
-    return None if v > 0 and math.isfinite(v) else f"must be > 0, got {v}"
-
-
-def non_negative(v) -> str | None:
-    return None if v >= 0 and math.isfinite(v) else f"must be >= 0, got {v}"
-
-
-def at_least_one(v) -> str | None:
-    return None if v >= 1 else f"must be >= 1, got {v}"
-
-
-def unit_interval(v) -> str | None:
-    return None if math.isfinite(v) and 0 <= v <= 1 else f"must be in [0, 1], got {v}"
-
-
-def fraction(v) -> str | None:
-    return None if math.isfinite(v) and 0 < v <= 1 else f"must be in (0, 1], got {v}"
-
-
-def interference_range(v) -> str | None:
-    return None if math.isfinite(v) and 0 <= v <= 100 else f"must be finite in [0, 100], got {v}"
-
-
-def decider_text(value: str) -> str:
-    """``--pd-decider``: ``""`` means ``never`` (BLIS)."""
-    return value or "never"
-
-
-def decider_rule(v) -> str | None:
-    from blis_simpy.build.pools import check_decider
-    try:
-        check_decider(v)
-    except ConfigError as exc:
-        return exc.problem
-    return None
-
-
-def one_of(*choices: str) -> Rule:
-    def rule(v) -> str | None:
-        return None if v in choices else f"must be one of {', '.join(choices)}, got {v!r}"
-    return rule
-
-
-def each_non_negative(vs) -> str | None:
-    for v in vs:
-        if not math.isfinite(v) or v < 0:
-            return f"every coefficient must be finite and >= 0, got {v}"
-    return None
-
-
-def registered(family: str) -> Rule:
-    """The value must name a registered policy of ``family`` (looked up when checked)."""
-
-    def rule(v) -> str | None:
-        try:
-            families()[family].lookup(v)
-        except ConfigError as exc:
-            return exc.problem
-        return None
-
-    return rule
-
-
-def families() -> dict[str, type]:
-    from blis_simpy.admission.base import AdmissionPolicy
-    from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
-    from blis_simpy.latency.base import LatencyModel
-    from blis_simpy.routing.base import Router
-    return {"latency": LatencyModel, "admission": AdmissionPolicy, "routing": Router,
-            "scheduler": Scheduler, "priority": PriorityPolicy}
 
 
 # ---------------------------------------------------------------------------- the table
@@ -287,231 +187,3 @@ def flag_for_path(path: str) -> Flag | None:
         cut = max(path.rfind("."), path.rfind("["))
         path = path[:cut] if cut > 0 else ""
     return None
-
-
-# ---------------------------------------------------------------------------- applying
-@dataclass
-class Overrides:
-    """What the given flags did: parsed values and the scenario keys they set."""
-
-    values: dict[str, Any] = field(default_factory=dict)   # flag name -> parsed value
-    origin: dict[str, str] = field(default_factory=dict)   # scenario path -> flag name
-
-
-def _set(data: dict, path: str, value) -> None:
-    *parents, last = path.split(".")
-    cur = data
-    for p in parents:
-        nxt = cur.get(p)
-        if not isinstance(nxt, dict):
-            nxt = cur[p] = {}
-        cur = nxt
-    cur[last] = value
-
-
-def parse_flag(f: Flag, text: str):
-    """Parse one given flag and check its rule; problems name the flag."""
-    try:
-        v = f.parse(text)
-    except ValueError as exc:
-        raise ConfigError(str(exc), field=f.name) from None
-    problem = f.rule(v) if f.rule else None
-    if problem:
-        raise ConfigError(problem, field=f.name)
-    return v
-
-
-def apply_flags(data: dict, given: dict[str, str], command: str, *,
-                presets: Callable[[str], dict] | None = None) -> Overrides:
-    """Override ``data`` (a raw scenario dict, edited in place) with the given flags.
-
-    Flags are checked in table order; each cross-flag rule of :data:`AFTER` runs right after
-    its row, so the first error is the one BLIS's processing order reports first.
-    """
-    ov = Overrides()
-    for f in flags_for(command):
-        if f.name in given:
-            ov.values[f.name] = parse_flag(f, given[f.name])
-        rule = AFTER.get(f.name)
-        if rule is not None:
-            rule(ov, data, presets)
-    for name, v in ov.values.items():
-        f = BY_NAME[name]
-        if f.path:
-            _set(data, f.path, v)
-            ov.origin[f.path] = name
-    return ov
-
-
-def _coefficient_rule(ov: Overrides, data: dict, presets) -> None:
-    """Coefficients come in pairs (docs/latency-models.md); both without --latency-model ⇒ blackbox.
-
-    One coefficient flag alone is an error unless the scenario file supplies the other list
-    (then the flag just replaces its list and the backend is left alone).
-    """
-    vals = ov.values
-    a, b = "--alpha-coeffs" in vals, "--beta-coeffs" in vals
-    if a != b:
-        have, miss = ("--alpha-coeffs", "--beta-coeffs") if a else ("--beta-coeffs", "--alpha-coeffs")
-        lat = data.get("latency")
-        if isinstance(lat, dict) and lat.get(BY_NAME[miss].path.split(".")[1]) is not None:
-            return
-        raise ConfigError(f"must be given together with {miss}", field=have)
-    if not a:
-        return
-    if "--latency-model" not in vals:
-        _set(data, "latency.model", "blackbox")
-        ov.origin["latency.model"] = "--alpha-coeffs"
-    elif vals["--latency-model"] == "roofline":
-        raise ConfigError("roofline takes no --alpha-coeffs/--beta-coeffs "
-                          "(use --latency-model blackbox, or drop the coefficients)", field="--latency-model")
-
-
-def _spec_source(ov: Overrides, data: dict, presets) -> None:
-    """``--workload-spec PATH``: a workload-spec workload; it wins over ``--workload`` and the
-    distribution flags (only ``--num-requests`` still applies, docs/workloads.md)."""
-    path = ov.values.get("--workload-spec")
-    if path is not None:
-        data["workload"] = {"kind": "spec", "path": path}
-        ov.origin["workload.path"] = "--workload-spec"
-
-
-def _workload_source(ov: Overrides, data: dict, presets) -> None:
-    """``--workload distribution`` or a preset: a fresh distribution workload."""
-    name = ov.values.get("--workload")
-    if name is None:
-        return
-    if "--workload-spec" in ov.values:
-        log.warning("--workload is ignored: --workload-spec is given")
-        return
-    if name == "distribution":
-        w = data.get("workload")
-        if not (isinstance(w, dict) and w.get("kind", "distribution") == "distribution"):
-            data["workload"] = {"kind": "distribution"}
-        return
-    try:
-        preset = presets(name) if presets else None
-    except ConfigError as exc:
-        raise ConfigError(exc.problem, field="--workload") from None
-    if preset is None:
-        raise ConfigError(f"unknown workload {name!r}; valid: distribution, chatbot, contentgen, "
-                          "summarization, multidoc", field="--workload")
-    old = data.get("workload")
-    keep = {k: old[k] for k in ("rate", "num_requests")
-            if isinstance(old, dict) and old.get("kind", "distribution") == "distribution" and k in old}
-    data["workload"] = {"kind": "distribution", **keep, **preset}
-    for key in preset:
-        ov.origin[f"workload.{key}"] = "--workload"
-
-
-def _distribution_keys(ov: Overrides, data: dict, presets) -> None:
-    """Distribution flags need a distribution workload; partial overrides keep the rest."""
-    vals = ov.values
-    if not any(n in vals for n in DIST_FLAGS):
-        return
-    w = data.setdefault("workload", {"kind": "distribution"})
-    if isinstance(w, dict) and w.get("kind") == "spec":   # only --num-requests applies
-        ignored = [n for n in DIST_FLAGS if n in vals and n != "--num-requests"]
-        for n in ignored:
-            del vals[n]
-        if ignored:
-            log.warning("%s ignored: the workload is a workload spec", ", ".join(ignored))
-        return
-    if isinstance(w, dict) and w.get("kind") == "trace":
-        name = next(n for n in DIST_FLAGS if n in vals)
-        raise ConfigError("applies to a distribution workload, but the scenario's workload is a trace "
-                          "(pass --workload distribution to replace it)", field=name)
-    for key in ("prompt_tokens", "output_tokens"):
-        if isinstance(w, dict) and not isinstance(w.get(key), dict):
-            w[key] = DistributionWorkload().model_dump()[key]
-
-
-def _trace_source(ov: Overrides, data: dict, presets) -> None:
-    """``--trace-header``/``--trace-data``: both, unless the scenario's workload is a trace."""
-    vals = ov.values
-    if "--trace-header" not in vals and "--trace-data" not in vals:
-        return
-    w = data.get("workload")
-    is_trace = isinstance(w, dict) and w.get("kind") == "trace"
-    for have, other in (("--trace-header", "--trace-data"), ("--trace-data", "--trace-header")):
-        if have in vals and other not in vals and not is_trace:
-            raise ConfigError(f"must be given together with {other}", field=have)
-    if not is_trace:
-        data["workload"] = {"kind": "trace", "header": vals["--trace-header"], "data": vals["--trace-data"]}
-
-
-def _mapping(data: dict, *path: str) -> dict | None:
-    """The nested mapping at ``path`` (created when missing); None if something else is there."""
-    cur = data
-    for p in path:
-        nxt = cur.setdefault(p, {})
-        if not isinstance(nxt, dict):
-            return None
-        cur = nxt
-    return cur
-
-
-def _pd_rule(ov: Overrides, data: dict, presets) -> None:
-    """The PD flags that are not one key each (docs/cli.md, docs/disaggregation.md).
-
-    * ``--pd-decider`` naming another decider than the scenario's drops its parameters.
-    * ``--pd-prefix-threshold`` / ``--pd-direct-decode-threshold`` become the decider's
-      ``threshold``; given with another decider they are ignored with a warning.
-    * ``--pd-transfer-contention`` (BLIS's bool) selects ``fair-share`` — ``snapshot`` under
-      ``--pd-compat checkout`` — or ``none`` when false; ``--pd-contention-mode`` names the
-      mode directly and must agree with it when both are given.
-    * ``--prefill/decode-routing-scorers`` give that pool a weighted router.
-    """
-    vals = ov.values
-    pd = data.get("disaggregation", {})
-    if not isinstance(pd, dict):
-        return                       # validation reports it
-    dec = pd.get("decider", {})
-    scen_decider = (dec.get("policy") if isinstance(dec, dict) else None) or "never"
-    decider = vals.get("--pd-decider", scen_decider)
-    if decider != scen_decider and isinstance(dec, dict) and "params" in dec:
-        dec["params"] = {}
-    for flag, name in (("--pd-prefix-threshold", "prefix-threshold"),
-                       ("--pd-direct-decode-threshold", "direct-to-decode")):
-        if flag not in vals:
-            continue
-        if decider != name:
-            log.warning("%s is ignored: the decider is %s, not %s", flag, decider, name)
-            continue
-        params = _mapping(data, "disaggregation", "decider", "params")
-        if params is not None:
-            params["threshold"] = vals[flag]
-            ov.origin["disaggregation.decider.params.threshold"] = flag
-    if "--pd-transfer-contention" in vals:
-        on = vals["--pd-transfer-contention"]
-        compat = vals.get("--pd-compat", pd.get("compat", "fixed"))
-        mode = vals.get("--pd-contention-mode")
-        if mode is not None:
-            if (mode != "none") != on:
-                raise ConfigError(f"--pd-transfer-contention={'true' if on else 'false'} contradicts "
-                                  f"--pd-contention-mode {mode}", field="--pd-transfer-contention")
-        else:
-            transfer = _mapping(data, "disaggregation", "transfer")
-            if transfer is not None:
-                transfer["contention"] = ("snapshot" if compat == "checkout" else "fair-share") if on else "none"
-                ov.origin["disaggregation.transfer.contention"] = "--pd-transfer-contention"
-    for flag, role in (("--prefill-routing-scorers", "prefill"), ("--decode-routing-scorers", "decode")):
-        scorers = vals.get(flag)
-        if not scorers:              # "" means not given (BLIS: an empty flag value)
-            continue
-        pool = _mapping(data, "disaggregation", f"{role}_pool")
-        if pool is not None:
-            pool["routing"] = {"policy": "weighted", "params": {"scorers": scorers}}
-            ov.origin[f"disaggregation.{role}_pool.routing"] = flag
-
-
-#: Cross-flag rules, each run right after the row it is keyed by (BLIS's validation order).
-AFTER: dict[str, Callable[[Overrides, dict, Any], None]] = {
-    "--beta-coeffs": _coefficient_rule,
-    "--workload-spec": _spec_source,
-    "--workload": _workload_source,
-    "--output-tokens-max": _distribution_keys,
-    "--trace-data": _trace_source,
-    "--fitness-weights": P.apply_policy_settings,
-    "--pd-compat": _pd_rule,
-}

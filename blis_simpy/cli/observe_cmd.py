@@ -27,6 +27,7 @@ from pathlib import Path
 
 import typer
 
+from blis_simpy.cli import flag_rules
 from blis_simpy.cli import flags as F
 from blis_simpy.cli.logs import setup_logging
 from blis_simpy.errors import ConfigError
@@ -80,9 +81,9 @@ def observe_workload(given: dict[str, str], scenario_path: str | None = None,
         data["workload"] = {"kind": "trace", "header": input_trace[0], "data": input_trace[1]}
     w = data.get("workload")
     is_trace = isinstance(w, dict) and w.get("kind") == "trace" and not any(n in given for n in _SOURCE_FLAGS)
-    trace_limit = F.parse_flag(F.BY_NAME["--num-requests"], given.pop("--num-requests")) \
+    trace_limit = flag_rules.parse_flag(F.BY_NAME["--num-requests"], given.pop("--num-requests")) \
         if is_trace and "--num-requests" in given else None
-    ov = F.apply_flags(data, given, F.RUN, presets=runner.preset)
+    ov = flag_rules.apply_flags(data, given, F.RUN, presets=runner.preset)
     plan = runner.Plan(F.RUN, Scenario(), src, ov.origin, ov.values)
     try:
         plan.scenario = validate(data, Source(None), semantic=False)

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from blis_simpy.build.pools import resolve_pools
 from blis_simpy.build.resolve import build_latency_model
-from blis_simpy.cli.flags import BY_NAME, REPLAY, apply_flags, flag_for_path
+from blis_simpy.cli.flag_rules import apply_flags
+from blis_simpy.cli.flags import BY_NAME, REPLAY, flag_for_path
 from blis_simpy.cluster.simulation import Simulation, SimulationResult, component_classes
 from blis_simpy.config.loader import Source, check_scenario, load_raw, undotted, validate
 from blis_simpy.config.scenario import Scenario, SpecWorkload, TraceWorkload
@@ -123,7 +124,7 @@ def prepare(command: str, given: dict[str, str], scenario_path: str | None = Non
 
 def check_components(s: Scenario) -> None:
     """Latency backend and coefficients, policy names and parameters (cheap lookups only)."""
-    from blis_simpy.cli.flags import families
+    from blis_simpy.cli.flag_values import families
     fam = families()
     build_latency_model(s)
     fam["scheduler"].lookup(s.engine.scheduler, field="engine.scheduler")

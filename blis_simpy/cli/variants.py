@@ -32,7 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from blis_simpy.cli import runner
-from blis_simpy.cli.flags import REPLAY, apply_flags
+from blis_simpy.cli.flag_rules import apply_flags
+from blis_simpy.cli.flags import REPLAY
 from blis_simpy.config.loader import Source, check_scenario, dotted, load_raw, undotted, validate
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import BlisError, ConfigError, SimulationError

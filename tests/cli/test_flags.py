@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from blis_simpy.cli import flag_rules, flag_values
 from blis_simpy.cli import flags as F
 from blis_simpy.cli.runner import prepare
 from blis_simpy.errors import ConfigError
@@ -114,10 +115,10 @@ def test_flags_only_builds_blis_defaults():
 
 def test_blackbox_auto_switch_overrides_the_scenario_backend():
     data = {"latency": {"model": "roofline"}}
-    F.apply_flags(data, {"--alpha-coeffs": "1,2,3", "--beta-coeffs": "4,5,6"}, "run")
+    flag_rules.apply_flags(data, {"--alpha-coeffs": "1,2,3", "--beta-coeffs": "4,5,6"}, "run")
     assert data["latency"] == {"model": "blackbox", "alpha_coeffs": [1.0, 2.0, 3.0], "beta_coeffs": [4.0, 5.0, 6.0]}
     data = {"latency": {"model": "roofline"}}
-    F.apply_flags(data, {"--beta-coeffs": "4,5,6", "--alpha-coeffs": "1,2,3", "--latency-model": "blackbox"}, "run")
+    flag_rules.apply_flags(data, {"--beta-coeffs": "4,5,6", "--alpha-coeffs": "1,2,3", "--latency-model": "blackbox"}, "run")
     assert data["latency"]["model"] == "blackbox"
 
 
@@ -128,7 +129,7 @@ def test_blackbox_auto_switch_overrides_the_scenario_backend():
 ])
 def test_coefficient_pairing(given, field):
     with pytest.raises(ConfigError) as e:
-        F.apply_flags({}, given, "run")
+        flag_rules.apply_flags({}, given, "run")
     assert e.value.field == field
 
 
@@ -141,10 +142,10 @@ def test_one_coefficient_flag_may_replace_a_scenario_list(small_scenario):
 def test_errors_follow_blis_processing_order():
     # --max-num-running-reqs (step 7) and --beta-coeffs alone (step 2): step 2 is reported
     with pytest.raises(ConfigError) as e:
-        F.apply_flags({}, {"--max-num-running-reqs": "0", "--beta-coeffs": "1"}, "run")
+        flag_rules.apply_flags({}, {"--max-num-running-reqs": "0", "--beta-coeffs": "1"}, "run")
     assert e.value.field == "--beta-coeffs"
     with pytest.raises(ConfigError) as e:
-        F.apply_flags({}, {"--horizon": "0", "--log": "x", "--num-instances": "0"}, "run")
+        flag_rules.apply_flags({}, {"--horizon": "0", "--log": "x", "--num-instances": "0"}, "run")
     assert e.value.field == "--num-instances"
 
 
@@ -174,19 +175,19 @@ def test_distribution_flags_refuse_a_trace_workload(tmp_path, trace_files):
 
 @pytest.mark.parametrize("text, value", [("42", 42), ("-7", -7), ("+3", 3), ("9223372036854775807", 2**63 - 1)])
 def test_integer_parser(text, value):
-    assert F.integer(text) == value
+    assert flag_values.integer(text) == value
 
 
 @pytest.mark.parametrize("text", ["1.5", "", "x", "9223372036854775808", "1e3"])
 def test_integer_parser_rejects(text):
     with pytest.raises(ValueError):
-        F.integer(text)
+        flag_values.integer(text)
 
 
 def test_numbers_parser():
-    assert F.numbers("1,2.5,-3e-1") == [1.0, 2.5, -0.3]
+    assert flag_values.numbers("1,2.5,-3e-1") == [1.0, 2.5, -0.3]
     with pytest.raises(ValueError):
-        F.numbers("1,,2")
+        flag_values.numbers("1,,2")
 
 
 def test_flag_for_path_walks_up_to_the_flag_key():

@@ -1,0 +1,126 @@
+"""How a flag's text becomes a value, and the rules a value must pass (docs/cli.md).
+
+A parser takes the flag's text and returns its value (``ValueError`` = a bad value); a rule
+takes the parsed value and returns None when it is fine, else the problem (the caller adds the
+flag name). The flag table (:mod:`blis_simpy.cli.flags`) names one parser and at most one
+rule per flag. Values carry the unit of the scenario key they set (µs, tokens, blocks, …).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from blis_simpy.errors import ConfigError
+from blis_simpy.units import MAX_INT64
+
+
+# ---------------------------------------------------------------------------- parsers
+def integer(text: str) -> int:
+    """A Go ``int64`` flag value: optional sign and decimal digits."""
+    t = text.strip()
+    if not t.lstrip("+-").isdigit():
+        raise ValueError(f"invalid integer {text!r}")
+    v = int(t)
+    if not -MAX_INT64 - 1 <= v <= MAX_INT64:
+        raise ValueError(f"{text} is out of the int64 range")
+    return v
+
+
+def number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"invalid number {text!r}") from None
+
+
+def numbers(text: str) -> list[float]:
+    """A comma-separated float list (``1.5,0,2e-3``)."""
+    return [number(p) for p in text.split(",")]
+
+
+def text(value: str) -> str:
+    return value
+
+
+def lowered(value: str) -> str:
+    return value.lower()
+
+
+# ---------------------------------------------------------------------------- rules
+# A rule returns None when the value is fine, else the problem (the flag name is added).
+Rule = Callable[[Any], "str | None"]
+
+
+def positive(v) -> str | None:
+    return None if v > 0 and math.isfinite(v) else f"must be > 0, got {v}"
+
+
+def non_negative(v) -> str | None:
+    return None if v >= 0 and math.isfinite(v) else f"must be >= 0, got {v}"
+
+
+def at_least_one(v) -> str | None:
+    return None if v >= 1 else f"must be >= 1, got {v}"
+
+
+def unit_interval(v) -> str | None:
+    return None if math.isfinite(v) and 0 <= v <= 1 else f"must be in [0, 1], got {v}"
+
+
+def fraction(v) -> str | None:
+    return None if math.isfinite(v) and 0 < v <= 1 else f"must be in (0, 1], got {v}"
+
+
+def interference_range(v) -> str | None:
+    return None if math.isfinite(v) and 0 <= v <= 100 else f"must be finite in [0, 100], got {v}"
+
+
+def decider_text(value: str) -> str:
+    """``--pd-decider``: ``""`` means ``never`` (BLIS)."""
+    return value or "never"
+
+
+def decider_rule(v) -> str | None:
+    from blis_simpy.build.pools import check_decider
+    try:
+        check_decider(v)
+    except ConfigError as exc:
+        return exc.problem
+    return None
+
+
+def one_of(*choices: str) -> Rule:
+    def rule(v) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(choices)}, got {v!r}"
+    return rule
+
+
+def each_non_negative(vs) -> str | None:
+    for v in vs:
+        if not math.isfinite(v) or v < 0:
+            return f"every coefficient must be finite and >= 0, got {v}"
+    return None
+
+
+def registered(family: str) -> Rule:
+    """The value must name a registered policy of ``family`` (looked up when checked)."""
+
+    def rule(v) -> str | None:
+        try:
+            families()[family].lookup(v)
+        except ConfigError as exc:
+            return exc.problem
+        return None
+
+    return rule
+
+
+def families() -> dict[str, type]:
+    from blis_simpy.admission.base import AdmissionPolicy
+    from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
+    from blis_simpy.latency.base import LatencyModel
+    from blis_simpy.routing.base import Router
+    return {"latency": LatencyModel, "admission": AdmissionPolicy, "routing": Router,
+            "scheduler": Scheduler, "priority": PriorityPolicy}
