@@ -261,7 +261,7 @@ def run_observe(*, server_url: str, model: str | None, trace_header: Path | None
     """The ``observe`` command: check the flags, build the workload, send it, write outputs."""
     from blis_simpy.observe import ObserveConfig, endpoint_url, observe, results_document, summarize
     from blis_simpy.observe.records import carries_token_ids, trace_records, write_json
-    from blis_simpy.workload.tracev2 import write_trace_files
+    from blis_simpy.workload.tracev2_write import write_trace_files
 
     pairs = (("--trace-header", trace_header, "--trace-data", trace_data),
              ("--input-trace-header", input_trace_header, "--input-trace-data", input_trace_data))

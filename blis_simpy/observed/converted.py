@@ -29,7 +29,8 @@ from blis_simpy.observed.run import ObservedRun, RealRequest, Settings, Tick, la
 from blis_simpy.observed.vllm_bench import load_vllm_bench
 from blis_simpy.observed.vllm_log import load_vllm_log, read_ticks
 from blis_simpy.units import MAX_INT64
-from blis_simpy.workload.tracev2 import header_to_yaml, read_trace_header, read_trace_records, trace_csv_text
+from blis_simpy.workload.tracev2_read import read_trace_header, read_trace_records
+from blis_simpy.workload.tracev2_write import header_to_yaml, trace_csv_text
 
 SUFFIXES = {"header": ".header.yaml", "data": ".csv", "scenario": ".scenario.yaml",
             "timeseries": ".timeseries.csv"}

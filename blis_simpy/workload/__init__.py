@@ -19,16 +19,9 @@ from blis_simpy.workload.spec import (
     load_workload_spec,
     validate_spec,
 )
-from blis_simpy.workload.tracev2 import (
-    TRACE_COLUMNS,
-    TraceHeader,
-    TraceRecord,
-    TraceV2,
-    read_trace,
-    read_trace_header,
-    read_trace_records,
-    write_trace,
-)
+from blis_simpy.workload.tracev2 import TRACE_COLUMNS, TraceHeader, TraceRecord, TraceV2
+from blis_simpy.workload.tracev2_read import read_trace, read_trace_header, read_trace_records
+from blis_simpy.workload.tracev2_write import write_trace
 
 __all__ = [
     "PRESETS", "TRACE_COLUMNS", "ClientSpec", "DistSpec", "GeneratedWorkload", "LengthParams",

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from blis_simpy.workload.convert import preset_workload, spec_to_yaml
-from blis_simpy.workload.tracev2 import read_trace, write_trace
+from blis_simpy.workload.tracev2_read import read_trace
+from blis_simpy.workload.tracev2_write import write_trace
 from tests.conftest import shared_or_skip
 from tests.workload.test_observed_vllm_log import write_run
 

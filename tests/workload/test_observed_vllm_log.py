@@ -19,7 +19,7 @@ from blis_simpy.observed.converted import (
 )
 from blis_simpy.observed.vllm_log import load_vllm_log
 from blis_simpy.workload.replay import trace_requests
-from blis_simpy.workload.tracev2 import read_trace
+from blis_simpy.workload.tracev2_read import read_trace
 from tests.conftest import shared_or_skip
 
 # request i: (queued_ts, first_token_ts, last_token_ts, prompt IDs, output_toks), seconds

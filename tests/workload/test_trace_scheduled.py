@@ -7,14 +7,9 @@ import numpy as np
 import pytest
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.workload.tracev2 import (
-    TRACE_COLUMNS,
-    TraceRecord,
-    read_trace,
-    read_trace_records,
-    trace_csv_text,
-    write_trace,
-)
+from blis_simpy.workload.tracev2 import TRACE_COLUMNS, TraceRecord
+from blis_simpy.workload.tracev2_read import read_trace, read_trace_records
+from blis_simpy.workload.tracev2_write import trace_csv_text, write_trace
 
 from .wl_support import conformance_cases
 

@@ -8,14 +8,9 @@ import pytest
 from blis_simpy.errors import ConfigError
 from blis_simpy.rng import numpy_rng
 from blis_simpy.workload.replay import VOCAB_SIZE, trace_requests
-from blis_simpy.workload.tracev2 import (
-    TRACE_COLUMNS,
-    TraceRecord,
-    read_trace,
-    read_trace_records,
-    trace_csv_text,
-    write_trace,
-)
+from blis_simpy.workload.tracev2 import TRACE_COLUMNS, TraceRecord
+from blis_simpy.workload.tracev2_read import read_trace, read_trace_records
+from blis_simpy.workload.tracev2_write import trace_csv_text, write_trace
 
 from .wl_support import conformance_cases
 
@@ -69,8 +64,8 @@ def test_bad_ids_name_file_line_column(tmp_path, cell, problem):
 
 
 def test_id_cap_per_file(tmp_path, monkeypatch):
-    from blis_simpy.workload import tracev2
-    monkeypatch.setattr(tracev2, "MAX_TOKEN_IDS_PER_FILE", 8)
+    from blis_simpy.workload import tracev2_read
+    monkeypatch.setattr(tracev2_read, "MAX_TOKEN_IDS_PER_FILE", 8)
     p = _csv(tmp_path, ROW + ",1 2 3 4 5", ROW.replace("0,", "1,", 1) + ",1 2 3 4 5")
     with pytest.raises(ConfigError) as ei:
         read_trace_records(p)

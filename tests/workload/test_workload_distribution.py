@@ -12,7 +12,7 @@ from blis_simpy.workload.distribution import (
     preset_spec,
 )
 from blis_simpy.workload.generator import generate_requests
-from blis_simpy.workload.tracev2 import read_trace_records
+from blis_simpy.workload.tracev2_read import read_trace_records
 
 
 def test_synthesised_spec_shape():

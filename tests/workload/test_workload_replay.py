@@ -14,7 +14,8 @@ from blis_simpy.workload.replay import (
     replay_prefixes,
     trace_requests,
 )
-from blis_simpy.workload.tracev2 import TraceRecord, read_trace_records
+from blis_simpy.workload.tracev2 import TraceRecord
+from blis_simpy.workload.tracev2_read import read_trace_records
 
 
 def rec(i, arrival, n_in, n_out, group="", plen=0, **kw):

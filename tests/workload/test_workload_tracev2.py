@@ -10,19 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.workload.tracev2 import (
-    TRACE_COLUMNS,
-    TraceHeader,
-    TraceNetwork,
-    TraceRecord,
-    TraceServer,
-    header_to_yaml,
-    read_trace,
-    read_trace_header,
-    read_trace_records,
-    record_to_csv_line,
-    write_trace,
-)
+from blis_simpy.workload.tracev2 import TRACE_COLUMNS, TraceHeader, TraceNetwork, TraceRecord, TraceServer
+from blis_simpy.workload.tracev2_read import read_trace, read_trace_header, read_trace_records
+from blis_simpy.workload.tracev2_write import header_to_yaml, record_to_csv_line, write_trace
 
 from .wl_support import conformance_cases
 

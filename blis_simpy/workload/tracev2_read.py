@@ -1,0 +1,247 @@
+"""Reading a TraceV2 trace (docs/workloads.md, "TraceV2"): the YAML header and the CSV.
+
+Reading is strict: unknown header keys, malformed numbers, negative counts, out-of-range
+ratios and deadlines before arrival are :class:`~blis_simpy.errors.ConfigError` naming the
+file, the 1-based line and the column / key. Our extension columns
+(:data:`~blis_simpy.workload.tracev2.EXTENSION_COLUMNS`) are recognised by name after the 27
+BLIS ones; other extra columns are ignored, as BLIS does. Every ``*_us`` column is an
+integer number of µs; token columns are token counts.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+
+import numpy as np
+from pydantic import ValidationError
+
+from blis_simpy.errors import ConfigError
+from blis_simpy.workload import _yaml
+from blis_simpy.workload.tracev2 import (
+    EXTENSION_COLUMNS,
+    MAX_TOKEN_IDS_PER_FILE,
+    NUM_COLUMNS,
+    SCHEDULED_COLUMN,
+    TOKEN_IDS_COLUMN,
+    TRACE_COLUMNS,
+    TraceHeader,
+    TraceRecord,
+    TraceV2,
+)
+
+_MAX_FIELD_CHARS = 12 * MAX_TOKEN_IDS_PER_FILE   # csv field-size limit while reading
+_MAX_TOKEN_ID = (1 << 31) - 1                     # IDs are kept as int32
+
+
+def read_trace_header(path: str | os.PathLike) -> TraceHeader:
+    """Parse and validate a TraceV2 YAML header."""
+    path = str(path)
+    data, node = _yaml.load_yaml(path)
+    if data is None:
+        raise ConfigError("empty trace header, expected trace_version: 2", file=path, line=1)
+    if not isinstance(data, dict):
+        raise ConfigError("trace header must be a YAML mapping", file=path, line=1)
+    try:
+        return TraceHeader.model_validate(data)
+    except ValidationError as e:
+        raise _yaml.from_validation_error(e, path, node) from None
+
+
+_INT_RE = re.compile(r"[+-]?[0-9]+\Z")
+_FLOAT_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
+_BOOLS = {"true": True, "True": True, "TRUE": True, "t": True, "T": True, "1": True,
+          "false": False, "False": False, "FALSE": False, "f": False, "F": False, "0": False}
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+# columns that must be >= 0 (counts, indices, timestamps)
+_NONNEG = frozenset(("request_id", "round_index", "prefix_length", "input_tokens",
+                     "output_tokens", "text_tokens", "image_tokens", "audio_tokens",
+                     "video_tokens", "server_input_tokens", "num_chunks", "arrival_time_us",
+                     "send_time_us", "first_chunk_time_us", "last_chunk_time_us",
+                     "deadline_us", SCHEDULED_COLUMN))
+
+
+class _RowParser:
+    """Typed access to the columns of one CSV row, raising located ConfigErrors."""
+
+    __slots__ = ("path", "row", "line")
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def err(self, col: str, problem: str) -> ConfigError:
+        return ConfigError(problem, file=self.path, line=self.line, field=col)
+
+    def int(self, i: int, col: str | None = None) -> int:
+        """Cell ``i`` as an int64 (``col``: its name, default the BLIS column ``i``)."""
+        s = self.row[i]
+        col = col or TRACE_COLUMNS[i]
+        if not (s.isascii() and s.isdigit()) and not _INT_RE.match(s):
+            raise self.err(col, f"expected an integer, got {s!r}")
+        v = int(s)
+        if v < 0 and col in _NONNEG:
+            raise self.err(col, f"must be >= 0, got {v}")
+        if v > _INT64_MAX or v < _INT64_MIN:
+            raise self.err(col, f"out of the int64 range: {s}")
+        return v
+
+    def float(self, i: int) -> float:
+        s = self.row[i]
+        if not _FLOAT_RE.match(s):
+            raise self.err(TRACE_COLUMNS[i], f"expected a number, got {s!r}")
+        return float(s)
+
+    def bool(self, i: int) -> bool:
+        v = _BOOLS.get(self.row[i])
+        if v is None:
+            raise self.err(TRACE_COLUMNS[i], f"expected true or false, got {self.row[i]!r}")
+        return v
+
+
+def _parse_row(p: _RowParser) -> TraceRecord:
+    r = p.row
+    i = p.int
+    rec = TraceRecord(
+        i(0), r[1], r[2], r[3], r[4], i(5), r[6], i(7), p.bool(8), i(9), i(10), i(11), i(12),
+        i(13), i(14), p.float(15), r[16], i(17), i(18), i(19), i(20), i(21), i(22), i(23),
+        r[24], r[25], r[26])
+    if not 0.0 <= rec.reason_ratio <= 1.0:
+        raise p.err("reason_ratio", f"must be in [0, 1], got {r[15]}")
+    if rec.deadline_us != 0 and rec.deadline_us < rec.arrival_time_us:
+        raise p.err("deadline_us", f"deadline {rec.deadline_us} is before arrival_time_us "
+                                   f"{rec.arrival_time_us}")
+    return rec
+
+
+_NOT_ID_CHARS = str.maketrans("", "", "0123456789 ")
+
+
+def _parse_token_ids(p: _RowParser, rec: TraceRecord, j: int) -> np.ndarray | None:
+    """The ``input_token_ids`` cell (column ``j``): None when empty, else an int32 array
+    whose length must be ``prefix_length + input_tokens``; IDs are decimal integers in
+    [0, 2^31)."""
+    s = p.row[j]
+    if s == "":
+        return None
+    if s.translate(_NOT_ID_CHARS) or s[0] == " " or s[-1] == " " or "  " in s:
+        for k, tok in enumerate(s.split(" "), 1):
+            if not (tok.isascii() and tok.isdigit()):
+                if _INT_RE.match(tok) and int(tok) < 0:
+                    raise p.err(TOKEN_IDS_COLUMN, f"token ID {k} is {tok}: must be >= 0")
+                raise p.err(TOKEN_IDS_COLUMN, f"token ID {k} is {tok!r}: expected decimal integers "
+                                              "separated by single spaces")
+    ids = np.fromstring(s, dtype=np.int64, sep=" ")
+    if ids.size and int(ids.max()) > _MAX_TOKEN_ID:
+        k = int(np.argmax(ids > _MAX_TOKEN_ID)) + 1
+        raise p.err(TOKEN_IDS_COLUMN, f"token ID {k} is larger than {_MAX_TOKEN_ID}")
+    want = rec.prefix_length + rec.input_tokens
+    if ids.size != want:
+        raise p.err(TOKEN_IDS_COLUMN, f"{ids.size} token IDs, expected prefix_length + input_tokens "
+                                      f"= {rec.prefix_length} + {rec.input_tokens} = {want}")
+    return ids.astype(np.int32)
+
+
+def _parse_scheduled(p: _RowParser, rec: TraceRecord, j: int) -> int:
+    """The ``scheduled_time_us`` cell (column ``j``): 0 when empty, else an integer µs >= 0;
+    a positive time must not be before ``arrival_time_us``."""
+    if p.row[j] == "":
+        return 0
+    v = p.int(j, SCHEDULED_COLUMN)
+    if 0 < v < rec.arrival_time_us:
+        raise p.err(SCHEDULED_COLUMN, f"scheduled at {v}, before arrival_time_us {rec.arrival_time_us}")
+    return v
+
+
+def _check_header_row(row: list[str], path: str) -> dict[str, int]:
+    """Check the 27 column names; returns our extension columns found after them (name →
+    0-based column index), recognised by name in any order; other extra columns are
+    ignored. A name given twice is an error."""
+    if len(row) < NUM_COLUMNS:
+        raise ConfigError(f"missing from the header row ({len(row)} columns, expected {NUM_COLUMNS})",
+                          file=path, line=1, field=TRACE_COLUMNS[len(row)])
+    for j, name in enumerate(TRACE_COLUMNS):
+        got = row[j].strip()
+        if got != name:
+            raise ConfigError(f"header column {j + 1} is {got!r}, expected {name!r}",
+                              file=path, line=1, field=name)
+    ext: dict[str, int] = {}
+    for j in range(NUM_COLUMNS, len(row)):
+        name = row[j].strip()
+        if name in EXTENSION_COLUMNS:
+            if name in ext:
+                raise ConfigError(f"header columns {ext[name] + 1} and {j + 1} are both {name!r}",
+                                  file=path, line=1, field=name)
+            ext[name] = j
+    return ext
+
+
+def read_trace_records(path: str | os.PathLike) -> list[TraceRecord]:
+    """Parse and validate a TraceV2 CSV (header row + one row per request, file order).
+
+    Our extension columns are read when the header row names them after the 27 BLIS ones
+    (any order): ``input_token_ids`` into ``TraceRecord.input_token_ids`` (at most
+    :data:`MAX_TOKEN_IDS_PER_FILE` per file), ``scheduled_time_us`` into
+    ``TraceRecord.scheduled_time_us``. A row too short to reach one leaves it unknown."""
+    path = str(path)
+    p = _RowParser(path)
+    records: list[TraceRecord] = []
+    seen_ids: dict[int, int] = {}
+    line = 0
+    n_ids = 0
+    old_limit = csv.field_size_limit()
+    try:
+        csv.field_size_limit(max(old_limit, _MAX_FIELD_CHARS))   # one row may hold many IDs
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            reader = csv.reader(f, strict=True)
+            header_seen = False
+            ids_col = sched_col = -1
+            for row in reader:
+                start, line = line + 1, reader.line_num
+                if not row:
+                    continue  # blank line (Go's csv reader skips them too)
+                if not header_seen:
+                    ext = _check_header_row(row, path)
+                    ids_col = ext.get(TOKEN_IDS_COLUMN, -1)
+                    sched_col = ext.get(SCHEDULED_COLUMN, -1)
+                    header_seen = True
+                    continue
+                p.line = start
+                if len(row) < NUM_COLUMNS:
+                    raise ConfigError(f"missing: the row has {len(row)} columns, expected {NUM_COLUMNS}",
+                                      file=path, line=start, field=TRACE_COLUMNS[len(row)])
+                p.row = row
+                rec = _parse_row(p)
+                if 0 <= ids_col < len(row):
+                    n_ids += row[ids_col].count(" ") + 1
+                    if n_ids > MAX_TOKEN_IDS_PER_FILE:
+                        raise p.err(TOKEN_IDS_COLUMN, f"more than {MAX_TOKEN_IDS_PER_FILE} token IDs "
+                                                      "in the file")
+                    rec.input_token_ids = _parse_token_ids(p, rec, ids_col)
+                if 0 <= sched_col < len(row):
+                    rec.scheduled_time_us = _parse_scheduled(p, rec, sched_col)
+                first = seen_ids.setdefault(rec.request_id, start)
+                if first != start:
+                    raise p.err("request_id", f"duplicate request_id {rec.request_id} "
+                                              f"(first on line {first})")
+                records.append(rec)
+            if not header_seen:
+                raise ConfigError("missing CSV header row", file=path, line=1)
+    except FileNotFoundError:
+        raise ConfigError("no such file", file=path) from None
+    except IsADirectoryError:
+        raise ConfigError("is a directory, expected a file", file=path) from None
+    except csv.Error as e:
+        raise ConfigError(f"malformed CSV: {e}", file=path, line=line + 1) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not valid UTF-8 ({e.reason})", file=path, line=line + 1) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read file: {e.strerror or e}", file=path) from None
+    finally:
+        csv.field_size_limit(old_limit)
+    return records
+
+
+def read_trace(header_path: str | os.PathLike, data_path: str | os.PathLike) -> TraceV2:
+    """Load a complete trace (header, then data)."""
+    return TraceV2(read_trace_header(header_path), read_trace_records(data_path))
