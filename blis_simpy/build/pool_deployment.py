@@ -10,17 +10,10 @@ from __future__ import annotations
 
 from functools import partial
 
-from blis_simpy.build.resolve import (
-    ANALYTICAL,
-    Deployment,
-    Resolution,
-    auto_kv_capacity,
-    backend_options,
-    blackbox_coefficients,
-    build_backend,
-    global_coefficients,
-    is_analytical,
-)
+from blis_simpy.build.backends import ANALYTICAL, backend_options, build_backend, is_analytical
+from blis_simpy.build.kv_capacity import auto_kv_capacity
+from blis_simpy.build.resolution import Resolution, blackbox_coefficients, global_coefficients
+from blis_simpy.build.resolve import Deployment
 from blis_simpy.catalog.coefficients import CoefficientCatalog
 from blis_simpy.catalog.hardware import GPUCatalog
 from blis_simpy.catalog.hfconfig import derive_max_model_len

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from blis_simpy.build.pool_deployment import OVERRIDE_FIELDS, resolve_pool_deployment
-from blis_simpy.build.resolve import Deployment, Resolution, resolve
+from blis_simpy.build.resolution import Resolution
+from blis_simpy.build.resolve import Deployment, resolve
 from blis_simpy.catalog.types import ModelConfig
 from blis_simpy.config.scenario import PoolOverrides, RoutingConfig, Scenario
 from blis_simpy.disagg.deciders import DisaggregationDecider

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import partial
 
-from blis_simpy.build.resolve import Deployment, backend_options, build_backend, resolve
+from blis_simpy.build.backends import backend_options, build_backend
+from blis_simpy.build.resolve import Deployment, resolve
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.latency import physics_terms as P

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from blis_simpy.build.resolve import DEFAULT_TOTAL_KV_BLOCKS, resolve
+from blis_simpy.build.kv_capacity import DEFAULT_TOTAL_KV_BLOCKS
+from blis_simpy.build.resolve import resolve
 from blis_simpy.catalog.hardware import builtin_gpus
 from blis_simpy.catalog.models import builtin_models
 from blis_simpy.config.loader import load_scenario

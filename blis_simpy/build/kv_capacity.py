@@ -1,0 +1,97 @@
+"""The KV capacity of a deployment and its context cap (docs/kv-cache.md, docs/latency-models.md).
+
+KV blocks (of ``engine.block_size`` tokens each): explicit > catalog row > auto-calculation
+(analytical backends, or blackbox with a model config) by ``engine.kv_capacity_model`` >
+:data:`DEFAULT_TOTAL_KV_BLOCKS`. MaxModelLen (tokens): explicit, else derived from the model
+config (analytical backends), then capped to what the KV blocks hold, with a warning.
+"""
+
+from __future__ import annotations
+
+from blis_simpy.build.backends import is_analytical
+from blis_simpy.build.resolution import Resolution
+from blis_simpy.catalog.hfconfig import cap_max_model_len, derive_max_model_len
+from blis_simpy.catalog.types import GPUSpec, ModelConfig
+from blis_simpy.errors import ConfigError
+from blis_simpy.kv.capacity import KVCapacityError
+from blis_simpy.kv.sizing import kv_capacity
+from blis_simpy.kv.vllm_capacity import KVCapacity
+
+DEFAULT_TOTAL_KV_BLOCKS = 1_000_000
+
+
+def resolve_kv_blocks(r: Resolution, cat, backend, hw, tp, vllm, model_cfg, gpu) -> int:
+    """KV blocks per instance (``r.kv_source`` says where they came from)."""
+    s = r.s
+    eng = s.engine
+    if eng.total_kv_blocks is not None:
+        r.kv_source = "explicit"
+        return eng.total_kv_blocks
+    if s.model and hw and tp > 0:
+        kv = cat.kv_blocks(s.model, hw, tp, vllm)
+        if kv is not None:
+            r.note(f"total_kv_blocks {kv}: catalog row {s.model} {hw} TP{tp} {vllm}")
+            r.kv_source = "catalog"
+            return kv
+    if model_cfg is None and not is_analytical(backend) and gpu is not None and tp > 0 and s.model:
+        model_cfg = r.model_config(s.model)[0]      # blackbox: only a config available offline
+    if model_cfg is not None and gpu is not None and tp > 0:
+        cap = auto_kv_capacity(r, model_cfg, gpu, tp, field="hardware",
+                               fallback=f"using the default {DEFAULT_TOTAL_KV_BLOCKS} blocks")
+        if cap is not None:
+            return cap.blocks
+        r.kv_source = "default"
+        return DEFAULT_TOTAL_KV_BLOCKS
+    r.kv_source = "default"
+    if is_analytical(backend):
+        r.warn(f"no KV capacity could be resolved; using the default {DEFAULT_TOTAL_KV_BLOCKS} blocks")
+    else:
+        r.note(f"total_kv_blocks {DEFAULT_TOTAL_KV_BLOCKS}: default (no catalog row, no model config)")
+    return DEFAULT_TOTAL_KV_BLOCKS
+
+
+def auto_kv_capacity(r: Resolution, model_cfg: ModelConfig, gpu: GPUSpec, tp: int, *,
+                     field: str, fallback: str, what: str = "") -> KVCapacity | None:
+    """KV blocks of ``r.s`` auto-calculated by ``engine.kv_capacity_model`` (noted, and kept in
+    ``r.kv_capacity``). ``vllm``: a model that does not fit is a :class:`ConfigError` on
+    ``field`` (one line with the GiB shortfall). ``blis``: a failure is warned (``what`` names
+    the deployment, ``fallback`` says what happens instead) and gives None."""
+    s, eng = r.s, r.s.engine
+    name = eng.kv_capacity_model
+    try:
+        cap = kv_capacity(name, model_cfg, gpu, tp=tp, dp=s.dp, expert_parallel=s.enable_expert_parallel,
+                          block_size=eng.block_size, gpu_memory_utilization=eng.gpu_memory_utilization,
+                          max_num_batched_tokens=eng.max_num_scheduled_tokens,
+                          max_num_seqs=eng.max_num_running_reqs,
+                          kv_cache_dtype=eng.kv_cache_dtype)
+    except KVCapacityError as exc:
+        if name == "vllm":
+            raise ConfigError(f"KV capacity: {exc}", field=field) from None
+        r.warn(f"KV capacity auto-calculation{what} failed ({exc}); {fallback}")
+        return None
+    if name == "blis":
+        r.note(f"total_kv_blocks {cap.blocks}: auto-calculated for {tp} x {gpu.name}, gpu memory "
+               f"utilization {eng.gpu_memory_utilization}, block size {eng.block_size}")
+    else:
+        per = f" per DP rank (DP {s.dp})" if s.dp > 1 else ""
+        r.note(f"total_kv_blocks {cap.blocks}{per}: auto-calculated for {tp} x {gpu.name}, block size "
+               f"{eng.block_size} ({cap.summary()})")
+    r.kv_capacity, r.kv_source = cap, name
+    return cap
+
+
+def resolve_max_model_len(r: Resolution, backend: str, model_cfg, total_blocks: int) -> int:
+    """MaxModelLen in tokens (0 = unlimited) for ``total_blocks`` KV blocks."""
+    eng = r.s.engine
+    m = eng.max_model_len
+    if not is_analytical(backend):
+        return m
+    if m == 0 and model_cfg is not None:
+        m = derive_max_model_len(model_cfg)
+        if m > 0:
+            r.note(f"max_model_len {m}: derived from max_position_embeddings")
+    capped = cap_max_model_len(m, total_blocks, eng.block_size)
+    if capped != m:
+        r.warn(f"max_model_len {m} exceeds the KV capacity ({total_blocks} blocks x {eng.block_size} "
+               f"tokens); capped to {capped}")
+    return capped
