@@ -171,11 +171,6 @@ class Transfer(Put):
         super().__init__(link)
 
     @property
-    def done(self) -> bool:
-        """The transfer has completed (``complete_us`` is set)."""
-        return self.complete_us is not None
-
-    @property
     def duration_us(self) -> int | None:
         """Completion minus start, µs (None until completed)."""
         return None if self.complete_us is None else self.complete_us - self.start_us
