@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from blis_simpy.admission.base import AdmissionPolicy
 from blis_simpy.des import ADMISSION, CLUSTER_ARRIVAL, FOLLOWUP_ARRIVAL, ROUTING, SimEnv
-from blis_simpy.engine.instance import Instance, InstanceListener
+from blis_simpy.engine.instance import Instance
+from blis_simpy.engine.listener import InstanceListener
 from blis_simpy.plugins import Pluggable
 from blis_simpy.routing.base import Router
 from blis_simpy.snapshot import RouterState, SnapshotProvider

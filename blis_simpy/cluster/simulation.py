@@ -41,7 +41,8 @@ from blis_simpy.disagg.fabric import KVTransferFabric
 from blis_simpy.engine.batching import BatchingPolicy
 from blis_simpy.engine.dp import DPEngine
 from blis_simpy.engine.fast import FastInstance  # noqa: F401  (registers engine implementation "fast")
-from blis_simpy.engine.instance import EngineLimits, Instance
+from blis_simpy.engine.instance import Instance
+from blis_simpy.engine.limits import EngineLimits
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.errors import ConfigError, InvariantError
 from blis_simpy.latency.interference import InterferenceModel

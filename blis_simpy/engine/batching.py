@@ -53,7 +53,7 @@ class BatchingPolicy(Pluggable, family="batching policy"):
     """Forms each step's batch through a :class:`StepAllocator` (see the module docstring).
 
     The instance builds one policy per instance with its validated ``params`` and calls
-    :meth:`bind` with the instance's :class:`~blis_simpy.engine.instance.EngineLimits`.
+    :meth:`bind` with the instance's :class:`~blis_simpy.engine.limits.EngineLimits`.
     """
 
     def __init__(self, params=None):

@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
 
 from simpy.events import Event
 
 from blis_simpy.des import QUEUED, STEP, TIMEOUT, SimEnv, instance_key, succeed_at
 from blis_simpy.engine.batching import BatchingPolicy, StepAllocator
 from blis_simpy.engine.ledger import EagerLedger
+from blis_simpy.engine.limits import EngineLimits, enqueue_refusal
+from blis_simpy.engine.listener import InstanceListener
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.engine.vllm_batching import VLLMBatching
 from blis_simpy.latency.base import BatchView, LatencyModel
@@ -51,44 +52,6 @@ from blis_simpy.request import COMPLETED, DROPPED, RUNNING, TIMED_OUT
 from blis_simpy.units import ceil_div
 
 log = logging.getLogger("blis_simpy.engine")
-
-
-#: recompute-preemption models: vLLM v1's (default) and BLIS's (parity); docs/kv-cache.md
-PREEMPTION_MODELS = ("vllm", "blis")
-
-
-@dataclass(frozen=True, slots=True)
-class EngineLimits:
-    """Per-instance batch limits (docs/engine.md, "Batch formation"). Token counts in tokens; 0 disables.
-
-    ``preemption_model`` picks what a preempted request recomputes (docs/kv-cache.md):
-    ``vllm`` its prompt and outputs so far, as a prefill; ``blis`` everything, regenerating
-    its outputs one decode step at a time."""
-
-    max_num_running_reqs: int = 256
-    max_num_scheduled_tokens: int = 2048
-    long_prefill_token_threshold: int = 0
-    max_model_len: int = 0
-    preemption_model: str = "vllm"
-
-    def __post_init__(self):
-        if self.preemption_model not in PREEMPTION_MODELS:
-            raise ValueError(f"preemption model must be one of {', '.join(PREEMPTION_MODELS)}, "
-                             f"got {self.preemption_model!r}")
-
-
-class InstanceListener:
-    """What the cluster learns from an instance. Default: nothing."""
-
-    def on_request_done(self, inst: Instance, req, tick_us: int) -> None:
-        """A request left the instance: completed, timed out, or dropped (still queued)."""
-
-    def on_event_end(self, inst: Instance) -> None:
-        """Called after each instance event (step, enqueue, timeout) is processed."""
-
-    #: True: requests reach :meth:`on_request_done` with their ``itl`` list materialised
-    #: under every ledger (it costs the lazy ledger O(batch) per step); ``pi`` always is.
-    wants_request_state = False
 
 
 class Instance(Pluggable, family="engine implementation", name="reference"):
@@ -233,22 +196,10 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         """The enqueue guards (docs/engine.md, "Arrival and the enqueue guards"), then the wait queue."""
         if req.state == TIMED_OUT:
             return
-        m = self.limits.max_model_len
-        n_in = req.input_len
-        if req.max_output_len == 0 and m > 0 and n_in < m:
-            req.max_output_len = m - n_in
-        if req.max_output_len < 0:
-            return self._drop(req, now_us, f"negative MaxOutputLen {req.max_output_len}")
-        if m > 0:
-            if n_in >= m:
-                return self._drop(req, now_us, f"input length {n_in} >= MaxModelLen {m} (no room for output)")
-            if req.max_output_len > 0 and n_in + req.max_output_len > m:
-                return self._drop(req, now_us, (
-                    f"total sequence length {n_in + req.max_output_len} (input={n_in} + "
-                    f"budget={req.max_output_len}) exceeds MaxModelLen {m}"))
-        if ceil_div(n_in, self.kv.block_size) > self.kv.total_blocks:
-            return self._drop(req, now_us, f"input needs more KV blocks than the {self.kv.total_blocks} available")
-        self.metrics.total_input_tokens += n_in
+        why = enqueue_refusal(req, self.limits, self.kv)
+        if why is not None:
+            return self._drop(req, now_us, why)
+        self.metrics.total_input_tokens += req.input_len
         self._admit_to_queue(req, now_us)
 
     def _admit_to_queue(self, req, now_us: int) -> None:

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from blis_simpy.cluster.simulation import Simulation
-from blis_simpy.engine.instance import EngineLimits
+from blis_simpy.engine.limits import EngineLimits
 from tests.engine.helpers import make_requests, scenario
 from tests.engine.test_fast_vs_reference import preemption_heavy
 

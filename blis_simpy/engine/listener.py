@@ -1,0 +1,23 @@
+"""What the cluster learns from an engine instance (docs/architecture.md).
+
+An instance calls its listener when a request leaves it and after each of its events; the
+cluster (:class:`~blis_simpy.cluster.cluster.Cluster`) is the listener of its instances.
+Ticks are integer µs.
+"""
+
+from __future__ import annotations
+
+
+class InstanceListener:
+    """What the cluster learns from an instance. Default: nothing."""
+
+    def on_request_done(self, inst, req, tick_us: int) -> None:
+        """A request left the instance ``inst`` (an :class:`~blis_simpy.engine.instance.Instance`)
+        at ``tick_us``: completed, timed out, or dropped (still queued)."""
+
+    def on_event_end(self, inst) -> None:
+        """Called after each instance event (step, enqueue, timeout) is processed."""
+
+    #: True: requests reach :meth:`on_request_done` with their ``itl`` list materialised
+    #: under every ledger (it costs the lazy ledger O(batch) per step); ``pi`` always is.
+    wants_request_state = False
