@@ -33,17 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from blis_simpy.errors import BlisError, ConfigError  # noqa: E402
 from blis_simpy.metrics.percentile import mean, percentile  # noqa: E402
 from blis_simpy.observed.run import ObservedRun, RealRequest, Settings, Tick  # noqa: E402, F401
-from blis_simpy.observed.vllm_log import (  # noqa: E402, F401
-    engine_settings,
-    find_gpu,
-    find_model,
-    load_vllm_log,
-    read_jsonl,
-    read_meta,
-    read_ticks,
-    real_requests,
-    workload_path,
-)
+from blis_simpy.observed.vllm_log import load_vllm_log  # noqa: E402
 
 #: backends tried first, in this order, when registered; then every other analytical one
 #: physics@default: physics with the physical default set (the "before" of a fitted GPU set)

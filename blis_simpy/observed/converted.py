@@ -25,9 +25,10 @@ import yaml
 
 from blis_simpy.config.loader import load_scenario
 from blis_simpy.errors import ConfigError
+from blis_simpy.observed.files import read_ticks
 from blis_simpy.observed.run import ObservedRun, RealRequest, Settings, Tick, latencies
 from blis_simpy.observed.vllm_bench import load_vllm_bench
-from blis_simpy.observed.vllm_log import load_vllm_log, read_ticks
+from blis_simpy.observed.vllm_log import load_vllm_log
 from blis_simpy.units import MAX_INT64
 from blis_simpy.workload.tracev2_read import read_trace_header, read_trace_records
 from blis_simpy.workload.tracev2_write import header_to_yaml, trace_csv_text

@@ -25,8 +25,8 @@ import os
 from pathlib import Path
 
 from blis_simpy.errors import ConfigError
+from blis_simpy.observed.files import read_json_object
 from blis_simpy.observed.run import ObservedRun, RealRequest, latencies
-from blis_simpy.observed.vllm_log import read_json_object
 from blis_simpy.workload.tracev2 import TraceHeader, TraceRecord, TraceServer
 
 MAX_REQUESTS = 1_000_000
