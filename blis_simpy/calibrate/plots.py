@@ -18,6 +18,7 @@ import numpy as np
 
 from blis_simpy.calibrate.compare import LABELS, real_values, sim_values
 from blis_simpy.calibrate.twin import SimRun
+from blis_simpy.errors import ConfigError
 from blis_simpy.observed.run import ObservedRun
 
 PLOT_METRICS = ("ttft", "tpot", "e2e")
@@ -41,7 +42,11 @@ def write_plots(out_dir: str | os.PathLike, run: ObservedRun, sim: SimRun,
     import matplotlib.pyplot as plt
 
     d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the folder: {exc.strerror or exc}", file=str(d),
+                          field="--plot") from None
     stem = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in run.name) or "run"
     written = []
 

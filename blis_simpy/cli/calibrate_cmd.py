@@ -43,12 +43,15 @@ def run_plan(run, given: dict, scenario: str | None, command: str = "calibrate")
     if scenario is not None:
         plan = runner.prepare(F.REPLAY, given, scenario, need_trace=False)
     else:
-        if run.settings is None:
+        if run.settings is None and "--model" in given:
+            plan = runner.prepare(F.REPLAY, given, None, need_trace=False)
+        elif run.settings is None:
             raise ConfigError(f"the run {run.name} records no engine settings (a vllm bench result): "
                               "pass --scenario FILE.yaml or --model/--hardware/--tp", field=command)
-        data = scenario_data(run.settings, run.name)
-        data["latency"] = {"model": runner.BLIS_DEFAULT_LATENCY_MODEL}
-        plan = runner.prepare(F.REPLAY, given, data=data, need_trace=False)
+        else:
+            data = scenario_data(run.settings, run.name)
+            data["latency"] = {"model": runner.BLIS_DEFAULT_LATENCY_MODEL}
+            plan = runner.prepare(F.REPLAY, given, data=data, need_trace=False)
     if "--horizon" not in given:
         plan.scenario = plan.scenario.model_copy(update={"horizon_us": MAX_INT64})
     return plan
@@ -61,6 +64,10 @@ def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat
     from blis_simpy.calibrate import compare, simulate
     from blis_simpy.calibrate.report import clean, paired_timeline, render, render_timeline, timeline_errors
     from blis_simpy.observed.converted import load_observed
+    if plot_dir and Path(plot_dir).exists() and not Path(plot_dir).is_dir():
+        raise ConfigError("exists and is not a folder", file=str(plot_dir), field="--plot")
+    if report_path and Path(report_path).is_dir():
+        raise ConfigError("is a directory, expected a file path", file=str(report_path), field="--report")
     loaded = [load_observed(r) for r in runs]          # every input checked before any run
     plans = [run_plan(r, given, scenario) for r in loaded]
     docs, outputs = [], []

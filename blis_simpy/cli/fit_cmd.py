@@ -55,6 +55,8 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
     out_path = Path(output)
     if not out_path.parent.is_dir():
         raise ConfigError("no such folder for the output file", file=output, field="--output")
+    if out_path.is_dir():
+        raise ConfigError("is a directory, expected a file path", file=output, field="--output")
     loaded = [load_observed(r) for r in runs]
     if given.get("--latency-model") == "blackbox" and scenario is None and not (
             "--alpha-coeffs" in given or "--beta-coeffs" in given):

@@ -196,6 +196,9 @@ def write_set(path: str | os.PathLike, cs: CoefficientSet, comment: str = "") ->
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, final)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"cannot write: {exc.strerror or exc}", file=str(final)) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

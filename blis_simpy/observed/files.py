@@ -61,6 +61,8 @@ def _read_jsonl(path: Path, numbers: tuple[str, ...], integers: tuple[str, ...],
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"not JSON: {exc.msg}", file=str(path), line=ln) from None
+            except RecursionError:
+                raise ConfigError("not JSON: nested too deeply", file=str(path), line=ln) from None
             if not isinstance(row, dict):
                 raise ConfigError("not a JSON object", file=str(path), line=ln)
             for key in numbers + integers:
@@ -92,6 +94,8 @@ def read_json_object(path: Path, max_bytes: int) -> dict:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"not JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
+    except RecursionError:
+        raise ConfigError("not JSON: nested too deeply", file=str(path)) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not valid UTF-8 ({exc.reason})", file=str(path)) from None
     if not isinstance(data, dict):

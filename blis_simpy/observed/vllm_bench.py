@@ -33,6 +33,8 @@ MAX_REQUESTS = 1_000_000
 MAX_ITLS = 50_000_000
 MAX_FILE_BYTES = 2 << 30          # 2 GiB
 MAX_ERROR_CHARS = 500             # error messages are cut to this length in the trace
+MAX_TOKENS = (1 << 31) - 1        # input_lens / output_lens entries
+MAX_SECONDS = 1e9                 # a send-time span, TTFT or summed ITLs (~31 years)
 
 
 def _is_num(v) -> bool:
@@ -95,12 +97,16 @@ def load_vllm_bench(path: str | os.PathLike) -> ObservedRun:
         for i, v in enumerate(arr):
             if type(v) is not int or v < 0:
                 raise ConfigError("not an integer >= 0", file=f, field=f"{key}[{i}]")
+            if v > MAX_TOKENS:
+                raise ConfigError(f"more than {MAX_TOKENS} tokens", file=f, field=f"{key}[{i}]")
     for i in range(n):
         e = errors[i]
         if e is not None and not isinstance(e, str):
             raise ConfigError("not a string", file=f, field=f"errors[{i}]")
         if not (_is_num(ttfts[i]) and ttfts[i] >= 0) and not (e and ttfts[i] is None):
             raise ConfigError("not a finite number >= 0 (s)", file=f, field=f"ttfts[{i}]")
+        if ttfts[i] is not None and ttfts[i] > MAX_SECONDS:
+            raise ConfigError(f"more than {MAX_SECONDS:g} s", file=f, field=f"ttfts[{i}]")
         if not isinstance(itls[i], list):
             raise ConfigError("not a list of seconds", file=f, field=f"itls[{i}]")
         n_itl += len(itls[i])
@@ -109,8 +115,13 @@ def load_vllm_bench(path: str | os.PathLike) -> ObservedRun:
         for j, g in enumerate(itls[i]):
             if not (_is_num(g) and g >= 0):
                 raise ConfigError("not a finite number >= 0 (s)", file=f, field=f"itls[{i}][{j}]")
+        if math.fsum(itls[i]) > MAX_SECONDS:
+            raise ConfigError(f"sums to more than {MAX_SECONDS:g} s", file=f, field=f"itls[{i}]")
         if starts is not None and not _is_num(starts[i]):
             raise ConfigError("not a finite number (s)", file=f, field=f"start_times[{i}]")
+    if starts is not None and max(starts) - min(starts) > MAX_SECONDS:
+        i = max(range(n), key=lambda k: abs(starts[k] - starts[0]))
+        raise ConfigError(f"send times span more than {MAX_SECONDS:g} s", file=f, field=f"start_times[{i}]")
     notes = []
     if starts is not None:
         s0 = min(starts)
@@ -150,6 +161,9 @@ def load_vllm_bench(path: str | os.PathLike) -> ObservedRun:
     records.sort(key=lambda r: r.arrival_time_us)
     model = data.get("model_id")
     date = data.get("date")
+    for key, v in (("model_id", model), ("date", date)):
+        if v is not None and not isinstance(v, str):
+            raise ConfigError("not a string", file=f, field=key)
     header = TraceHeader(trace_version=2, mode="real", created_at=date if isinstance(date, str) else "",
                          server=TraceServer(type="vllm", model=model if isinstance(model, str) else ""))
     failed = sum(1 for e in errors if e)

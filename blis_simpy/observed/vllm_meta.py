@@ -19,6 +19,9 @@ from blis_simpy.errors import ConfigError
 from blis_simpy.observed.files import MAX_META_BYTES, is_number, read_json_object
 from blis_simpy.observed.run import Settings
 
+#: the largest count meta.json may give (max_num_seqs, max_num_batched_tokens, KV blocks, ...)
+MAX_SETTING = (1 << 31) - 1
+
 
 def read_meta(path: Path) -> dict:
     """meta.json: a JSON object with an ``engine_kwargs`` object."""
@@ -39,7 +42,10 @@ def find_gpu(meta: dict, run_name: str) -> tuple[str, str]:
     for key, e in builtin_gpus().entries.items():
         for n in (key, *e.aliases):
             names[_norm(n)] = key
-    dev = (meta.get("hardware") or {}).get("device_name")
+    hw = meta.get("hardware") or {}
+    if not isinstance(hw, dict):
+        raise ConfigError("not a JSON object", field="hardware")
+    dev = hw.get("device_name")
     if isinstance(dev, str) and dev:
         hits = [n for n in names if n and _norm(dev).startswith(n)]
         if hits:
@@ -70,8 +76,9 @@ def engine_settings(meta: dict, run_name: str, path: Path) -> Settings:
 
     def need_int(key: str, default=None, positive=True) -> int:
         v = kw.get(key, default)
-        if v is None or not is_number(v, integer=True) or (positive and v < 1):
-            raise ConfigError("missing or not a positive integer", file=str(path), field=f"engine_kwargs.{key}")
+        if v is None or not is_number(v, integer=True) or (positive and v < 1) or v > MAX_SETTING:
+            raise ConfigError(f"missing or not a positive integer <= {MAX_SETTING}", file=str(path),
+                              field=f"engine_kwargs.{key}")
         return int(v)
 
     def kv_value(key: str, default, ok, what: str):
@@ -90,8 +97,8 @@ def engine_settings(meta: dict, run_name: str, path: Path) -> Settings:
     except ConfigError as exc:
         raise ConfigError(exc.problem, file=str(path), field=exc.field) from None
     mml = kw.get("max_model_len")
-    pos_int = lambda v: is_number(v, integer=True) and v > 0   # noqa: E731
-    blocks = kv_value("num_gpu_blocks", None, pos_int, "a positive integer")
+    pos_int = lambda v: is_number(v, integer=True) and 0 < v <= MAX_SETTING   # noqa: E731
+    blocks = kv_value("num_gpu_blocks", None, pos_int, f"a positive integer <= {MAX_SETTING}")
     util = kv_value("gpu_memory_utilization", 0.9, lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]")
     seed = kw.get("seed")
     if seed is not None and not is_number(seed, integer=True):
@@ -102,7 +109,7 @@ def engine_settings(meta: dict, run_name: str, path: Path) -> Settings:
         expert_parallel=bool(kw.get("enable_expert_parallel", False)),
         max_num_seqs=need_int("max_num_seqs"), max_num_batched_tokens=need_int("max_num_batched_tokens"),
         max_model_len=need_int("max_model_len") if mml is not None else 0,
-        block_size=int(kv_value("block_size", 16, pos_int, "a positive integer")),
+        block_size=int(kv_value("block_size", 16, pos_int, f"a positive integer <= {MAX_SETTING}")),
         kv_blocks=int(blocks) if blocks is not None else None,
         gpu_memory_utilization=float(util),
         prefix_caching=bool(kv.get("enable_prefix_caching", True)),

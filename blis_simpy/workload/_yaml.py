@@ -35,11 +35,20 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+#: the largest YAML file we parse (a workload spec or trace header is kilobytes; PyYAML
+#: takes minutes on hundreds of megabytes)
+MAX_YAML_BYTES = 16 << 20
+
+
 def read_text(path: str) -> str:
-    """Read a UTF-8 text file; a missing/unreadable/undecodable file is a ConfigError."""
+    """Read a UTF-8 text file of at most :data:`MAX_YAML_BYTES`; a missing/unreadable/
+    undecodable/oversized file is a ConfigError."""
     try:
         with open(path, encoding="utf-8-sig") as f:
-            return f.read()
+            text = f.read(MAX_YAML_BYTES + 1)
+        if len(text) > MAX_YAML_BYTES:
+            raise ConfigError(f"larger than {MAX_YAML_BYTES} bytes", file=str(path))
+        return text
     except FileNotFoundError:
         raise ConfigError("no such file", file=str(path)) from None
     except IsADirectoryError:
@@ -88,6 +97,8 @@ def load_yaml(path: str, text: str | None = None) -> tuple[Any, yaml.Node | None
                           line=mark.line + 1 if mark else None) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"invalid YAML: {e}", file=path) from None
+    except RecursionError:
+        raise ConfigError("invalid YAML: nested too deeply", file=path) from None
     return data, node
 
 

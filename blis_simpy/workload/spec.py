@@ -175,9 +175,14 @@ class StageSpec(_Strict):
     duration: Annotated[float, Field(gt=0, allow_inf_nan=False)]  # s
 
 
+#: inference-perf: the most clients (system prompts x users) and stages a definition expands to
+MAX_INFERENCE_PERF_CLIENTS = 100_000
+MAX_INFERENCE_PERF_STAGES = 10_000
+
+
 class SharedPrefixSpec(_Strict):
-    num_unique_system_prompts: Annotated[int, Field(gt=0)]
-    num_users_per_system_prompt: Annotated[int, Field(gt=0)]
+    num_unique_system_prompts: Annotated[int, Field(gt=0, le=MAX_INFERENCE_PERF_CLIENTS)]
+    num_users_per_system_prompt: Annotated[int, Field(gt=0, le=MAX_INFERENCE_PERF_CLIENTS)]
     system_prompt_len: NonNegInt = 0
     question_len: NonNegInt = 0
     output_len: NonNegInt = 0
@@ -188,8 +193,16 @@ class InferencePerfSpec(_Strict):
     """inference-perf stages + shared prefix (docs/workloads.md, "inference-perf"), expanded by
     :func:`blis_simpy.workload.expand.expand_inference_perf`."""
 
-    stages: list[StageSpec] = Field(min_length=1)
+    stages: list[StageSpec] = Field(min_length=1, max_length=MAX_INFERENCE_PERF_STAGES)
     shared_prefix: SharedPrefixSpec
+
+    @field_validator("shared_prefix")
+    @classmethod
+    def _few_clients(cls, v: SharedPrefixSpec) -> SharedPrefixSpec:
+        n = v.num_unique_system_prompts * v.num_users_per_system_prompt
+        if n > MAX_INFERENCE_PERF_CLIENTS:
+            raise ValueError(f"{n} clients (system prompts x users), at most {MAX_INFERENCE_PERF_CLIENTS}")
+        return v
 
 
 class WorkloadSpecV2(_Strict):
