@@ -22,6 +22,10 @@ NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(gt=0)]
+#: KV blocks per instance: the cache keeps a few Python objects per block, so an absurd count
+#: would exhaust memory before the run starts (1e11 was a MemoryError)
+MAX_KV_BLOCKS = 100_000_000
+KVBlocks = Annotated[int, Field(gt=0, le=MAX_KV_BLOCKS)]
 #: data-parallel ranks per engine: every rank is a simulated engine core, so untrusted input
 #: must not be able to ask for millions of them
 MAX_DP = 1024
@@ -87,8 +91,9 @@ class LatencyConfig(Strict):
 class EngineConfig(Strict):
     """vLLM engine limits and KV cache of every instance (docs/engine.md, docs/kv-cache.md)."""
 
-    total_kv_blocks: PosInt | None = Field(
-        None, description="GPU KV blocks per instance; None = resolve from catalog / default")
+    total_kv_blocks: KVBlocks | None = Field(
+        None, description="GPU KV blocks per instance (at most 100,000,000: 1.6 billion tokens at "
+                          "16 a block); None = resolve from catalog / default")
     block_size: PosInt = Field(16, description="tokens per KV block (--block-size-in-tokens)")
     max_num_running_reqs: PosInt = Field(256, description="running-batch cap")
     max_num_scheduled_tokens: PosInt = Field(2048, description="per-step token budget")
@@ -225,7 +230,7 @@ class PoolOverrides(Strict):
     hardware: str | None = None
     latency_model: str | None = None
     max_model_len: PosInt | None = None
-    total_kv_blocks: PosInt | None = None
+    total_kv_blocks: KVBlocks | None = None
     routing: RoutingConfig | None = Field(
         None, description="this pool's own router (BLIS: --prefill/--decode-routing-scorers)")
 

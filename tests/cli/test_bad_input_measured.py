@@ -133,3 +133,16 @@ def test_fit_output_is_a_directory(cli, tmp_path):
     (tmp_path / "f.yaml").mkdir()
     assert _one_error(cli("fit", run, "-o", tmp_path / "f.yaml", "--max-evaluations", "1")) == \
         f"error: {tmp_path}/f.yaml: --output: is a directory, expected a file path"
+
+
+def test_absurd_kv_block_count_is_refused_not_a_memory_error():
+    """1e11 KV blocks was a MemoryError (exit 1) while building the cache."""
+    from typer.testing import CliRunner
+
+    from blis_simpy.cli.app import app
+    res = CliRunner().invoke(app, ["run", "--model", "meta-llama/llama-3.1-8b-instruct", "--alpha-coeffs",
+                                   "1,1,1", "--beta-coeffs", "1,1,1", "--total-kv-blocks", "100000000000",
+                                   "--num-requests", "5"])
+    assert res.exit_code == 2
+    assert res.stderr.startswith("error: --total-kv-blocks:") and res.stderr.count("\n") == 1
+    assert "100000000" in res.stderr
