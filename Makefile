@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint bench bench-accuracy clean
+.PHONY: install run test lint bench bench-replay bench-accuracy clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,12 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check blis_simpy tests bench
 
+# six workloads, ours (and a Go BLIS when BLIS_BIN is set): make bench [ARGS="--scale 0.1"]
 bench: $(STAMP)
+	$(BIN)/python bench/compare.py $(ARGS)
+
+# single-instance replay baseline, with simulation-only req/s
+bench-replay: $(STAMP)
 	$(BIN)/python bench/bench_replay.py
 
 # accuracy against real vLLM runs (docs/accuracy.md): make bench-accuracy DATA=DIR [ARGS="--format markdown"]
