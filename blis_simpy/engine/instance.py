@@ -103,6 +103,8 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         self.waitq: deque = deque()
         self.ledger = ledger = self.ledger_class(self)
         self._hooked = type(self).on_step_end is not Instance.on_step_end
+        #: vllm preemption: a re-admitted request keeps its first scheduling delay
+        self._keep_first_schedule = limits.preemption_model == "vllm"
         self.running = ledger.running      # batch order; only the ledger changes it
         self.batching = batching if batching is not None else VLLMBatching()
         self.batching.bind(limits)
@@ -282,7 +284,7 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         scheduled = self.form_batch(now_us)
         met = self.metrics
         sd = met.scheduling_delay
-        keep_first = self.limits.preemption_model == "vllm"
+        keep_first = self._keep_first_schedule
         for req in scheduled:
             if not (keep_first and req.id in sd):   # blis: a re-admission overwrites it
                 sd[req.id] = now_us - req.arrival_us

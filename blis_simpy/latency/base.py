@@ -153,6 +153,26 @@ class LatencyModel(Pluggable, family="latency model"):
         return 0
 
 
+class ConstantOverheads:
+    """The three request-level overheads as BLIS HEAD's trained backends take them from
+    ``alpha``: α0 = arrival → queue delay, α1 = post-decode overhead, α2 = per-output-token
+    overhead (µs each, truncated). A mixin placed before :class:`LatencyModel`."""
+
+    def set_overheads(self, alpha) -> None:
+        self._queue = to_int64(alpha[0])
+        self._post = to_int64(alpha[1])
+        self._otpt = to_int64(alpha[2])
+
+    def queueing_time_us(self, req) -> int:
+        return self._queue
+
+    def output_token_time_us(self) -> int:
+        return self._otpt
+
+    def post_decode_us(self) -> int:
+        return self._post
+
+
 def check_coeffs(name: str, values, minimum: int) -> list[float]:
     """Validate a coefficient vector: at least ``minimum`` entries, each finite and ≥ 0."""
     vals = [float(v) for v in values]
@@ -164,4 +184,4 @@ def check_coeffs(name: str, values, minimum: int) -> list[float]:
     return vals
 
 
-__all__ = ["BatchView", "LatencyModel", "check_coeffs", "to_int64"]
+__all__ = ["BatchView", "ConstantOverheads", "LatencyModel", "check_coeffs", "to_int64"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 
 from blis_simpy.catalog.types import GPUSpec, ModelConfig
-from blis_simpy.latency.base import BatchView, LatencyModel, check_coeffs
+from blis_simpy.latency.base import BatchView, ConstantOverheads, LatencyModel, check_coeffs
 from blis_simpy.units import to_int64
 
 #: ``trained_physics_coefficients`` of BLIS HEAD's defaults.yaml (β[0..10], α[0..2]).
@@ -39,7 +39,7 @@ ALL_TO_ALL = frozenset({"pplx", "deepep_high_throughput", "deepep_low_latency", 
                         "flashinfer_all2allv"})
 
 
-class TrainedPhysicsModel(LatencyModel, name="trained-physics"):
+class TrainedPhysicsModel(ConstantOverheads, LatencyModel, name="trained-physics"):
     """BLIS HEAD's trained-physics step time."""
 
     needs_model_config = True
@@ -112,9 +112,7 @@ class TrainedPhysicsModel(LatencyModel, name="trained-physics"):
             self._ep_per_tok = 0.0
         self._fixed = b[4] * L + b[6] + (b[7] * n_moe if self.interleaved else 0.0)
         self._dc_ctx_flops = L * 4 * self.h * dh / dp
-        self._queue = to_int64(self.alpha[0])
-        self._post = to_int64(self.alpha[1])
-        self._otpt = to_int64(self.alpha[2])
+        self.set_overheads(self.alpha)
 
     @classmethod
     def from_config(cls, model: ModelConfig, gpu: GPUSpec, tp: int, alpha=None, beta=None, *,
@@ -170,15 +168,6 @@ class TrainedPhysicsModel(LatencyModel, name="trained-physics"):
                 + b[5] * x["batch"] + self._fixed)
         t = to_int64(step)
         return t if t > 1 else 1
-
-    def queueing_time_us(self, req) -> int:
-        return self._queue
-
-    def output_token_time_us(self) -> int:
-        return self._otpt
-
-    def post_decode_us(self) -> int:
-        return self._post
 
 
 __all__ = ["DEFAULT_ALPHA", "DEFAULT_BETA", "TrainedPhysicsModel"]

@@ -43,7 +43,7 @@ import logging
 import math
 
 from blis_simpy.catalog.types import GPUSpec, ModelConfig
-from blis_simpy.latency.base import BatchView, LatencyModel, check_coeffs
+from blis_simpy.latency.base import BatchView, ConstantOverheads, LatencyModel, check_coeffs
 from blis_simpy.units import to_int64
 
 log = logging.getLogger("blis_simpy")
@@ -57,7 +57,7 @@ DEFAULT_ALPHA = (9315.338771116985, 1849.5902371340574, 1.7079389122469397)
 BYTES_PER_ELEMENT = 2.0
 
 
-class TrainedRooflineModel(LatencyModel, name="trained-roofline"):
+class TrainedRooflineModel(ConstantOverheads, LatencyModel, name="trained-roofline"):
     """Learned weights over prefill/decode roofline terms, weight reads, layers and batch size."""
 
     needs_model_config = True
@@ -116,9 +116,7 @@ class TrainedRooflineModel(LatencyModel, name="trained-roofline"):
         self._b7 = b7
         if not self.is_moe:
             self._t_weight_dense = (self._w_attn + L * 1.0 * 3 * d * dff * b / tpf) / self.W
-        self._queue = to_int64(self.alpha[0])
-        self._post = to_int64(self.alpha[1])
-        self._otpt = to_int64(self.alpha[2])
+        self.set_overheads(self.alpha)
 
     @classmethod
     def from_config(cls, model: ModelConfig, gpu: GPUSpec, tp: int, alpha=None, beta=None,
@@ -165,15 +163,6 @@ class TrainedRooflineModel(LatencyModel, name="trained-roofline"):
                 + self._b5_L + self._b6 * batch.size + self._b7)
         out = to_int64(step)
         return out if out > 1 else 1
-
-    def queueing_time_us(self, req) -> int:
-        return self._queue
-
-    def output_token_time_us(self) -> int:
-        return self._otpt
-
-    def post_decode_us(self) -> int:
-        return self._post
 
 
 __all__ = ["BYTES_PER_ELEMENT", "DEFAULT_ALPHA", "DEFAULT_BETA", "TrainedRooflineModel"]
