@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from blis_simpy.calibrate.compare import err_pct as signed_error_pct  # noqa: E402
 from blis_simpy.errors import BlisError, ConfigError  # noqa: E402
 from blis_simpy.metrics.percentile import mean, percentile  # noqa: E402
 from blis_simpy.observed.run import ObservedRun, RealRequest, Settings, Tick  # noqa: E402, F401
@@ -74,11 +75,6 @@ class Stats:
 def stats(values: list[float]) -> Stats:
     v = sorted(values)
     return Stats(mean(v), percentile(v, 50), percentile(v, 90))
-
-
-def signed_error_pct(sim: float, real: float) -> float:
-    """(sim − real) / real × 100; NaN when real is 0."""
-    return (sim - real) / real * 100.0 if real else float("nan")
 
 
 def mape_pct(sim: dict[str, float], real: dict[str, float]) -> float:

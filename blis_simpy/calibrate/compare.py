@@ -4,9 +4,10 @@ Per metric (TTFT, TPOT, E2E, and scheduling delay where the log has it) over the
 both the run and the twin completed: real and sim mean/p50/p90/p99 with the signed error
 ``100·(sim − real)/real`` %, and the per-request MAPE ``100·mean(|sim − real| / real)`` %
 over the requests whose real value is at least :data:`MAPE_FLOOR_MS` (1 ms; in practice
-this only matters for scheduling delays, which a server can keep to microseconds). Throughput is output tokens over the span from the first
-arrival to the last completion. Percentiles are numpy's linear interpolation. Units: ms
-unless named otherwise.
+this only matters for scheduling delays, which a server can keep to microseconds).
+Throughput is output tokens over the span from the first arrival to the last completion.
+Means and percentiles follow the reports' rules (:mod:`blis_simpy.metrics.percentile`).
+Units: ms unless named otherwise.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from blis_simpy.calibrate.twin import SimRun
+from blis_simpy.metrics.percentile import mean, percentile
 from blis_simpy.observed.run import ObservedRun
 
 METRICS = ("ttft", "tpot", "e2e", "sched")
@@ -90,9 +92,9 @@ class Comparison:
 
 
 def stats(values) -> dict[str, float]:
-    a = np.asarray(values, dtype=float)
-    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
-            "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99))}
+    """Mean and percentiles with the report's own rules (:mod:`blis_simpy.metrics.percentile`)."""
+    v = sorted(float(x) for x in values)
+    return {"mean": mean(v), "p50": percentile(v, 50), "p90": percentile(v, 90), "p99": percentile(v, 99)}
 
 
 def metric_row(metric: str, real: dict[str, float], sim: dict[str, float]) -> MetricRow | None:
