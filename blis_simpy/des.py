@@ -21,7 +21,8 @@ and :class:`simpy.events.Timeout` always uses NORMAL too. BLIS's deterministic o
 events at an explicit time *and* key, so this module triggers events itself, exactly as
 SimPy's own ``Timeout`` and ``Environment.run`` do internally: set ``_ok``/``_value``, then
 :meth:`~simpy.core.Environment.schedule` (public) with the key as the priority. That
-happens in :class:`Call`, :class:`Wake` and :func:`succeed_at` only; every other module
+happens in :class:`Call`, :class:`Wake` and :func:`succeed_at` only (and the clock itself
+moves outside :meth:`~simpy.core.Environment.step` only in :meth:`SimEnv.advance_to`); every other module
 goes through :meth:`SimEnv.call_at`, :meth:`SimEnv.wake_at`, :func:`succeed_at` and
 :class:`Mailbox` (a :class:`simpy.Store`), and never writes an event's private fields.
 """
@@ -127,6 +128,19 @@ class SimEnv(simpy.Environment):
         ev = Wake(self)
         self.schedule(ev, key, time_us - self._now)
         return ev
+
+    def due_before(self, time_us: int) -> bool:
+        """Could the active process run its next event at ``time_us`` (µs) *inline*, with
+        no event of its own? Only if nothing else is due before it or at that very time
+        (``time_us < peek()``) and it is within the horizon. Then no other event could be
+        processed in between, so the order of every event is what it would have been."""
+        return time_us < self.peek() and time_us <= self.horizon_us
+
+    def advance_to(self, time_us: int) -> None:
+        """Move the clock to ``time_us`` (µs) for an inline event (see :meth:`due_before`,
+        which the caller must have checked): what :meth:`simpy.core.Environment.step` does
+        to the clock when it pops an event, without the event."""
+        self._now = time_us
 
 
 class Mailbox(simpy.Store):

@@ -17,3 +17,4 @@ class FastInstance(Instance, name="fast"):
     """An engine instance whose decoding requests cost O(1) per step in the common case."""
 
     ledger_class = LazyLedger
+    coalesce_steps = True

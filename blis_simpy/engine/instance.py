@@ -73,6 +73,9 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
     lockstep = None      # the LockstepGroup that steps this rank (None: it steps itself)
     #: how the progress of running requests is kept (eager: the literal reference)
     ledger_class = EagerLedger
+    #: run a step inline, without a SimPy event, when no other event is due before it
+    #: (the reference engine keeps one event per step; the order of events is the same)
+    coalesce_steps = False
 
     def __init__(self, env: SimEnv, index: int, limits: EngineLimits, latency: LatencyModel,
                  kv, scheduler: Scheduler, priority: PriorityPolicy,
@@ -132,13 +135,20 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         yield from self._steps()
 
     def _steps(self):
+        """Run steps back to back. With :attr:`coalesce_steps`, a step due before every
+        other event runs inline (no SimPy event: the clock just moves to its time,
+        :meth:`~blis_simpy.des.SimEnv.advance_to`); otherwise it is a Wake event."""
         env = self.env
+        inline = self.coalesce_steps
         while True:
             nxt = self.step(env.now)
             self.listener.on_event_end(self)
             if nxt is None:
                 return
             self._steps_scheduled += 1
+            if inline and env.due_before(nxt):
+                env.advance_to(nxt)
+                continue
             yield env.wake_at(nxt, self.key_step)
 
     def _push_step(self, t_us: int) -> None:
