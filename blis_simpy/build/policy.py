@@ -33,7 +33,6 @@ warning says so). Scenario-file parameters are kept only when the policy name is
 from __future__ import annotations
 
 import logging
-import math
 from typing import Annotated, Literal
 
 import pydantic
@@ -43,9 +42,8 @@ from blis_simpy.admission import AdmissionPolicy
 from blis_simpy.config.loader import _model_loc, read_yaml, validation_problem
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.errors import ConfigError
-from blis_simpy.metrics.fitness import FITNESS_KEYS
 from blis_simpy.routing import Router
-from blis_simpy.routing.scorers import check_scorer, parse_scorers
+from blis_simpy.routing.scorers import check_scorer
 
 log = logging.getLogger("blis_simpy.config")
 
@@ -125,58 +123,6 @@ def _families() -> dict[str, type]:
     """The policy registries (importing the packages registers the built-ins)."""
     return {"admission": AdmissionPolicy, "routing": Router, "scheduler": Scheduler,
             "priority": PriorityPolicy}
-
-
-# ---------------------------------------------------------------------------- flag parsers
-def boolean(value) -> bool:
-    """A Go bool flag: ``--flag`` (True), ``--flag=false``; also true/false/1/0 text."""
-    if isinstance(value, bool):
-        return value
-    v = str(value).strip().lower()
-    if v in ("true", "t", "1"):
-        return True
-    if v in ("false", "f", "0"):
-        return False
-    raise ValueError(f"invalid boolean {value!r}")
-
-
-def scorer_text(text: str) -> list[dict]:
-    """``--routing-scorers "name:w,name:w"`` → ``[{name, weight}]`` (empty text ⇒ [])."""
-    return parse_scorers(text) if text.strip() else []
-
-
-def fitness_text(text: str) -> dict[str, float]:
-    """``--fitness-weights "key:w,key:w"`` → ``{key: w}`` (docs/metrics.md, "Fitness")."""
-    out: dict[str, float] = {}
-    if not text.strip():
-        return out
-    for item in text.split(","):
-        key, sep, w = item.strip().partition(":")
-        key = key.strip()
-        if not sep or not key:
-            raise ValueError(f"invalid fitness weight {item.strip()!r}: expected key:value")
-        if key not in FITNESS_KEYS:
-            raise ValueError(f"unknown fitness key {key!r}; valid keys: {', '.join(sorted(FITNESS_KEYS))}")
-        try:
-            weight = float(w.strip())
-        except ValueError:
-            raise ValueError(f"invalid weight {w.strip()!r} for fitness key {key!r}") from None
-        if not math.isfinite(weight) or weight < 0:
-            raise ValueError(f"fitness weight for {key!r} must be finite and >= 0, got {weight:g}")
-        out[key] = weight
-    return out
-
-
-def trace_level(v) -> str | None:
-    return None if v in ("none", "decisions") else f"must be none or decisions, got {v!r}"
-
-
-def tie_break(v) -> str | None:
-    return None if v in ("random", "first") else f"must be random or first, got {v!r}"
-
-
-def priority_range(v) -> str | None:
-    return None if 0 <= v <= 4 else f"must be in [0, 4], got {v}"
 
 
 # ---------------------------------------------------------------------------- merging

@@ -5,6 +5,9 @@ plus ``--scenario FILE.yaml`` (flags override its keys) and ``--format table|jso
 Errors are handled in exactly one place, :class:`_Guarded`: a :class:`BlisError` prints
 ``error: <one line>`` on stderr and exits 2 (bad input) or 1 (simulation failure); never a
 traceback, and a results file is only written after a successful run.
+
+Start-up is kept small (docs/performance.md, "Start-up"): this module imports only typer and
+the flag table; the simulator, numpy, pydantic and YAML load inside the commands that use them.
 """
 
 from __future__ import annotations
@@ -15,14 +18,12 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pydantic
 import typer
-import yaml
 from typer.core import TyperGroup
 
 from blis_simpy.cli import flags as F
-from blis_simpy.cli import runner
 from blis_simpy.cli.calibrate_cmd import register as _register_calibrate
 from blis_simpy.cli.catalog_cmd import register as _register_catalog
 from blis_simpy.cli.convert_cmd import register as _register_convert
@@ -30,8 +31,10 @@ from blis_simpy.cli.fit_cmd import register as _register_fit
 from blis_simpy.cli.logs import setup_logging
 from blis_simpy.cli.observe_cmd import register as _register_observe
 from blis_simpy.cli.options import flag_parameters, given_flags
-from blis_simpy.config.scenario import TraceWorkload
 from blis_simpy.errors import BlisError, ConfigError
+
+if TYPE_CHECKING:   # the simulator stack loads when a command runs, not for --help
+    from blis_simpy.cli import runner
 
 log = logging.getLogger("blis_simpy")
 
@@ -62,23 +65,37 @@ class _Guarded(TyperGroup):
             _fail(exc.one_line(), exc.exit_code)
         except FileNotFoundError as exc:
             _fail(ConfigError("no such file", file=exc.filename).one_line(), 2)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            _fail(ConfigError(f"invalid YAML: {exc}".replace("\n", " "), file=getattr(mark, "name", None),
-                              line=mark.line + 1 if mark else None).one_line(), 2)
-        except pydantic.ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            fld = ".".join(str(p) for p in first["loc"]) or None
-            _fail(ConfigError(first["msg"], field=fld).one_line(), 2)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
         except BrokenPipeError:  # stdout closed early (e.g. piped into head): not an error
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             raise typer.Exit(141) from None
-        except Exception as exc:  # a bug: still one line, the traceback only at --log debug
+        except Exception as exc:
+            problem = _input_problem(exc)
+            if problem is not None:
+                _fail(problem, 2)
+            # a bug: still one line, the traceback only at --log debug
             log.debug("internal error", exc_info=True)
             _fail(f"internal error: {type(exc).__name__}: {exc}".replace("\n", " "), 1)
+
+
+def _input_problem(exc: Exception) -> str | None:
+    """The one line for a YAML syntax error or a pydantic validation error, else None.
+
+    yaml and pydantic are looked up in ``sys.modules`` rather than imported: an exception of
+    their type can only exist once the module is loaded, and ``--help`` must not load them."""
+    yaml = sys.modules.get("yaml")
+    if yaml is not None and isinstance(exc, yaml.YAMLError):
+        mark = getattr(exc, "problem_mark", None)
+        return ConfigError(f"invalid YAML: {exc}".replace("\n", " "), file=getattr(mark, "name", None),
+                           line=mark.line + 1 if mark else None).one_line()
+    core = sys.modules.get("pydantic_core")   # pydantic.ValidationError is pydantic_core's
+    if core is not None and isinstance(exc, core.ValidationError):
+        first = exc.errors(include_url=False)[0]
+        fld = ".".join(str(p) for p in first["loc"]) or None
+        return ConfigError(first["msg"], field=fld).one_line()
+    return None
 
 
 def _fail(message: str, code: int):
@@ -99,6 +116,7 @@ class Format(str, enum.Enum):
 
 # ---------------------------------------------------------------------------- run / replay
 def _simulate(command: str, scenario: Path | None, fmt: Format, raw: dict) -> None:
+    from blis_simpy.cli import runner
     given = given_flags(command, raw)
     setup_logging(given.get("--log"))
     plan = runner.prepare(command, given, str(scenario) if scenario is not None else None)
@@ -126,6 +144,8 @@ def _with_progress(plan: runner.Plan) -> runner.Outcome:
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from blis_simpy.cli import runner
 
     bar = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=Console(stderr=True), transient=True)
@@ -168,6 +188,8 @@ def _print(out: runner.Outcome, fmt: Format) -> None:
         sys.stdout.write(render_json(out.report))
     else:
         from rich.console import Console
+
+        from blis_simpy.cli import runner
         s = out.plan.scenario
         console = Console(file=sys.stdout)
         n = s.cluster.num_instances
@@ -214,7 +236,9 @@ _command(F.REPLAY, "Replay a TraceV2 trace (--trace-header/--trace-data, or a sc
 def validate_cmd(path: Path = typer.Argument(..., metavar="FILE.yaml", help="scenario to check")) -> None:
     """Check a scenario file (keys, types, values, policies, trace files) without running it."""
     setup_logging(None)
+    from blis_simpy.cli import runner
     from blis_simpy.config.loader import summary
+    from blis_simpy.config.scenario import TraceWorkload
     plan = runner.prepare("validate", {}, str(path))
     lines = []
     if plan.scenario.variants:       # every merged variant must be valid too

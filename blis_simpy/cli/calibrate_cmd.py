@@ -16,15 +16,18 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from blis_simpy.cli import flags as F
-from blis_simpy.cli import runner
 from blis_simpy.cli.logs import setup_logging
 from blis_simpy.cli.options import flag_parameters, given_flags
 from blis_simpy.errors import ConfigError
 from blis_simpy.units import MAX_INT64
+
+if TYPE_CHECKING:   # the simulator stack loads only when a command runs
+    from blis_simpy.cli import runner
 
 #: replay flags that make no sense here (the workload is the measured run)
 SKIP = ("--trace-header", "--trace-data", "--trace-output", "--results-path")
@@ -39,6 +42,7 @@ def run_plan(run, given: dict, scenario: str | None, command: str = "calibrate")
     """The scenario a measured run is replayed under: ``scenario`` (file) or the run's own
     settings, with the given flags on top; no horizon unless ``--horizon`` is given."""
     from blis_simpy.calibrate import scenario_data
+    from blis_simpy.cli import runner
     given = dict(given)
     if scenario is not None:
         plan = runner.prepare(F.REPLAY, given, scenario, need_trace=False)

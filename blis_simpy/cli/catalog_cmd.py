@@ -18,12 +18,14 @@ import enum
 import json
 import sys
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import typer
 
-from blis_simpy.catalog.coefficients import CoefficientCatalog, builtin_coefficients, read_blis_defaults
-from blis_simpy.catalog.hardware import GPUCatalog, gpu_catalog
-from blis_simpy.catalog.models import ModelCatalog, builtin_models
+if TYPE_CHECKING:   # the catalogs (YAML) load only when the command runs
+    from blis_simpy.catalog.coefficients import CoefficientCatalog
+    from blis_simpy.catalog.hardware import GPUCatalog
+    from blis_simpy.catalog.models import ModelCatalog
 
 
 class What(str, enum.Enum):
@@ -181,6 +183,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List the offline catalogs: GPUs, model shapes, trained coefficient sets; or the KV
         capacity of a model on a GPU (`catalog capacity --model M --hardware G`)."""
+        from blis_simpy.catalog.coefficients import builtin_coefficients, read_blis_defaults
+        from blis_simpy.catalog.hardware import gpu_catalog
+        from blis_simpy.catalog.models import builtin_models
         gpus = gpu_catalog(hardware_config)
         if capacity or what is What.capacity:
             from blis_simpy.cli import capacity_cmd

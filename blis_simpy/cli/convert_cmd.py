@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from blis_simpy.observed.run import ObservedRun
+if TYPE_CHECKING:   # the observed stack (numpy) loads only when a conversion runs
+    from blis_simpy.observed.run import ObservedRun
 
 convert_app = typer.Typer(no_args_is_help=True, add_completion=False,
                           help="Convert presets, ServeGen, inference-perf, vLLM logs and vllm bench "

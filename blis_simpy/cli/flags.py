@@ -15,13 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from blis_simpy.build import policy as P
 from blis_simpy.cli.flag_values import (
     Rule,
     at_least_one,
+    boolean,
     decider_rule,
     decider_text,
     each_non_negative,
+    fitness_text,
     fraction,
     integer,
     interference_range,
@@ -31,8 +32,12 @@ from blis_simpy.cli.flag_values import (
     numbers,
     one_of,
     positive,
+    priority_range,
     registered,
+    scorer_text,
     text,
+    tie_break,
+    trace_level,
     unit_interval,
 )
 
@@ -59,12 +64,12 @@ class Flag:
 
     @property
     def metavar(self) -> str:
-        return {integer: "INT", number: "FLOAT", numbers: "F,F,...", P.boolean: ""}.get(self.parse, "TEXT")
+        return {integer: "INT", number: "FLOAT", numbers: "F,F,...", boolean: ""}.get(self.parse, "TEXT")
 
     @property
     def boolean(self) -> bool:
         """A Go bool flag: ``--name`` alone, or ``--name=true|false``."""
-        return self.parse is P.boolean
+        return self.parse is boolean
 
 
 F = Flag
@@ -80,7 +85,7 @@ FLAGS: tuple[Flag, ...] = (
     F("--hardware", text, "hardware", None, "GPU key (e.g. H100)"),
     F("--tp", integer, "tp", non_negative, "tensor parallelism"),
     F("--dp", integer, "dp", positive, "data-parallel ranks per instance (default 1)"),
-    F("--enable-expert-parallel", P.boolean, "enable_expert_parallel", None, "shard MoE experts over the TP x DP ranks (all-to-all dispatch/combine)"),
+    F("--enable-expert-parallel", boolean, "enable_expert_parallel", None, "shard MoE experts over the TP x DP ranks (all-to-all dispatch/combine)"),
     F("--vllm-version", text, "vllm_version", None, "vLLM version (coefficient lookup)"),
     # (4) where architectures, GPUs and coefficients come from (built-in catalogs otherwise)
     F("--model-config-folder", text, "model_config_folder", None, "folder with a HuggingFace config.json for --model (default: the built-in model catalog; never downloaded)"),
@@ -120,20 +125,20 @@ FLAGS: tuple[Flag, ...] = (
     F("--token-bucket-capacity", number, None, None, "token-bucket size, tokens; finite > 0 (default 10000)"),
     F("--token-bucket-refill-rate", number, None, None, "token-bucket refill, tokens/s; finite > 0 (default 1000)"),
     F("--tier-shed-threshold", integer, None, non_negative, "tier-shed: highest max effective load that still admits every class (default 0)"),
-    F("--tier-shed-min-priority", integer, None, P.priority_range, "tier-shed: lowest class priority admitted under overload, 0-4 (default 3)"),
+    F("--tier-shed-min-priority", integer, None, priority_range, "tier-shed: lowest class priority admitted under overload, 0-4 (default 3)"),
     F("--admission-policy", text, "cluster.admission.policy", registered("admission"), "admission policy (default always-admit)"),
     F("--routing-policy", text, "cluster.routing.policy", registered("routing"), "routing policy (default round-robin)"),
     F("--priority-policy", text, "engine.priority_policy", registered("priority"), "priority policy (default constant)"),
     F("--scheduler", text, "engine.scheduler", registered("scheduler"), "wait-queue scheduler (default fcfs)"),
-    F("--trace-level", text, "trace.level", P.trace_level, "decision trace: none | decisions (default none)"),
+    F("--trace-level", text, "trace.level", trace_level, "decision trace: none | decisions (default none)"),
     F("--counterfactual-k", integer, "trace.counterfactual_k", non_negative, "counterfactual candidates per routing record (default 0)"),
-    F("--summarize-trace", P.boolean, "trace.summarize", None, "print the Trace Summary (with --trace-level decisions)", panel=OUTPUT),
+    F("--summarize-trace", boolean, "trace.summarize", None, "print the Trace Summary (with --trace-level decisions)", panel=OUTPUT),
     F("--snapshot-refresh-interval", integer, "cluster.snapshot_refresh_interval_us", non_negative, "router snapshot refresh, µs; 0 = always fresh (default 0)"),
     F("--admission-latency", integer, "cluster.admission_latency_us", non_negative, "admission delay, µs (default 0)"),
     F("--routing-latency", integer, "cluster.routing_latency_us", non_negative, "routing delay, µs (default 0)"),
-    F("--routing-scorers", P.scorer_text, None, None, "weighted scorers 'name:weight,...' (default prefix-affinity:3,queue-depth:2,kv-utilization:2)"),
-    F("--routing-tie-break", text, None, P.tie_break, "routing ties: random (seeded, default) | first (lowest index, BLIS parity)"),
-    F("--fitness-weights", P.fitness_text, "fitness_weights", None, "fitness evaluation 'key:weight,...' (replay: ignored)", panel=OUTPUT),
+    F("--routing-scorers", scorer_text, None, None, "weighted scorers 'name:weight,...' (default prefix-affinity:3,queue-depth:2,kv-utilization:2)"),
+    F("--routing-tie-break", text, None, tie_break, "routing ties: random (seeded, default) | first (lowest index, BLIS parity)"),
+    F("--fitness-weights", fitness_text, "fitness_weights", None, "fitness evaluation 'key:weight,...' (replay: ignored)", panel=OUTPUT),
     # (8, cont.) tiered KV and GPU memory
     F("--kv-cpu-blocks", integer, "engine.kv_cpu_blocks", non_negative, "CPU KV tier blocks; > 0 enables the tier (default 0)"),
     F("--kv-offload-threshold", number, "engine.kv_offload_threshold", unit_interval, "deprecated and ignored (warning when the CPU tier is on; default 0.9)"),
@@ -151,10 +156,10 @@ FLAGS: tuple[Flag, ...] = (
     F("--pd-transfer-bandwidth", number, "disaggregation.transfer.bandwidth_gbps", positive, "KV-transfer bandwidth shared by all transfers, GB/s (default 25)", panel=PD),
     F("--pd-transfer-base-latency", number, "disaggregation.transfer.base_latency_ms", non_negative, "fixed cost per KV transfer, ms (default 0.05)", panel=PD),
     F("--pd-kv-bytes-per-token", integer, "disaggregation.transfer.kv_bytes_per_token", positive, "KV bytes per prompt token, all TP ranks (default: from the model shape; --pd-compat checkout: 512)", panel=PD),
-    F("--pd-transfer-contention", P.boolean, None, None, "BLIS's switch: concurrent transfers share the bandwidth (fair-share; with --pd-compat checkout: snapshot)", panel=PD),
+    F("--pd-transfer-contention", boolean, None, None, "BLIS's switch: concurrent transfers share the bandwidth (fair-share; with --pd-compat checkout: snapshot)", panel=PD),
     F("--pd-contention-mode", text, "disaggregation.transfer.contention", one_of("none", "snapshot", "fair-share"), "none | snapshot (share fixed at start, BLIS) | fair-share (processor sharing) (default fair-share; --pd-compat checkout: none)", panel=PD),
-    F("--prefill-routing-scorers", P.scorer_text, None, None, "the prefill pool's own weighted router 'name:weight,...' (default: the main policy)", panel=PD),
-    F("--decode-routing-scorers", P.scorer_text, None, None, "the decode pool's own weighted router 'name:weight,...' (default: the main policy)", panel=PD),
+    F("--prefill-routing-scorers", scorer_text, None, None, "the prefill pool's own weighted router 'name:weight,...' (default: the main policy)", panel=PD),
+    F("--decode-routing-scorers", scorer_text, None, None, "the decode pool's own weighted router 'name:weight,...' (default: the main policy)", panel=PD),
     F("--prefill-tp", integer, "disaggregation.prefill_pool.tp", positive, "prefill pool tensor parallelism (default --tp)", panel=PD),
     F("--decode-tp", integer, "disaggregation.decode_pool.tp", positive, "decode pool tensor parallelism (default --tp)", panel=PD),
     F("--prefill-hardware", text, "disaggregation.prefill_pool.hardware", None, "prefill pool GPU; its calibration times the pool (default --hardware)", panel=PD),

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import typer
 
-from blis_simpy.cli import flag_rules
 from blis_simpy.cli import flags as F
 from blis_simpy.cli.logs import setup_logging
 from blis_simpy.errors import ConfigError
@@ -66,7 +65,7 @@ def observe_workload(given: dict[str, str], scenario_path: str | None = None,
     ``input_trace`` pair, or a scenario whose workload is a trace) takes ``--seed`` (token
     IDs), ``--num-requests`` (the first N by arrival) and ``--horizon`` (arrivals before it).
     """
-    from blis_simpy.cli import runner
+    from blis_simpy.cli import flag_rules, runner
     from blis_simpy.config.loader import Source, check_scenario, load_raw, validate
     from blis_simpy.config.scenario import DistributionWorkload, Scenario, SpecWorkload, TraceWorkload
     from blis_simpy.observe import MAX_REQUESTS
