@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from functools import lru_cache
-from importlib import resources
 
 import yaml
 
+from blis_simpy.catalog.shipped import read_shipped
 from blis_simpy.errors import ConfigError
 
 VLLM_IMAGE_PREFIX = "vllm/vllm-openai:"
@@ -149,8 +149,7 @@ def _set(raw, where: str, *, blis: bool) -> CoefficientSet | None:
 def builtin_coefficients() -> CoefficientCatalog:
     """The coefficients shipped with blis-simpy (``catalog/data/coefficients.yaml``)."""
     where = "catalog/data/coefficients.yaml"
-    raw = yaml.safe_load(resources.files("blis_simpy.catalog").joinpath("data/coefficients.yaml")
-                         .read_text("utf-8"))
+    raw = read_shipped("coefficients.yaml")
     defaults = {m.lower(): DeploymentDefaults(str(d["gpu"]), int(d["tp"]), normalize_vllm(str(d["vllm"])))
                 for m, d in raw["defaults"].items()}
     blackbox = {m.lower(): tuple(_row(m, e, where, blis=False) for e in rows)

@@ -26,10 +26,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from importlib import resources
 
-import yaml
-
+from blis_simpy.catalog.shipped import read_shipped
 from blis_simpy.catalog.types import GPUSpec
 from blis_simpy.errors import ConfigError
 
@@ -144,8 +142,7 @@ def _missing(given: Mapping) -> tuple[str, ...]:
 @lru_cache(maxsize=1)
 def builtin_gpus() -> GPUCatalog:
     """The GPUs shipped with blis-simpy (``catalog/data/gpus.yaml``)."""
-    text = resources.files("blis_simpy.catalog").joinpath("data/gpus.yaml").read_text("utf-8")
-    raw = yaml.safe_load(text)
+    raw = read_shipped("gpus.yaml")
     entries = {}
     for name, e in raw.items():
         figs = _figures(name, e, {k: k for k in FIGURES}, "catalog/data/gpus.yaml")

@@ -14,11 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
-
-import yaml
 
 from blis_simpy.catalog.hfconfig import DTYPE_BYTES  # torch_dtype -> bytes per parameter
+from blis_simpy.catalog.shipped import read_shipped
 from blis_simpy.catalog.types import ModelConfig
 from blis_simpy.errors import ConfigError
 
@@ -124,8 +122,7 @@ def parse_models(table: Mapping[str, Mapping], *, origin: str = "built-in") -> d
 @lru_cache(maxsize=1)
 def builtin_models() -> ModelCatalog:
     """The models shipped with blis-simpy (``catalog/data/models.yaml``)."""
-    text = resources.files("blis_simpy.catalog").joinpath("data/models.yaml").read_text("utf-8")
-    return ModelCatalog(parse_models(yaml.safe_load(text)))
+    return ModelCatalog(parse_models(read_shipped("models.yaml")))
 
 
 __all__ = ["ModelCatalog", "ModelEntry", "builtin_models", "model_from_fields",
