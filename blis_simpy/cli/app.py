@@ -108,6 +108,20 @@ app = typer.Typer(cls=_Guarded, add_completion=False, pretty_exceptions_enable=F
                   help="BLIS (Blackbox Inference Simulator) on SimPy.")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from blis_simpy import __version__
+        print(f"blis-simpy {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")) -> None:
+    # no docstring: the app's help above stays the group's help text
+    pass
+
+
 class Format(str, enum.Enum):
     table = "table"
     json = "json"

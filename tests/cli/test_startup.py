@@ -1,0 +1,72 @@
+"""Start-up stays small: ``--help`` and ``--version`` load neither the simulator nor the
+heavy libraries (a module check in a fresh interpreter, never a timing; the timings are in
+bench/startup.py and docs/performance.md, "Start-up")."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+#: what `import blis_simpy.cli.app`, `--help` and `--version` must not load
+HEAVY = ("numpy", "scipy", "httpx", "matplotlib", "simpy", "pydantic", "pydantic_core", "yaml",
+         "blis_simpy.cli.runner", "blis_simpy.build", "blis_simpy.engine", "blis_simpy.cluster",
+         "blis_simpy.kv", "blis_simpy.workload", "blis_simpy.config")
+
+_PROBE = """
+import contextlib, io, json, sys
+import blis_simpy.cli.app as app
+argv = json.loads(sys.argv[1])
+out = io.StringIO()
+code = None
+if argv is not None:
+    with contextlib.redirect_stdout(out):
+        try:
+            app.main(argv)
+        except SystemExit as exc:
+            code = exc.code
+heavy = json.loads(sys.argv[2])
+loaded = sorted(m for m in sys.modules if any(m == h or m.startswith(h + ".") for h in heavy))
+print(json.dumps({"loaded": loaded, "code": code, "out": out.getvalue()}))
+"""
+
+
+def _probe(argv: list[str] | None) -> dict:
+    """Run ``blis-simpy ARGV`` (or only the import, for None) in a fresh interpreter; the
+    heavy modules it loaded, its exit code and its stdout."""
+    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argv), json.dumps(HEAVY)],
+                          capture_output=True, text=True, cwd=REPO, timeout=60, check=True)
+    return json.loads(proc.stdout)
+
+
+def test_importing_the_cli_loads_nothing_heavy():
+    assert _probe(None)["loaded"] == []
+
+
+def test_help_loads_nothing_heavy():
+    got = _probe(["--help"])
+    assert got["code"] == 0 and "replay" in got["out"] and got["loaded"] == []
+
+
+def test_a_command_help_loads_no_simulator():
+    """typer itself loads pydantic once a sub-command is parsed (it coerces every option,
+    even the group's unset --help, through a pydantic TypeAdapter); nothing else heavy."""
+    got = _probe(["replay", "--help"])
+    assert got["code"] == 0 and "--trace-header" in got["out"]
+    assert [m for m in got["loaded"] if m.split(".")[0] not in ("pydantic", "pydantic_core")] == []
+
+
+def test_version_prints_the_package_version_and_loads_nothing_heavy():
+    version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M)[1]
+    got = _probe(["--version"])
+    assert (got["code"], got["out"], got["loaded"]) == (0, f"blis-simpy {version}\n", [])
+
+
+def test_the_probe_sees_a_heavy_import():
+    """The check itself: a command that simulates does load the simulator."""
+    got = _probe(["validate", str(REPO / "scenarios" / "quickstart.yaml")])
+    assert got["code"] in (None, 0) and got["out"].startswith("ok: ")
+    assert "blis_simpy.cli.runner" in got["loaded"] and "pydantic" in got["loaded"]
