@@ -1,0 +1,112 @@
+"""Step coalescing in the fast engine (docs/performance.md, "Step coalescing").
+
+A step due before every other event runs inline (no SimPy event), and a pure-decode step
+takes the short path :meth:`FastInstance._decode_tick`. Neither may change a result: each
+case here runs the literal reference engine (one event per step, no short path) and the
+fast engine and compares every counter, latency and ITL sample — and checks that the short
+path and the inline steps were actually taken, so the comparison is not vacuous.
+"""
+
+from __future__ import annotations
+
+from blis_simpy.cluster.simulation import Simulation
+from blis_simpy.engine.fast import FastInstance
+from tests.engine.helpers import make_requests, run, scenario
+from tests.engine.test_fast_vs_reference import FIELDS, _snapshot
+
+
+def _both(specs, horizon_us=None, instance_class=None, **engine):
+    out = {}
+    for impl in ("reference", "fast"):
+        sim = Simulation(scenario(implementation=impl, **engine), make_requests(specs, seed=3),
+                         horizon_us=horizon_us,
+                         **({"instance_class": instance_class} if impl == "fast" and instance_class else {}))
+        res = sim.run()
+        out[impl] = (_snapshot(res.instances[0]), sim.instances[0], res.events_processed)
+    return out
+
+
+def _assert_equal(out):
+    ref, fast = out["reference"][0], out["fast"][0]
+    for f in (*FIELDS, "unfinished", "first_itl"):
+        assert fast[f] == ref[f], f"{f} differs: fast={fast[f]!r} reference={ref[f]!r}"
+
+
+def test_long_decode_runs_take_the_short_path_and_agree():
+    # 6 requests with 400-token outputs, arrivals 0..50 ms: after the last prefill every
+    # step is pure decode until the completions.
+    specs = [(i * 10_000, 50 + 7 * i, 400 - 13 * i) for i in range(6)]
+    out = _both(specs, block_size=4, total_kv_blocks=2000)
+    _assert_equal(out)
+    ref_inst, fast_inst = out["reference"][1], out["fast"][1]
+    steps = fast_inst.metrics.step_samples
+    assert steps == ref_inst.metrics.step_samples > 390
+    assert fast_inst.decode_ticks > 0.9 * steps           # the short path ran
+    assert out["fast"][2] < out["reference"][2] / 10      # most steps were inline
+    assert out["reference"][2] > steps                    # the reference: an event per step
+
+
+def test_short_path_stops_at_kv_pressure_timeouts_and_the_horizon():
+    # tight KV (preemption), deadlines and a horizon cut in the middle of the decode run
+    specs = [(i * 3_000, 40, 120, (80_000 + i * 15_000) if i % 2 else 0) for i in range(8)]
+    for horizon in (None, 120_000):
+        out = _both(specs, horizon_us=horizon, block_size=4, total_kv_blocks=150,
+                    max_num_running_reqs=8)
+        _assert_equal(out)
+        m = out["fast"][0]
+        assert m["timed_out_requests"] > 0
+        assert m["preemption_count"] > 0
+        assert out["fast"][1].decode_ticks > 0
+
+
+class Hooked(FastInstance, name="test-hooked-coalescing"):
+    """Overrides a step hook: the short path must step aside (the hook has to run)."""
+
+    calls = 0
+
+    def on_step_end(self, now_us, step_us, completed):
+        type(self).calls += 1
+
+
+def test_a_hooked_instance_runs_every_step_the_ordinary_way():
+    specs = [(i * 10_000, 50, 200) for i in range(4)]
+    out = _both(specs, instance_class=Hooked, block_size=16)
+    _assert_equal(out)
+    inst = out["fast"][1]
+    assert inst.decode_ticks == 0
+    assert Hooked.calls == inst.metrics.step_samples
+
+
+def test_multi_instance_cluster_agrees():
+    specs = [(i * 4_000, 30 + i, 150 + 5 * i) for i in range(12)]
+    res = {}
+    for impl in ("reference", "fast"):
+        r = run(scenario(implementation=impl, num_instances=3, block_size=8),
+                make_requests(specs, seed=5))
+        res[impl] = [_snapshot(m) for m in r.instances]
+    assert res["fast"] == res["reference"]
+
+
+def test_output_blocks_filled_in_the_short_path_are_prefix_cache_hits_later():
+    # A decodes 200 tokens alone (short path); B, after A is done, sends A's prompt and
+    # outputs plus 20 new tokens: its cached prefix must include the blocks the short path
+    # filled with A's outputs (block size 4: A's 40 + 200 tokens are 60 full blocks).
+    import numpy as np
+
+    from blis_simpy.request import Request
+    rng = np.random.default_rng(11)
+    a_in = rng.integers(0, 1000, 40, dtype=np.int32)
+    a_out = rng.integers(0, 1000, 200, dtype=np.int32)
+    b_in = np.concatenate((a_in, a_out, rng.integers(0, 1000, 20, dtype=np.int32)))
+    hits = {}
+    for impl in ("reference", "fast"):
+        reqs = [Request("a", 0, a_in, a_out), Request("b", 2_000_000, b_in, a_out[:5])]
+        sim = Simulation(scenario(implementation=impl, block_size=4), reqs)
+        sim.run()
+        inst = sim.instances[0]
+        hits[impl] = inst.kv.cache_hits
+        if impl == "fast":
+            assert inst.decode_ticks > 150
+    # a's KV holds its 40 prompt and 200 output slots (the completion pass reserves the
+    # last one): 60 full blocks, all of them prefix-cache hits for b
+    assert hits["fast"] == hits["reference"] == 60
