@@ -40,12 +40,47 @@ class PrefixIndex:
             n += 1
         return n
 
+    def match_many(self, hashes, instance_ids) -> list[int]:
+        """:meth:`match` for each of ``instance_ids``, in order."""
+        if not hashes:
+            return [0] * len(instance_ids)
+        sets = self._sets
+        first = hashes[0]
+        out = []
+        for iid in instance_ids:
+            s = sets.get(iid)
+            if not s or first not in s:    # the common miss: one lookup
+                out.append(0)
+                continue
+            n = 0
+            for h in hashes:
+                if h not in s:
+                    break
+                n += 1
+            out.append(n)
+        return out
+
     def record(self, hashes, instance_id: str) -> None:
-        """Insert (or refresh to most-recently-used) every hash, evicting the LRU when full."""
+        """Insert (or refresh to most-recently-used) every hash, evicting the LRU when full.
+
+        An LRU set after any sequence of uses holds the ``capacity`` most recently used
+        distinct hashes in recency order, however the evictions interleave; so when none of
+        ``hashes`` is present (and they are distinct) they are appended in one go and the
+        oldest trimmed after, which leaves exactly what the hash-by-hash loop leaves."""
         s = self._sets.get(instance_id)
         if s is None:
             s = self._sets[instance_id] = OrderedDict()
         cap = self.capacity
+        if not isinstance(hashes, (list, tuple)):
+            hashes = list(hashes)
+        if s.keys().isdisjoint(hashes):
+            fresh = dict.fromkeys(hashes)
+            if len(fresh) == len(hashes):
+                s.update(fresh)
+                pop = s.popitem
+                for _ in range(len(s) - cap):
+                    pop(last=False)
+                return
         for h in hashes:
             if h in s:
                 s.move_to_end(h)
