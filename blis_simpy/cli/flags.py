@@ -174,6 +174,8 @@ FLAGS: tuple[Flag, ...] = (
     # outputs
     F("--results-path", text, None, None, "write results JSON here (run: metrics + per-request rows; replay: SimResult array)", panel=OUTPUT),
     F("--trace-output", text, None, None, "export the workload as PREFIX.yaml + PREFIX.csv (TraceV2)", (RUN,), OUTPUT),
+    F("--streaming-metrics", boolean, "metrics.streaming", None, "very long runs: percentiles from DDSketch sketches (relative accuracy 0.01), requests dropped as they complete", panel=OUTPUT),
+    F("--requests-out", text, None, None, "write one row per request to PATH (.jsonl or .parquet), streamed as requests complete under --streaming-metrics", panel=OUTPUT),
 )
 BY_NAME = {f.name: f for f in FLAGS}
 BY_PATH = {f.path: f for f in FLAGS if f.path}

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from blis_simpy.build.pools import resolve_pools
 from blis_simpy.build.resolve import build_latency_model
+from blis_simpy.cli import streaming
 from blis_simpy.cli.flag_rules import apply_flags
 from blis_simpy.cli.flags import BY_NAME, REPLAY, flag_for_path
 from blis_simpy.cluster.simulation import Simulation, SimulationResult, component_classes
@@ -176,15 +177,21 @@ def build_requests(plan: Plan) -> tuple[list, int]:
     return build_workload(plan)[:2]
 
 
-def build_workload(plan: Plan) -> tuple[list, int, object | None, int]:
+def build_workload(plan: Plan, *, lazy: bool = False) -> tuple[list, int, object | None, int]:
     """The requests of the plan's workload, the simulation horizon (µs), the session manager
-    of its closed-loop sessions (or None) and the workload seed."""
+    of its closed-loop sessions (or None) and the workload seed. ``lazy``: a trace in arrival
+    order comes as a :class:`~blis_simpy.workload.trace_stream.TraceRequestStream` (built as
+    the run reaches it) instead of a list."""
     s = plan.scenario
     w = s.workload
     if isinstance(w, SpecWorkload):
         return spec_workload(plan)
     if isinstance(w, TraceWorkload):
         from blis_simpy.workload import default_replay_horizon, trace_requests
+        stream = streaming.trace_stream(*trace_paths(plan), s.seed, plan.given) if lazy else None
+        if stream is not None:
+            horizon = s.horizon_us if s.horizon_us is not None else stream.default_horizon_us()
+            return stream, horizon, None, s.seed
         trace = load_trace(plan)
         horizon = s.horizon_us if s.horizon_us is not None else default_replay_horizon(trace.records)
         return trace_requests(trace.records, s.seed), horizon, None, s.seed
@@ -252,12 +259,23 @@ def execute(plan: Plan, progress: Callable[[int, int], None] | None = None) -> O
     """Build the requests, run the simulation, and assemble the report."""
     s = plan.scenario
     load_plugins(s.plugins, source=plan.src.path)
-    requests, horizon, sessions, workload_seed = build_workload(plan)
+    requests, horizon, sessions, workload_seed = build_workload(plan, lazy=True)
     try:
         sim = Simulation(s, requests, horizon_us=horizon, sessions=sessions)
     except ConfigError as exc:
         raise plan.attribute(exc) from None
+    tap = streaming.start(plan, sim)     # --streaming-metrics, --requests-out
+    try:
+        return _run(plan, sim, tap, requests, horizon, sessions, workload_seed, progress)
+    except BaseException:
+        tap.abort()
+        raise
+
+
+def _run(plan, sim, tap, requests, horizon, sessions, workload_seed, progress) -> Outcome:
+    s = plan.scenario
     result = sim.run(progress=progress)
+    tap.finish(result.instances)
     c = result.counters
     report = Report(result.instances, cluster=result.cluster, pd=result.pd,
                     num_instances=s.cluster.num_instances,
@@ -266,7 +284,7 @@ def execute(plan: Plan, progress: Callable[[int, int], None] | None = None) -> O
                     priority_policy=s.engine.priority_policy, is_replay=plan.command == REPLAY)
     add_optional_sections(plan, result, report)
     if plan.command == REPLAY and s.horizon_us is None:
-        warn_unfinished(len(requests), report, horizon, max((r.arrival_us for r in requests), default=0))
+        warn_unfinished(len(requests), report, horizon, streaming.last_arrival_us(requests))
     blocks = [inst.kv.total_blocks for inst in sim.instances]
     report.total_kv_blocks = blocks[0] if len(set(blocks)) == 1 else blocks
     cap = sim.plan.global_deployment.kv_capacity
@@ -274,6 +292,7 @@ def execute(plan: Plan, progress: Callable[[int, int], None] | None = None) -> O
     if result.sessions is not None:
         log.info("closed-loop sessions: %s", result.sessions)
     from blis_simpy.cli.capacity_cmd import run_header_line
+    tap.commit(report)
     return Outcome(plan, result, report, requests, horizon, sessions, workload_seed,
                    kv_line=run_header_line(sim.plan))
 

@@ -289,7 +289,9 @@ class Simulation:
                 inst.kv.check_invariants()
             except AssertionError as exc:
                 raise InvariantError(str(exc), instance=inst.id) from None
-        late = sum(1 for r in self.requests if r.arrival_us > self.horizon_us)
+        count_late = getattr(self.requests, "count_arriving_after", None)  # a lazy stream
+        late = (count_late(self.horizon_us) if count_late is not None
+                else sum(1 for r in self.requests if r.arrival_us > self.horizon_us))
         if self.sessions is not None:
             late += sum(1 for r in self.sessions.followups if r.arrival_us > self.horizon_us)
         not_arrived = c.offered - c.arrived

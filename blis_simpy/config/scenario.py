@@ -172,6 +172,14 @@ class TraceConfig(Strict):
     summarize: bool = Field(False, description="print the Trace Summary section")
 
 
+class MetricsConfig(Strict):
+    """How the end-of-run metrics are kept (docs/metrics.md, "Streaming metrics")."""
+
+    streaming: bool = Field(
+        False, description="percentiles from DDSketch sketches (relative accuracy 0.01) and "
+                           "requests dropped as they complete; false = exact percentiles")
+
+
 class LengthDist(Strict):
     """A clamped Gaussian token-length distribution (BLIS's distribution mode)."""
 
@@ -318,6 +326,7 @@ class Scenario(Strict):
     workload: Workload = Field(default_factory=DistributionWorkload)
     plugins: list[str] = Field(default_factory=list, description="modules to import (custom policies)")
     trace: TraceConfig = Field(default_factory=TraceConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     fitness_weights: dict[str, NonNegFloat] = Field(
         default_factory=dict, description="fitness key -> weight (docs/metrics.md); empty = no fitness")
     variants: list[Variant] = Field(

@@ -10,6 +10,7 @@ from blis_simpy.metrics.fitness import FitnessResult
 from blis_simpy.metrics.raw import ModelMetrics, SLOMetrics
 from blis_simpy.metrics.records import InstanceMetrics
 from blis_simpy.metrics.report import AnomalyCounters, PDMetrics, Report, TraceSummary, is_idle_ratio
+from blis_simpy.metrics.streaming import accuracy_note
 from blis_simpy.metrics.summary import metrics_output
 
 __all__ = ["render_blis"]
@@ -128,4 +129,6 @@ def render_blis(report: Report) -> str:
         lines += _pd_lines(report.pd)
     if report.trace_summary is not None:
         lines += _trace_lines(report.trace_summary)
+    if report.cluster.streaming is not None:      # --streaming-metrics: say so (not in BLIS)
+        lines.append(accuracy_note())
     return "".join(line + "\n" for line in lines)

@@ -43,8 +43,12 @@ def compute_fitness(m: InstanceMetrics, weights: Mapping[str, float]) -> Fitness
         if not math.isfinite(w) or w < 0:
             raise ValueError(f"fitness weight for {k!r} must be finite and >= 0, got {w!r}")
     rps, tps = raw_throughput(m)
-    ttft = Distribution.from_map(m.ttft)
-    e2e = Distribution.from_map(m.e2e)
+    if m.streaming is not None:     # --streaming-metrics: sketched percentiles
+        ttft = m.streaming.ttft.distribution()
+        e2e = m.streaming.e2e.distribution()
+    else:
+        ttft = Distribution.from_map(m.ttft)
+        e2e = Distribution.from_map(m.e2e)
 
     def lat(v: float) -> float:
         return 1.0 / (1.0 + v / 1000.0)

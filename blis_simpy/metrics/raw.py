@@ -70,7 +70,11 @@ def slo_distributions(m: InstanceMetrics) -> dict[str, SLOMetrics]:
 
     Values are gathered in sorted request-ID order. A class is present when at least one of
     its requests has a TTFT or an E2E. An ID without a registry row counts as ``default``.
+    Under ``--streaming-metrics`` the distributions are the streamed ones.
     """
+    if m.streaming is not None:
+        return {cls: SLOMetrics(t.distribution(), e.distribution())
+                for cls, (t, e) in sorted(m.streaming.slo.items())}
     ttfts: dict[str, list] = {}
     e2es: dict[str, list] = {}
     reg = m.registry
@@ -93,8 +97,10 @@ def per_model_metrics(m: InstanceMetrics) -> dict[str, ModelMetrics]:
 
     Models sorted. Throughput counts the model's requests that have an E2E (completed) and
     the sum of their pre-sampled output lengths, over ``sim_ended_time`` seconds (0 when the
-    duration is 0).
+    duration is 0). Under ``--streaming-metrics`` the distributions are the streamed ones.
     """
+    if m.streaming is not None:
+        return _streamed_models(m)
     ttfts: dict[str, list] = {}
     e2es: dict[str, list] = {}
     tokens: dict[str, int] = {}
@@ -127,6 +133,20 @@ def per_model_metrics(m: InstanceMetrics) -> dict[str, ModelMetrics]:
             tokens_per_sec=float(tokens[mdl]) / dur if dur > 0 else 0.0,
             total_requests=rows[mdl],
         )
+    return out
+
+
+def _streamed_models(m: InstanceMetrics) -> dict[str, ModelMetrics]:
+    st = m.streaming
+    dur = float(m.sim_ended_time) / 1e6
+    out = {}
+    for mdl in sorted(st.model):
+        t, e = st.model[mdl]
+        out[mdl] = ModelMetrics(
+            model=mdl, ttft=t.distribution(), e2e=e.distribution(),
+            throughput_rps=float(e.count) / dur if dur > 0 else 0.0,
+            tokens_per_sec=float(st.model_tokens[mdl]) / dur if dur > 0 else 0.0,
+            total_requests=st.model_rows.get(mdl, 0))
     return out
 
 
@@ -165,6 +185,9 @@ def priority_inversions(instances: Iterable[InstanceMetrics], priority_policy: s
     total = 0
     for m in instances:
         groups: dict[str, list[tuple[int, str, int]]] = {}
+        if m.streaming is not None and m.streaming.order_rows is not None:
+            for cls, rows in m.streaming.order_rows.items():
+                groups.setdefault(cls, []).extend(rows)
         for rid, e2e in m.e2e.items():
             req = m.registry.get(rid)
             if req is None:

@@ -51,6 +51,10 @@ class InstanceMetrics:
     #: (None without data parallelism, and for aggregates)
     dp_engine: int | None = None
     dp_rank: int | None = None
+    #: ``--streaming-metrics``: the streamed distributions
+    #: (:class:`~blis_simpy.metrics.streaming.StreamingStats`) that replace the per-request
+    #: maps above, emptied as requests leave; None for exact metrics
+    streaming: object | None = None
 
     @property
     def injected_requests(self) -> int:

@@ -39,6 +39,9 @@ Renderers:
       "kv_capacity": {KVCapacity pieces} | null     # the auto-sized capacity of the deployment
     }
 
+With ``--streaming-metrics`` one more key follows: ``"streaming_metrics": {"relative_accuracy":
+0.01, "note": "..."}`` (the percentiles are DDSketch estimates, docs/metrics.md).
+
 Distribution objects are ``{"mean", "p50", "p95", "p99", "min", "max", "count"}`` in µs.
 Numbers are written as Go would (:mod:`blis_simpy.metrics.gojson`).
 
@@ -67,6 +70,7 @@ from blis_simpy.metrics.raw import (
     slo_distributions,
 )
 from blis_simpy.metrics.records import InstanceMetrics
+from blis_simpy.metrics.streaming import RELATIVE_ACCURACY, accuracy_note
 from blis_simpy.metrics.summary import aggregate, metrics_output
 
 __all__ = [
@@ -278,7 +282,14 @@ def report_dict(report: Report) -> dict:
                           if report.trace_summary is not None else None),
         "total_kv_blocks": report.total_kv_blocks,
         "kv_capacity": report.kv_capacity,
-    }
+    } | _streaming_part(report)
+
+
+def _streaming_part(report: Report) -> dict:
+    """``--streaming-metrics`` only: how approximate the percentiles are (absent otherwise)."""
+    if report.cluster.streaming is None:
+        return {}
+    return {"streaming_metrics": {"relative_accuracy": RELATIVE_ACCURACY, "note": accuracy_note()}}
 
 
 def render_json(report: Report) -> str:

@@ -23,11 +23,13 @@ from collections.abc import Sequence
 
 from blis_simpy.metrics.percentile import SortedHistogram, mean_ms, percentile_ms
 from blis_simpy.metrics.records import InstanceMetrics
+from blis_simpy.metrics.streaming import StreamingStats
 
 __all__ = [
     "aggregate",
     "metrics_output",
     "replay_results",
+    "request_row",
     "request_rows",
 ]
 
@@ -82,6 +84,11 @@ def aggregate(instances: Sequence[InstanceMetrics], *,
                     duplicates.setdefault(k, []).append(f"{name}@{m.instance_id}")
                 merged[k] = v
         setattr(agg, name, merged)
+    if any(m.streaming is not None for m in instances):   # --streaming-metrics
+        agg.streaming = StreamingStats()
+        for m in instances:
+            if m.streaming is not None:
+                agg.streaming.merge(m.streaming)
     for k, where in duplicates.items():
         log.warning("aggregate: duplicate request ID %r across instances (%s); "
                     "the later instance's value is kept", k, ", ".join(where))
@@ -100,33 +107,37 @@ def request_rows(m: InstanceMetrics) -> list[dict]:
     ``handled_by`` and ``model`` are omitted when empty, ``length_capped`` when false.
     Sorted by request ID (string order), then stably by ``arrived_at``.
     """
-    rows = []
     ttft, itl, e2e, sched = m.ttft, m.itl, m.e2e, m.scheduling_delay
-    for rid in sorted(m.registry):
-        req = m.registry[rid]
-        row = {
-            "arrived_at": float(req.arrival_us) / 1e6,
-            "requestID": rid,
-            "num_prefill_tokens": req.input_len,
-            "num_decode_tokens": req.output_len,
-            "ttft_ms": _ms(ttft.get(rid, 0)),
-            "itl_ms": _ms(itl.get(rid, 0)),
-            "e2e_ms": _ms(e2e.get(rid, 0)),
-            "scheduling_delay_ms": _ms(sched.get(rid, 0)),
-        }
-        if req.slo_class:
-            row["slo_class"] = req.slo_class
-        if req.tenant_id:
-            row["tenant_id"] = req.tenant_id
-        if req.assigned_instance:
-            row["handled_by"] = req.assigned_instance
-        if req.model:
-            row["model"] = req.model
-        if req.length_capped:
-            row["length_capped"] = True
-        rows.append(row)
+    rows = [request_row(rid, m.registry[rid], ttft.get(rid, 0), itl.get(rid, 0), e2e.get(rid, 0),
+                        sched.get(rid, 0))
+            for rid in sorted(m.registry)]
     rows.sort(key=lambda r: r["arrived_at"])  # stable: ties keep ID order
     return rows
+
+
+def request_row(rid: str, req, ttft_us, itl_us, e2e_us, sched_us) -> dict:
+    """One results-file row: ``req`` is the registry row, the latencies are µs (0 if absent)."""
+    row = {
+        "arrived_at": float(req.arrival_us) / 1e6,
+        "requestID": rid,
+        "num_prefill_tokens": req.input_len,
+        "num_decode_tokens": req.output_len,
+        "ttft_ms": _ms(ttft_us),
+        "itl_ms": _ms(itl_us),
+        "e2e_ms": _ms(e2e_us),
+        "scheduling_delay_ms": _ms(sched_us),
+    }
+    if req.slo_class:
+        row["slo_class"] = req.slo_class
+    if req.tenant_id:
+        row["tenant_id"] = req.tenant_id
+    if req.assigned_instance:
+        row["handled_by"] = req.assigned_instance
+    if req.model:
+        row["model"] = req.model
+    if req.length_capped:
+        row["length_capped"] = True
+    return row
 
 
 def metrics_output(m: InstanceMetrics, *, include_requests: bool) -> dict:
@@ -163,7 +174,14 @@ def metrics_output(m: InstanceMetrics, *, include_requests: bool) -> dict:
         if duration > 0:
             vals["responses_per_sec"] = float(m.completed_requests) / duration
             vals["tokens_per_sec"] = float(m.total_output_tokens) / duration
+        st = m.streaming
         for prefix, mp in (("e2e", m.e2e), ("ttft", m.ttft)):
+            if st is not None:     # --streaming-metrics: exact mean, sketched percentiles
+                d = st.e2e if prefix == "e2e" else st.ttft
+                vals[f"{prefix}_mean_ms"] = d.mean_ms()
+                for p in (90, 95, 99):
+                    vals[f"{prefix}_p{p}_ms"] = d.percentile_ms(p)
+                continue
             sv = sorted(mp.values())
             vals[f"{prefix}_mean_ms"] = mean_ms(sv)
             for p in (90, 95, 99):
@@ -172,7 +190,9 @@ def metrics_output(m: InstanceMetrics, *, include_requests: bool) -> dict:
         vals["itl_mean_ms"] = h.mean_ms()
         for p in (90, 95, 99):
             vals[f"itl_p{p}_ms"] = h.percentile_ms(p)
-        vals["scheduling_delay_p99_ms"] = percentile_ms(sorted(m.scheduling_delay.values()), 99)
+        vals["scheduling_delay_p99_ms"] = (
+            st.sched.percentile_ms(99) if st is not None
+            else percentile_ms(sorted(m.scheduling_delay.values()), 99))
     out.update(vals)
     if m.kv_allocation_failures:
         out["kv_allocation_failures"] = m.kv_allocation_failures

@@ -115,6 +115,10 @@ def render_tables(report: Report, console) -> None:
         t.add_row("score", f"{report.fitness.score:.6f}")
         console.print(t)
 
+    if report.cluster.streaming is not None:     # --streaming-metrics
+        from blis_simpy.metrics.streaming import accuracy_note
+        console.print(accuracy_note(), highlight=False, soft_wrap=True)
+
 
 def pd_table(pd: PDMetrics, title: str = "Prefill/decode disaggregation"):
     """The PD section (docs/disaggregation.md, "PD metrics") as a rich table."""

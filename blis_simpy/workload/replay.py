@@ -25,7 +25,8 @@ for the others.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 
 import numpy as np
 
@@ -59,11 +60,22 @@ def trace_requests(records: Sequence[TraceRecord], seed: int) -> list[Request]:
     """
     rng = numpy_rng(seed)
     prefixes = replay_prefixes(records, rng)
+    reqs = list(iter_trace_requests(records, rng, prefixes))
+    reqs.sort(key=lambda q: q.arrival_us)  # stable: ties keep record order
+    return reqs
+
+
+def iter_trace_requests(records: Iterable[TraceRecord], rng: np.random.Generator,
+                        prefixes: dict[str, np.ndarray]) -> Iterator[Request]:
+    """Step 2: the requests of ``records`` in record order, drawn block by block from
+    ``rng`` (after step 1 drew ``prefixes``); only one block of records is held."""
     integers = rng.integers
     concat = np.concatenate
-    reqs: list[Request] = []
-    for lo in range(0, len(records), DRAW_BLOCK):
-        block = records[lo:lo + DRAW_BLOCK]
+    it = iter(records)
+    while True:
+        block = list(islice(it, DRAW_BLOCK))
+        if not block:
+            return
         ids = integers(0, VOCAB_SIZE, size=sum(r.input_tokens + r.output_tokens for r in block),
                        dtype=np.int32)
         pos = 0
@@ -76,7 +88,7 @@ def trace_requests(records: Sequence[TraceRecord], seed: int) -> list[Request]:
                 prefix = prefixes.get(r.prefix_group) if r.prefix_group else None
                 inp = ids[pos:mid] if prefix is None else concat((prefix, ids[pos:mid]))
             pos = end
-            reqs.append(Request(
+            yield Request(
                 f"request_{r.request_id}", r.arrival_time_us, inp, ids[mid:end],
                 max_output_len=r.output_tokens, deadline_us=r.deadline_us,
                 tenant_id=r.tenant_id, slo_class=r.slo_class, session_id=r.session_id,
@@ -84,9 +96,7 @@ def trace_requests(records: Sequence[TraceRecord], seed: int) -> list[Request]:
                 prefix_length=r.prefix_length, streaming=r.streaming, model=r.model,
                 reason_ratio=r.reason_ratio, text_tokens=r.text_tokens,
                 image_tokens=r.image_tokens, audio_tokens=r.audio_tokens,
-                video_tokens=r.video_tokens))
-    reqs.sort(key=lambda q: q.arrival_us)  # stable: ties keep record order
-    return reqs
+                video_tokens=r.video_tokens)
 
 
 def default_replay_horizon(records: Sequence[TraceRecord]) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import os
 import re
+from collections.abc import Iterator
 
 import numpy as np
 from pydantic import ValidationError
@@ -183,9 +184,14 @@ def read_trace_records(path: str | os.PathLike) -> list[TraceRecord]:
     (any order): ``input_token_ids`` into ``TraceRecord.input_token_ids`` (at most
     :data:`MAX_TOKEN_IDS_PER_FILE` per file), ``scheduled_time_us`` into
     ``TraceRecord.scheduled_time_us``. A row too short to reach one leaves it unknown."""
+    return list(iter_trace_records(path))
+
+
+def iter_trace_records(path: str | os.PathLike) -> Iterator[TraceRecord]:
+    """:func:`read_trace_records` one row at a time (the same checks, the same errors, raised
+    when the reader reaches the row); only the request IDs seen so far are kept."""
     path = str(path)
     p = _RowParser(path)
-    records: list[TraceRecord] = []
     seen_ids: dict[int, int] = {}
     line = 0
     n_ids = 0
@@ -224,7 +230,7 @@ def read_trace_records(path: str | os.PathLike) -> list[TraceRecord]:
                 if first != start:
                     raise p.err("request_id", f"duplicate request_id {rec.request_id} "
                                               f"(first on line {first})")
-                records.append(rec)
+                yield rec
             if not header_seen:
                 raise ConfigError("missing CSV header row", file=path, line=1)
     except FileNotFoundError:
@@ -239,7 +245,6 @@ def read_trace_records(path: str | os.PathLike) -> list[TraceRecord]:
         raise ConfigError(f"cannot read file: {e.strerror or e}", file=path) from None
     finally:
         csv.field_size_limit(old_limit)
-    return records
 
 
 def read_trace(header_path: str | os.PathLike, data_path: str | os.PathLike) -> TraceV2:

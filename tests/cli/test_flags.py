@@ -30,6 +30,7 @@ SAMPLES = {
     "--routing-policy": ("least-loaded", "least-loaded"),
     "--trace-level": ("decisions", "decisions"),
     "--summarize-trace": ("true", True),
+    "--streaming-metrics": ("true", True),
     "--fitness-weights": ("p99_ttft:1,throughput:2.5", {"p99_ttft": 1.0, "throughput": 2.5}),
     "--priority-policy": ("slo-based", "slo-based"),
     "--scheduler": ("sjf", "sjf"),

@@ -1,0 +1,143 @@
+"""Per-request rows written to a file (``--requests-out PATH``; docs/metrics.md, "Per-request
+rows file").
+
+A row has the fields and values of a ``--results-path`` ``requests`` row
+(:func:`~blis_simpy.metrics.summary.request_row`). The format follows the suffix:
+
+* ``.jsonl`` — one compact JSON object per line, numbers written as Go writes them (the
+  results file's values, byte for byte); keys the results rows omit are omitted;
+* ``.parquet`` — one table, written with pyarrow in row groups of :data:`ROW_GROUP_ROWS`
+  rows; columns ``arrived_at`` (s), ``requestID``, ``num_prefill_tokens``,
+  ``num_decode_tokens``, ``ttft_ms``, ``itl_ms``, ``e2e_ms``, ``scheduling_delay_ms``,
+  ``slo_class``, ``tenant_id``, ``handled_by``, ``model`` (null where the results row omits
+  the key) and ``length_capped`` (false where it is omitted).
+
+Writing is atomic: rows go to a temporary file next to ``PATH``, renamed over it by
+:meth:`RequestSink.commit`; :meth:`RequestSink.abort` (any failure) removes it, so ``PATH``
+is either the complete file or untouched.
+"""
+
+from __future__ import annotations
+
+import os
+
+from blis_simpy.errors import ConfigError
+from blis_simpy.metrics import gojson
+
+__all__ = ["FORMATS", "ROW_GROUP_ROWS", "RequestSink"]
+
+FORMATS = (".jsonl", ".parquet")
+ROW_GROUP_ROWS = 65_536
+_STRINGS = ("slo_class", "tenant_id", "handled_by", "model")
+_FLOATS = ("arrived_at", "ttft_ms", "itl_ms", "e2e_ms", "scheduling_delay_ms")
+
+
+def _schema():
+    import pyarrow as pa
+    return pa.schema([
+        ("arrived_at", pa.float64()), ("requestID", pa.string()),
+        ("num_prefill_tokens", pa.int64()), ("num_decode_tokens", pa.int64()),
+        ("ttft_ms", pa.float64()), ("itl_ms", pa.float64()), ("e2e_ms", pa.float64()),
+        ("scheduling_delay_ms", pa.float64()),
+        ("slo_class", pa.string()), ("tenant_id", pa.string()), ("handled_by", pa.string()),
+        ("model", pa.string()), ("length_capped", pa.bool_()),
+    ])
+
+
+class RequestSink:
+    """An open per-request rows file; ``field`` names what set the path (for errors)."""
+
+    def __init__(self, path: str | os.PathLike, *, field: str = "--requests-out"):
+        self.path = os.fspath(path)
+        self.field = field
+        self.rows = 0
+        suffix = os.path.splitext(self.path)[1].lower()
+        if suffix not in FORMATS:
+            raise ConfigError(f"unknown suffix {suffix or '(none)'!r}: expected .jsonl or .parquet",
+                              file=self.path, field=field)
+        self.parquet = suffix == ".parquet"
+        directory = os.path.dirname(os.path.abspath(self.path))
+        base = os.path.basename(self.path)
+        if os.path.isdir(self.path):
+            raise ConfigError("is a directory, expected a file", file=self.path, field=field)
+        for attempt in range(100):
+            tmp = os.path.join(directory, f".{base}.{os.getpid()}.{attempt}.tmp")
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise ConfigError(f"cannot write: {exc.strerror or exc}", file=self.path,
+                                  field=field) from None
+            break
+        else:  # pragma: no cover - 100 stale temp files
+            raise ConfigError("cannot create a temporary file next to it", file=self.path, field=field)
+        self.tmp = tmp
+        self._fh = os.fdopen(fd, "wb")
+        self._writer = None
+        self._batch: list[dict] = []
+        if self.parquet:
+            import pyarrow.parquet as pq
+            self._writer = pq.ParquetWriter(self._fh, _schema())
+
+    # ------------------------------------------------------------------ writing
+    def write(self, row: dict) -> None:
+        """Append one row (a results-file ``requests`` row)."""
+        self.rows += 1
+        if self._writer is None:
+            self._fh.write(gojson.dumps(row, indent=None).encode("utf-8") + b"\n")
+            return
+        self._batch.append(row)
+        if len(self._batch) >= ROW_GROUP_ROWS:
+            self._flush_batch()
+
+    def _flush_batch(self) -> None:
+        import pyarrow as pa
+        rows = self._batch
+        if not rows:
+            return
+        cols: dict[str, list] = {name: [r[name] for r in rows] for name in _FLOATS}
+        cols["requestID"] = [r["requestID"] for r in rows]
+        cols["num_prefill_tokens"] = [r["num_prefill_tokens"] for r in rows]
+        cols["num_decode_tokens"] = [r["num_decode_tokens"] for r in rows]
+        for name in _STRINGS:
+            cols[name] = [r.get(name) for r in rows]
+        cols["length_capped"] = [r.get("length_capped", False) for r in rows]
+        self._writer.write_table(pa.Table.from_pydict(cols, schema=self._writer.schema))
+        self._batch = []
+
+    # ------------------------------------------------------------------ ending
+    def commit(self) -> None:
+        """Finish the file and rename it over the path."""
+        try:
+            if self._writer is not None:
+                self._flush_batch()
+                self._writer.close()
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+            os.replace(self.tmp, self.path)
+        except OSError as exc:
+            self.abort()
+            raise ConfigError(f"cannot write: {exc.strerror or exc}", file=self.path,
+                              field=self.field) from None
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        """Drop the temporary file; the path is left as it was."""
+        try:
+            if self._writer is not None:
+                self._writer.close()
+        except Exception:  # noqa: BLE001 - already failing; the file goes anyway
+            pass
+        self._writer = None
+        try:
+            self._fh.close()
+        except OSError:
+            pass
+        try:
+            os.unlink(self.tmp)
+        except FileNotFoundError:
+            pass
