@@ -3,25 +3,38 @@
 reading/writing and trace replay. Every source ends as requests sorted by arrival.
 """
 
-from blis_simpy.workload.distribution import (
-    PRESETS,
-    LengthParams,
-    distribution_spec,
-    preset_spec,
-)
-from blis_simpy.workload.generator import GeneratedWorkload, generate_requests, generate_workload
-from blis_simpy.workload.replay import default_replay_horizon, trace_requests
-from blis_simpy.workload.sessions import SessionBlueprint, SessionCounters, SessionManager
-from blis_simpy.workload.spec import (
-    ClientSpec,
-    DistSpec,
-    WorkloadSpecV2,
-    load_workload_spec,
-    validate_spec,
-)
-from blis_simpy.workload.tracev2 import TRACE_COLUMNS, TraceHeader, TraceRecord, TraceV2
-from blis_simpy.workload.tracev2_read import read_trace, read_trace_header, read_trace_records
-from blis_simpy.workload.tracev2_write import write_trace
+import importlib
+
+#: public name -> the submodule that defines it. The submodules load on first use (PEP 562
+#: ``__getattr__``), so a replay does not import the generator, sessions and workload-spec
+#: models it never uses (docs/performance.md, "Start-up").
+_EXPORTS = {
+    "PRESETS": "distribution", "LengthParams": "distribution", "distribution_spec": "distribution",
+    "preset_spec": "distribution",
+    "GeneratedWorkload": "generator", "generate_requests": "generator", "generate_workload": "generator",
+    "default_replay_horizon": "replay", "trace_requests": "replay",
+    "SessionBlueprint": "sessions", "SessionCounters": "sessions", "SessionManager": "sessions",
+    "ClientSpec": "spec", "DistSpec": "spec", "WorkloadSpecV2": "spec", "load_workload_spec": "spec",
+    "validate_spec": "spec",
+    "TRACE_COLUMNS": "tracev2", "TraceHeader": "tracev2", "TraceRecord": "tracev2", "TraceV2": "tracev2",
+    "read_trace": "tracev2_read", "read_trace_header": "tracev2_read",
+    "read_trace_records": "tracev2_read",
+    "write_trace": "tracev2_write",
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "PRESETS", "TRACE_COLUMNS", "ClientSpec", "DistSpec", "GeneratedWorkload", "LengthParams",
