@@ -51,7 +51,7 @@ NonNegFinite = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)   # built on first --policy-config
 
 
 class BundleAdmission(_Strict):
