@@ -29,7 +29,8 @@ __all__ = ["FORMATS", "ROW_GROUP_ROWS", "RequestSink"]
 FORMATS = (".jsonl", ".parquet")
 ROW_GROUP_ROWS = 65_536
 _STRINGS = ("slo_class", "tenant_id", "handled_by", "model")
-_FLOATS = ("arrived_at", "ttft_ms", "itl_ms", "e2e_ms", "scheduling_delay_ms")
+_REQUIRED = ("arrived_at", "requestID", "num_prefill_tokens", "num_decode_tokens", "ttft_ms",
+             "itl_ms", "e2e_ms", "scheduling_delay_ms")
 
 
 def _schema():
@@ -75,7 +76,8 @@ class RequestSink:
         self.tmp = tmp
         self._fh = os.fdopen(fd, "wb")
         self._writer = None
-        self._batch: list[dict] = []
+        self._cols: dict[str, list] = {}      # Parquet: the pending row group, by column
+        self._pending = 0
         if self.parquet:
             import pyarrow.parquet as pq
             self._writer = pq.ParquetWriter(self._fh, _schema())
@@ -87,24 +89,25 @@ class RequestSink:
         if self._writer is None:
             self._fh.write(gojson.dumps(row, indent=None).encode("utf-8") + b"\n")
             return
-        self._batch.append(row)
-        if len(self._batch) >= ROW_GROUP_ROWS:
+        cols = self._cols
+        if not cols:
+            cols.update((name, []) for name in self._writer.schema.names)
+        for name in _REQUIRED:
+            cols[name].append(row[name])
+        for name in _STRINGS:
+            cols[name].append(row.get(name))
+        cols["length_capped"].append(row.get("length_capped", False))
+        self._pending += 1
+        if self._pending >= ROW_GROUP_ROWS:
             self._flush_batch()
 
     def _flush_batch(self) -> None:
         import pyarrow as pa
-        rows = self._batch
-        if not rows:
+        if not self._pending:
             return
-        cols: dict[str, list] = {name: [r[name] for r in rows] for name in _FLOATS}
-        cols["requestID"] = [r["requestID"] for r in rows]
-        cols["num_prefill_tokens"] = [r["num_prefill_tokens"] for r in rows]
-        cols["num_decode_tokens"] = [r["num_decode_tokens"] for r in rows]
-        for name in _STRINGS:
-            cols[name] = [r.get(name) for r in rows]
-        cols["length_capped"] = [r.get("length_capped", False) for r in rows]
-        self._writer.write_table(pa.Table.from_pydict(cols, schema=self._writer.schema))
-        self._batch = []
+        self._writer.write_table(pa.Table.from_pydict(self._cols, schema=self._writer.schema))
+        self._cols = {}
+        self._pending = 0
 
     # ------------------------------------------------------------------ ending
     def commit(self) -> None:
