@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint bench bench-replay bench-accuracy clean
+.PHONY: install run test lint bench bench-replay bench-startup bench-accuracy clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ bench: $(STAMP)
 # single-instance replay baseline, with simulation-only req/s
 bench-replay: $(STAMP)
 	$(BIN)/python bench/bench_replay.py
+
+# start-up: --help, --version and a 300-request replay in fresh processes: make bench-startup [ARGS="--runs 21"]
+bench-startup: $(STAMP)
+	$(BIN)/python bench/startup.py $(ARGS)
 
 # accuracy against real vLLM runs (docs/accuracy.md): make bench-accuracy DATA=DIR [ARGS="--format markdown"]
 bench-accuracy: $(STAMP)
