@@ -37,16 +37,37 @@ def hash_block(prev_hash: bytes, tokens: np.ndarray) -> bytes:
     return _sha256(prev_hash + tokens.tobytes()).digest()
 
 
-def hash_chain(tokens: np.ndarray, block_size: int) -> list[bytes]:
-    """Chained hashes of the full blocks of ``tokens`` (an int32 array)."""
+def hash_chain(tokens: np.ndarray, block_size: int, prev: bytes = b"") -> list[bytes]:
+    """Chained hashes of the full blocks of ``tokens`` (an int32 array); ``prev`` is the
+    hash of the block before the first one (``b""``: none)."""
     buf = tokens.tobytes()
     step = 4 * block_size
     out = []
-    prev = b""
     for a in range(0, len(buf) - step + 1, step):
         prev = _sha256(prev + buf[a:a + step]).digest()
         out.append(prev)
     return out
+
+
+class SharedPrefix:
+    """Token IDs that start several prompts (a prefix group), with the chained hashes of
+    their full blocks computed once per block size, so that requests built with
+    ``Request(..., shared_prefix=p)`` do not hash the shared blocks again (the hashes are
+    the same as hashing each prompt on its own)."""
+
+    __slots__ = ("tokens", "_chains")
+
+    def __init__(self, tokens):
+        self.tokens = np.asarray(tokens, dtype=np.int32)
+        self._chains: dict[int, list[bytes]] = {}
+
+    def chain(self, block_size: int) -> list[bytes]:
+        """Chained hashes of the prefix's full blocks of ``block_size`` tokens."""
+        c = self._chains.get(block_size)
+        if c is None:
+            n = len(self.tokens) // block_size
+            c = self._chains[block_size] = hash_chain(self.tokens[: n * block_size], block_size)
+        return c
 
 
 class Request:
@@ -66,7 +87,8 @@ class Request:
         "itl", "scheduled_step", "finished_step", "length_capped", "batch_pos", "enqueue_us",
         "first_itl_us", "prefill_to", "last_emit_us",
         # --- KV cache (owned by the kv package) -------------------------------------------
-        "kv_blocks", "kv_len", "kv_base", "_hash_bs", "_prompt_hashes",
+        "kv_blocks", "kv_len", "kv_base", "kv_view", "_hash_bs", "_prompt_hashes",
+        "_shared_prefix",
         # --- lazy decode bookkeeping (owned by the engine) --------------------------------
         "g0", "seg_start", "itl_segments", "comp_tick", "res_class", "last_emit_tick",
         "itl_extra",
@@ -79,7 +101,7 @@ class Request:
                  prefix_length: int = 0, streaming: bool = False, model: str = "",
                  reason_ratio: float = 0.0, text_tokens: int = 0, image_tokens: int = 0,
                  audio_tokens: int = 0, video_tokens: int = 0, is_decode_sub: bool = False,
-                 seq_no: int = 0):
+                 seq_no: int = 0, shared_prefix: SharedPrefix | None = None):
         inp = np.asarray(input_tokens, dtype=np.int32)
         out = np.asarray(output_tokens, dtype=np.int32)
         if (len(inp) and inp.min() < 0) or (len(out) and out.min() < 0):
@@ -129,8 +151,15 @@ class Request:
         self.kv_blocks = []
         self.kv_len = 0
         self.kv_base = 0
+        self.kv_view = None       # memoryview of tokens while the request holds KV blocks
         self._hash_bs = 0
         self._prompt_hashes = None
+        # kept only when the prompt really starts with those tokens (a hashing shortcut)
+        if shared_prefix is not None:
+            n = len(shared_prefix.tokens)
+            if not (n <= len(inp) and np.array_equal(inp[:n], shared_prefix.tokens)):
+                shared_prefix = None
+        self._shared_prefix = shared_prefix
         self.g0 = 0
         self.seg_start = 0
         self.itl_segments = None
@@ -153,7 +182,14 @@ class Request:
         if self._hash_bs == block_size and self._prompt_hashes is not None:
             return self._prompt_hashes
         n_full = self.input_len // block_size
-        hashes = hash_chain(self.tokens[: n_full * block_size], block_size)
+        p = self._shared_prefix
+        if p is None:
+            hashes = hash_chain(self.tokens[: n_full * block_size], block_size)
+        else:                                       # the shared blocks' hashes are memoised
+            hashes = p.chain(block_size)[:n_full]
+            k = len(hashes)
+            hashes = hashes + hash_chain(self.tokens[k * block_size: n_full * block_size], block_size,
+                                         hashes[-1] if k else b"")
         self._hash_bs = block_size
         self._prompt_hashes = hashes
         return hashes

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from functools import partial
 
 from blis_simpy.plugins import Pluggable
-from blis_simpy.request import hash_block
+from blis_simpy.request import _sha256, hash_block
 from blis_simpy.units import ceil_div
 
 
@@ -51,6 +51,8 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
         self.used = 0
         self.cache_hits = 0
         self.cache_misses = 0
+        # a subclass may hash some blocks its own way (TieredKVCache does)
+        self._plain_hash = type(self)._block_hash_for is KVCache._block_hash_for
 
     @classmethod
     def factory_for(cls, params) -> Callable[[int, int], KVCache]:
@@ -123,18 +125,24 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
         ``cached`` prefix blocks. Returns False on failure, with the cache unchanged except
         the LRU position of committed cached blocks (back at the tail, as in BLIS).
         """
-        bs = self.block_size
-        in_prefill = req.pi < req.prefill_to
         count = end - start
-        blocks = req.kv_blocks
-        if in_prefill and self.blocks_needed(req, count) > self.total_blocks - self.used:
-            return False
-        if count <= 0:
-            return True
-        if not in_prefill:
+        if req.pi >= req.prefill_to:                  # decode: one output token
+            if count <= 0:
+                return True
             if not self.append_token(req, start, req.kv_len):
                 return False
             req.kv_len += 1
+            return True
+        bs = self.block_size
+        blocks = req.kv_blocks
+        fresh = count                                 # blocks_needed, inlined
+        if blocks:
+            room = len(blocks) * bs - req.kv_len
+            if 0 < room < bs:
+                fresh -= room if room < fresh else fresh
+        if fresh > 0 and -(-fresh // bs) > self.total_blocks - self.used:
+            return False
+        if count <= 0:
             return True
 
         # Prefill. Undo log for an exact rollback (only the cached-block commits and a
@@ -171,19 +179,56 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
             if k == room:                 # it became full: hash it
                 self._register(req, len(blocks) - 1, registered)
         if remaining > 0:
-            nb = ceil_div(remaining, bs)
+            nb = -(-remaining // bs)
             if nb > len(free):
                 self._rollback(req, n_old, old_len, old_base, committed, registered)
                 return False
-            block_hash = self.block_hash
-            h2b = self.hash_to_block
-            hashes = req.prompt_block_hashes(bs) if req.kv_base == 0 else None
-            n_prompt_blocks = req.input_len // bs
-            for _ in range(nb):
-                b, _ = free.popitem(last=False)
-                hb = block_hash[b]
+            self._take_fresh(req, nb, remaining)
+        return True
+
+    def _take_fresh(self, req, nb: int, remaining: int) -> None:
+        """Append ``nb`` fresh blocks from the LRU head to the request's map for its next
+        ``remaining`` prefill tokens, hashing each block they fill (the caller has checked
+        that ``nb`` blocks are free).
+
+        Per block, in order, this is: drop the block's old hash from the index (BLIS does
+        so unconditionally, docs/kv-cache.md), then index its new hash if it is full. When
+        the new hashes are known prompt hashes and none of them is among the dropped old
+        ones, the drops and the indexings commute, so they are done in bulk; otherwise
+        block by block.
+        """
+        bs = self.block_size
+        blocks = req.kv_blocks
+        ref = self.ref
+        block_hash = self.block_hash
+        h2b = self.hash_to_block
+        pop = self.free.popitem
+        taken = [pop(False)[0] for _ in range(nb)]
+        olds = [block_hash[b] for b in taken]
+        j0 = len(blocks)
+        n_full = remaining // bs
+        news = None
+        if req.kv_base == 0 and (j0 + n_full) * bs <= req.input_len:
+            news = req.prompt_block_hashes(bs)[j0:j0 + n_full]
+            if news and not set(olds).isdisjoint(news):
+                news = None
+        if news is not None:
+            drop = h2b.pop
+            for h in olds:
+                if h:
+                    drop(h, None)
+            for b, h in zip(taken, news, strict=False):   # taken may hold one more
+                block_hash[b] = h
+                ref[b] = 1
+            for b in taken[n_full:]:      # the partial last block, if any
+                block_hash[b] = b""
+                ref[b] = 1
+            h2b.update(zip(news, taken, strict=False))
+            blocks.extend(taken)
+            req.kv_len += remaining
+        else:
+            for b, hb in zip(taken, olds, strict=True):
                 if hb:
-                    # BLIS deletes the hash entry unconditionally (docs/kv-cache.md).
                     h2b.pop(hb, None)
                     block_hash[b] = b""
                 ref[b] = 1
@@ -192,15 +237,14 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
                 if remaining >= bs:
                     remaining -= bs
                     req.kv_len += bs
-                    h = hashes[j] if hashes is not None and j < n_prompt_blocks else self._block_hash_for(req, j)
+                    h = self._block_hash_for(req, j)
                     block_hash[b] = h
                     h2b[h] = b
                 else:
                     req.kv_len += remaining
                     remaining = 0
-            self.used += nb
-            self.cache_misses += nb
-        return True
+        self.used += nb
+        self.cache_misses += nb
 
     def _rollback(self, req, n_old: int, old_len: int, old_base: int, committed: list,
                   registered: list) -> None:
@@ -229,17 +273,31 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
         hashes it; otherwise one fresh block is taken from the LRU head (never hashed here).
         Returns False, with nothing changed, when no block is free.
         """
-        bs = self.block_size
         blocks = req.kv_blocks
-        room = len(blocks) * bs - kv_len
+        room = len(blocks) * self.block_size - kv_len
         if room > 0:
-            if room == 1:
-                self._register(req, len(blocks) - 1, None)
+            if room == 1:                 # this token fills the last block: hash it
+                j = len(blocks) - 1
+                bs = self.block_size
+                base = req.kv_base
+                if self._plain_hash and (base or (j + 1) * bs > req.input_len):
+                    # an output block (the common case), hashed inline
+                    view = req.kv_view
+                    if view is None:
+                        view = req.kv_view = memoryview(req.tokens)
+                    a = base + j * bs
+                    h = _sha256((self.block_hash[blocks[j - 1]] if j else b"")
+                                + view[a:a + bs]).digest()
+                else:
+                    h = self._block_hash_for(req, j)
+                b = blocks[j]
+                self.block_hash[b] = h
+                self.hash_to_block[h] = b
             return True
         free = self.free
         if not free:
             return False
-        b, _ = free.popitem(last=False)
+        b = free.popitem(last=False)[0]
         h = self.block_hash[b]
         if h:
             self.hash_to_block.pop(h, None)
@@ -273,6 +331,7 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
         req.kv_blocks = []
         req.kv_len = 0
         req.kv_base = 0
+        req.kv_view = None
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:

@@ -11,7 +11,9 @@ Generator seeded directly from ``--seed`` (not a partitioned stream, docs/determ
    IDs. For speed the IDs of :data:`DRAW_BLOCK` consecutive records come from one
    vectorised draw, consumed in exactly that order (the values depend on the seed only).
 
-Every request whose group has a prefix gets it prepended. IDs are uniform in [0, 128000).
+Every request whose group has a prefix gets it prepended (as a
+:class:`~blis_simpy.request.SharedPrefix`, so the prefix's block hashes are computed once per
+group, not once per request). IDs are uniform in [0, 128000).
 Requests are named ``request_<request_id>`` and returned stably sorted by arrival (µs).
 
 A record that carries real prompt IDs (the ``input_token_ids`` column, docs/workloads.md)
@@ -30,7 +32,7 @@ from itertools import islice
 
 import numpy as np
 
-from blis_simpy.request import Request
+from blis_simpy.request import Request, SharedPrefix
 from blis_simpy.rng import numpy_rng
 from blis_simpy.units import MAX_INT64
 from blis_simpy.workload.tracev2 import TraceRecord
@@ -71,6 +73,7 @@ def iter_trace_requests(records: Iterable[TraceRecord], rng: np.random.Generator
     ``rng`` (after step 1 drew ``prefixes``); only one block of records is held."""
     integers = rng.integers
     concat = np.concatenate
+    shared: dict[str, SharedPrefix] = {}    # group -> its prefix, block hashes memoised
     it = iter(records)
     while True:
         block = list(islice(it, DRAW_BLOCK))
@@ -82,11 +85,18 @@ def iter_trace_requests(records: Iterable[TraceRecord], rng: np.random.Generator
         for r in block:
             mid = pos + r.input_tokens
             end = mid + r.output_tokens
+            sp = None
             if r.input_token_ids is not None:       # real prompt: the draws go unused
                 inp = r.input_token_ids
             else:
                 prefix = prefixes.get(r.prefix_group) if r.prefix_group else None
-                inp = ids[pos:mid] if prefix is None else concat((prefix, ids[pos:mid]))
+                if prefix is None:
+                    inp = ids[pos:mid]
+                else:
+                    inp = concat((prefix, ids[pos:mid]))
+                    sp = shared.get(r.prefix_group)
+                    if sp is None:
+                        sp = shared[r.prefix_group] = SharedPrefix(prefix)
             pos = end
             yield Request(
                 f"request_{r.request_id}", r.arrival_time_us, inp, ids[mid:end],
@@ -96,7 +106,7 @@ def iter_trace_requests(records: Iterable[TraceRecord], rng: np.random.Generator
                 prefix_length=r.prefix_length, streaming=r.streaming, model=r.model,
                 reason_ratio=r.reason_ratio, text_tokens=r.text_tokens,
                 image_tokens=r.image_tokens, audio_tokens=r.audio_tokens,
-                video_tokens=r.video_tokens)
+                video_tokens=r.video_tokens, shared_prefix=sp)
 
 
 def default_replay_horizon(records: Sequence[TraceRecord]) -> int:

@@ -273,6 +273,42 @@ def test_unconditional_hash_delete_on_pop_quirk():
     assert c.get_cached_blocks(a) == []                  # ... but the prefix walk stops at 0
 
 
+
+def test_fresh_block_hashed_like_a_later_victim_is_indexed_then_dropped():
+    """A prefill's fresh blocks are handled one by one: drop the popped block's old hash,
+    then index its new one. When a new hash is the old hash of a block popped *later* in
+    the same allocation, that later drop removes it (the unconditional delete again), so
+    the index keeps neither."""
+    c = KVCache(4, BS)
+    a = req("a", toks(100, 8), [1])
+    b = req("b", toks(200, 8), [1])
+    assert c.allocate(a, 0, 8) and c.allocate(b, 0, 8)   # a: 0, 1; b: 2, 3
+    c.release(b)
+    c.release(a)
+    assert list(c.free) == [3, 2, 1, 0]
+    x = req("x", toks(100, 12), [1])                     # a's prompt and one more block
+    assert c.allocate(x, 0, 12)                          # no hits asked for: pops 3, 2, 1
+    h0, h1, h2 = (H(x.tokens, j) for j in range(3))
+    assert x.kv_blocks == [3, 2, 1]
+    assert [c.block_hash[b] for b in (3, 2, 1, 0)] == [h0, h1, h2, h0]
+    assert c.hash_to_block == {h0: 3, h2: 1}             # h1 went with block 1's old hash
+    assert c.get_cached_blocks(x) == [3]
+    c.check_invariants()
+
+
+def test_prefill_of_many_blocks_indexes_each_prompt_block_in_order():
+    """The common prefill: every fresh block but a partial last one gets its prompt hash."""
+    c = KVCache(8, BS)
+    a = req("a", toks(100, 22), [1])                     # 5 full blocks and 2 tokens
+    assert c.allocate(a, 0, 22)
+    assert a.kv_blocks == [0, 1, 2, 3, 4, 5] and a.kv_len == 22
+    hs = [H(a.tokens, j) for j in range(5)]
+    assert c.block_hash[:6] == hs + [b""]
+    assert c.hash_to_block == dict(zip(hs, range(5), strict=True))
+    assert c.ref[:6] == [1] * 6 and c.used == 6 and c.cache_misses == 6
+    assert list(c.free) == [6, 7]
+
+
 # ---------------------------------------------------------------------------- partial blocks
 def test_prefill_partial_block_filled_then_hashed():
     c = KVCache(10, BS)

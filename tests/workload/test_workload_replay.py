@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from blis_simpy.request import Request, SharedPrefix, hash_chain
 from blis_simpy.units import MAX_INT64
 from blis_simpy.workload.replay import (
     DRAW_BLOCK,
@@ -38,6 +39,34 @@ def test_prefix_shared_within_group_and_lengths():
     for r in (r0, r1, r2, r3):
         toks = r.tokens
         assert toks.dtype == np.int32 and toks.min(initial=0) >= 0 and toks.max(initial=0) < 128000
+
+
+
+@pytest.mark.parametrize("bs", [1, 4, 5, 16])
+def test_group_prefix_hashes_are_those_of_each_prompt_alone(bs):
+    """Replayed group members share one memoised hash chain for their prefix; each
+    request's prompt hashes equal those of hashing its own tokens from scratch, also when
+    the prefix does not end on a block boundary or the prompt is the prefix alone."""
+    records = [rec(0, 0, 9, 1, "a", 18), rec(1, 5, 0, 1, "a", 18), rec(2, 7, 30, 1, "a", 18),
+               rec(3, 9, 3, 1)]
+    reqs = trace_requests(records, 3)
+    for r in reqs:
+        n = r.input_len // bs
+        alone = hash_chain(np.array(r.input_tokens[: n * bs]), bs)
+        assert len(alone) == n and r.prompt_block_hashes(bs) == alone
+    assert reqs[0].prompt_block_hashes(bs)[: 18 // bs] == reqs[2].prompt_block_hashes(bs)[: 18 // bs]
+
+
+def test_shared_prefix_hint_ignored_unless_the_prompt_starts_with_it():
+    p = SharedPrefix([1, 2, 3, 4])
+    good = Request("g", 0, [1, 2, 3, 4, 9], [], shared_prefix=p)
+    bad = Request("b", 0, [1, 2, 3, 5, 9], [], shared_prefix=p)
+    short = Request("s", 0, [1, 2], [], shared_prefix=p)
+    for r in (good, bad, short):
+        n = r.input_len // 2
+        assert r.prompt_block_hashes(2) == hash_chain(np.array(r.input_tokens[: 2 * n]), 2)
+    assert p.chain(2) == good.prompt_block_hashes(2)[:2]
+    assert bad.prompt_block_hashes(2)[1] != p.chain(2)[1]
 
 
 def test_group_prefix_fixed_by_first_positive_length_and_applied_to_all_rows():
