@@ -14,6 +14,7 @@ import csv
 import os
 import re
 from collections.abc import Iterator
+from operator import itemgetter
 
 import numpy as np
 from pydantic import ValidationError
@@ -100,13 +101,28 @@ class _RowParser:
         return v
 
 
+_INT_COLS = (0, 5, 7, 9, 10, 11, 12, 13, 14, 17, 18, 19, 20, 21, 22, 23)
+_plain_ints = itemgetter(*_INT_COLS)
+_INT64_DIGITS = len(str(_INT64_MAX)) - 1   # any number of this many digits fits an int64
+
+
 def _parse_row(p: _RowParser) -> TraceRecord:
     r = p.row
-    i = p.int
-    rec = TraceRecord(
-        i(0), r[1], r[2], r[3], r[4], i(5), r[6], i(7), p.bool(8), i(9), i(10), i(11), i(12),
-        i(13), i(14), p.float(15), r[16], i(17), i(18), i(19), i(20), i(21), i(22), i(23),
-        r[24], r[25], r[26])
+    cells = _plain_ints(r)
+    digits = "".join(cells)
+    if all(cells) and digits.isascii() and digits.isdigit() and max(map(len, cells)) <= _INT64_DIGITS:
+        # the common row: every integer cell is plain ASCII digits that fit an int64
+        c0, c5, c7, c9, c10, c11, c12, c13, c14, c17, c18, c19, c20, c21, c22, c23 = map(int, cells)
+        rec = TraceRecord(
+            c0, r[1], r[2], r[3], r[4], c5, r[6], c7, p.bool(8), c9, c10, c11, c12,
+            c13, c14, p.float(15), r[16], c17, c18, c19, c20, c21, c22, c23,
+            r[24], r[25], r[26])
+    else:                                # cell by cell, left to right: the located error
+        i = p.int
+        rec = TraceRecord(
+            i(0), r[1], r[2], r[3], r[4], i(5), r[6], i(7), p.bool(8), i(9), i(10), i(11), i(12),
+            i(13), i(14), p.float(15), r[16], i(17), i(18), i(19), i(20), i(21), i(22), i(23),
+            r[24], r[25], r[26])
     if not 0.0 <= rec.reason_ratio <= 1.0:
         raise p.err("reason_ratio", f"must be in [0, 1], got {r[15]}")
     if rec.deadline_us != 0 and rec.deadline_us < rec.arrival_time_us:
