@@ -104,11 +104,12 @@ class Request:
                  seq_no: int = 0, shared_prefix: SharedPrefix | None = None):
         inp = np.asarray(input_tokens, dtype=np.int32)
         out = np.asarray(output_tokens, dtype=np.int32)
-        if (len(inp) and inp.min() < 0) or (len(out) and out.min() < 0):
+        tokens = np.concatenate((inp, out)) if len(out) else inp
+        if len(tokens) and tokens.min() < 0:
             raise ValueError(f"request {id}: token IDs must be non-negative")
         self.id = id
         self.arrival_us = int(arrival_us)
-        self.tokens = np.concatenate((inp, out)) if len(out) else inp
+        self.tokens = tokens
         self.input_len = int(len(inp))
         self.output_len = int(len(out))
         self.max_output_len = self.output_len if max_output_len is None else int(max_output_len)

@@ -159,3 +159,9 @@ def test_block_boundaries_keep_every_record(n):
     # no two requests share the same token block (the IDs are consumed, not reused)
     flat = [tuple(r.tokens.tolist()) for r in reqs if r.input_len + r.output_len >= 4]
     assert len(set(flat)) == len(flat)
+
+
+@pytest.mark.parametrize("inp, out", [([1, -2], [3]), ([1, 2], [3, -1]), ([-1], [])])
+def test_request_refuses_negative_token_ids(inp, out):
+    with pytest.raises(ValueError, match="request r: token IDs must be non-negative"):
+        Request("r", 0, inp, out)
