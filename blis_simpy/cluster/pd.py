@@ -2,12 +2,9 @@
 "The path step by step").
 
 :class:`PDCluster` extends :class:`~blis_simpy.cluster.cluster.Cluster` with a prefill pool
-and a decode pool and the KV-transfer fabric
-(:class:`~blis_simpy.disagg.fabric.KVTransferFabric`) between them. Each hand-off — to the
-prefill pool, to the fabric, to the decode pool — is one keyed event (``SimEnv.call_at`` at
-``PREFILL_ROUTING``, ``KV_TRANSFER_STARTED``, ``DECODE_ROUTING``), as admission and routing
-are: events of one key at one instant are only that hand-off's, so they run in the order they
-were handed over, first in first out::
+and a decode pool, each a SimPy process reading a :class:`~blis_simpy.des.Mailbox`, and the
+KV-transfer fabric (:class:`~blis_simpy.disagg.fabric.KVTransferFabric`, fed by a third
+process) between them::
 
     Admission ─► DisaggregationDecision ─┬─ no ─► RoutingDecision (local: decode pool)
                                          └─ yes ─► parent + "<id>_prefill"
@@ -31,6 +28,7 @@ from blis_simpy.des import (
     KV_TRANSFER_STARTED,
     PREFILL_ROUTING,
     ROUTING,
+    Mailbox,
 )
 from blis_simpy.disagg.deciders import make_decider
 from blis_simpy.disagg.fabric import KVTransferFabric
@@ -81,6 +79,19 @@ class PDCluster(Cluster, name="pd"):
         self.dropped_at_decode_kv = 0
         self._prefill_done: list = []
         self._decode_done: list = []
+        self.prefill_inbox = Mailbox(env, PREFILL_ROUTING)
+        self.fabric_inbox = Mailbox(env, KV_TRANSFER_STARTED)
+        self.decode_inbox = Mailbox(env, DECODE_ROUTING)
+        env.process(self._pool(self.prefill_inbox, self._route_prefill))
+        env.process(self._pool(self.fabric_inbox, self._start_transfer))
+        env.process(self._pool(self.decode_inbox, self._route_decode))
+
+    @staticmethod
+    def _pool(inbox: Mailbox, handle):
+        """A pool (or the fabric's front door): take the next hand-off, handle it."""
+        while True:
+            item = yield inbox.get()
+            handle(item)
 
     # ------------------------------------------------------------------ decision
     def _after_admission(self, req) -> None:
@@ -104,7 +115,7 @@ class PDCluster(Cluster, name="pd"):
                       prefix_group=req.prefix_group, prefix_length=req.prefix_length)
         _share_hashes(req, sub)
         parent.prefill_sub = sub
-        self.env.call_at(now_us + lat, PREFILL_ROUTING, self._route_prefill, parent)
+        self.prefill_inbox.put_at(now_us + lat, parent)
 
     def _on_local_routing(self, req) -> None:
         if self.local_routing == "all":
@@ -155,7 +166,7 @@ class PDCluster(Cluster, name="pd"):
                       prefix_length=req.prefix_length, is_decode_sub=True)
         _share_hashes(req, sub)
         parent.decode_sub = sub
-        self.env.call_at(now_us, DECODE_ROUTING, self._route_decode, parent)
+        self.decode_inbox.put(parent)
 
     # ------------------------------------------------------------------ decode pool
     def _route_decode(self, parent: ParentRequest) -> None:
@@ -211,10 +222,10 @@ class PDCluster(Cluster, name="pd"):
                 self.prefill_completed += 1
                 if self.transfer_at_step_end and tick > now_us:
                     parent.prefill_complete_us = tick
-                    self.env.call_at(tick, KV_TRANSFER_STARTED, self._start_transfer, parent)
+                    self.fabric_inbox.put_at(tick, parent)
                 else:
                     parent.prefill_complete_us = now_us
-                    self.env.call_at(now_us, KV_TRANSFER_STARTED, self._start_transfer, parent)
+                    self.fabric_inbox.put(parent)
         if self._decode_done:
             done, self._decode_done = sorted(self._decode_done), []
             for rid, tick in done:

@@ -179,39 +179,6 @@ class Transfer(Put):
         return f"Transfer(seq={self.seq}, nbytes={self.nbytes!r})"
 
 
-class Transmission:
-    """A transfer on the link's lean path (:meth:`BandwidthLink.transmit`): the record a
-    :class:`Transfer` keeps, without SimPy's acquisition, ``finished`` and release events.
-
-    The link releases it at its completion tick and calls ``on_done(transmission)``; nobody
-    waits on it. Same fields as :class:`Transfer` (µs times, ``seq`` in acquisition order).
-    """
-
-    __slots__ = ("parent", "nbytes", "seq", "start_us", "share", "finish_exact_us",
-                 "complete_us", "on_done")
-
-    def __init__(self, nbytes: float, parent, start_us: int, on_done):
-        b = float(nbytes)
-        if not (math.isfinite(b) and b >= 0):
-            raise ValueError(f"KV transfer size must be finite and >= 0 bytes, got {nbytes}")
-        self.parent = parent
-        self.nbytes = b
-        self.seq = -1
-        self.start_us = start_us
-        self.share: float | None = None
-        self.finish_exact_us: float | None = None
-        self.complete_us: int | None = None
-        self.on_done = on_done
-
-    @property
-    def duration_us(self) -> int | None:
-        """Completion minus start, µs (None until completed)."""
-        return None if self.complete_us is None else self.complete_us - self.start_us
-
-    def __repr__(self) -> str:
-        return f"Transmission(seq={self.seq}, nbytes={self.nbytes!r})"
-
-
 class Release(Get):
     """Give the link back after a transfer (SimPy's ``Get`` event of :class:`BandwidthLink`)."""
 
@@ -227,12 +194,6 @@ class BandwidthLink(BaseResource):
     ``request(nbytes, parent=None)`` acquires it (:class:`Transfer`); ``release(transfer)``
     gives it back once ``transfer.finished`` has fired. ``users`` lists the holders in
     acquisition order.
-
-    ``transmit(nbytes, parent, on_done)`` is the lean path the KV-transfer fabric takes:
-    the same sharing and completion tick, but no SimPy event besides the link's timer — the
-    link itself releases the :class:`Transmission` at its tick and calls ``on_done``, in
-    the order a holder of ``finished`` events would (one link should not mix both kinds:
-    at one tick the lean ones are handed on before the ``finished`` events run).
     """
 
     def __init__(self, env: SimEnv, *, rate: float, latency_us: float, contention: Contention,
@@ -248,7 +209,7 @@ class BandwidthLink(BaseResource):
         self.latency_us = float(latency_us)
         self.contention: str = contention
         self.key = key
-        self.users: list = []             # Transfer or Transmission holders
+        self.users: list[Transfer] = []
         self._ps = SharedBandwidth(self.rate) if contention == "fair-share" else None
         self._epoch = 0                  # integer µs where the sharing time axis starts
         self._due: list = []             # heap of (completion tick, seq, Transfer)
@@ -257,14 +218,6 @@ class BandwidthLink(BaseResource):
         self._timer = 0                  # id of the live timer; older timers do nothing
 
     request = BoundClass(Transfer)
-
-    def transmit(self, nbytes: float, parent, on_done) -> Transmission:
-        """Acquire the link for ``nbytes`` now without SimPy events; at the completion tick
-        the link releases it and calls ``on_done(transmission)`` (from its timer event)."""
-        tr = Transmission(nbytes, parent, self._env.now, on_done)
-        self._admit(tr)
-        self._arm()
-        return tr
 
     def release(self, transfer: Transfer) -> Release:
         """Give the link back; ``transfer.finished`` must have fired."""
@@ -276,14 +229,6 @@ class BandwidthLink(BaseResource):
     # ------------------------------------------------------------------ SimPy hooks
     def _do_put(self, tr: Transfer) -> bool:
         """Acquisition: always granted now; schedule the transfer's bytes."""
-        self._admit(tr)
-        tr.succeed()
-        self._arm()
-        return True
-
-    def _admit(self, tr) -> None:
-        """A transfer (either kind) starts holding the link now: its share or its place in
-        the processor sharing, and its completion tick once known."""
         now_us = self._env.now
         tr.seq = self._acquired
         self._acquired += 1
@@ -305,6 +250,9 @@ class BandwidthLink(BaseResource):
                 self._epoch = now_us
                 ps.reset()
             ps.add((now_us - self._epoch) + self.latency_us, tr.seq, tr.nbytes, tr)
+        tr.succeed()
+        self._arm()
+        return True
 
     def _do_get(self, rel: Release) -> bool:
         """Release: the transfer stops holding the link."""
@@ -355,24 +303,16 @@ class BandwidthLink(BaseResource):
         if self._ps is not None:
             self._settle(now_us)
         due = self._due
-        lean = []
         while due and due[0][0] <= now_us:
             tr = heapq.heappop(due)[2]
-            if isinstance(tr, Transmission):
-                lean.append(tr)
-            else:
-                succeed_at(tr.finished, now_us, self.key, tr)
+            succeed_at(tr.finished, now_us, self.key, tr)
         nxt = self.next_completion_us()
         if nxt is not None and nxt <= now_us:
             # everything due now was just fired: a completion at or before now would make
             # the timer spin in place (a bookkeeping bug, never expected)
             raise RuntimeError(f"bandwidth link: next completion {nxt} us is not after {now_us} us")
         self._arm()
-        users = self.users
-        for tr in lean:           # what each one's finished event would do, in the same order
-            users.remove(tr)
-            tr.on_done(tr)
 
 
 __all__ = ["BandwidthLink", "CONTENTION_MODES", "Contention", "Release", "SharedBandwidth",
-           "Transfer", "Transmission"]
+           "Transfer"]

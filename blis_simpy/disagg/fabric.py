@@ -26,10 +26,9 @@ latency in ms, i.e. ``base = ms × 1000`` µs; times are integer µs.
 
 The fabric owns the shared bandwidth as a SimPy resource
 (:class:`~blis_simpy.disagg.bandwidth.BandwidthLink`, processor sharing inside it): each
-transfer acquires the link at its ``KVTransferStarted`` event on the link's lean path
-(``transmit``), and when its bytes are through — the link's timer event at key
-``KV_TRANSFER_COMPLETED`` — the link releases it and the fabric counts the completion and
-hands the transfer on. No other SimPy event is spent on a transfer. Transfers completing in the same µs are handed
+transfer acquires the link at its ``KVTransferStarted`` event, and when its bytes are
+through — an event at key ``KV_TRANSFER_COMPLETED`` — the fabric releases the link, counts
+the completion and hands the transfer on. Transfers completing in the same µs are handed
 on in start order, as BLIS's heap would (its completion events at equal times and
 priority pop in push order, i.e. start order).
 """
@@ -47,7 +46,6 @@ from blis_simpy.disagg.bandwidth import (
     Contention,
     SharedBandwidth,
     Transfer,
-    Transmission,
 )
 from blis_simpy.plugins import Pluggable
 
@@ -64,7 +62,7 @@ class KVTransferFabric(Pluggable, family="kv transfer fabric", name="default"):
     ``default``; a subclass declared with ``name="..."`` is selectable by that name.
 
     ``start(parent, nbytes)`` is called at the ``KVTransferStarted`` event (key
-    ``KV_TRANSFER_STARTED``) and returns the :class:`Transmission`; at its completion tick the
+    ``KV_TRANSFER_STARTED``) and returns the :class:`Transfer`; at its completion tick the
     fabric calls ``on_complete(transfer)`` from an event at key ``KV_TRANSFER_COMPLETED``
     (``transfer.complete_us`` is then the current time).
 
@@ -79,15 +77,14 @@ class KVTransferFabric(Pluggable, family="kv transfer fabric", name="default"):
       start including the new transfer (exactly 1.0 when transfers never overlap);
     * ``corrupted``: set if ``active`` would have gone negative (reset to 0 and logged); the
       run should then end with an error;
-    * ``transfers``: every :class:`Transmission` in start order (per-transfer start/complete).
+    * ``transfers``: every :class:`Transfer` in start order (per-transfer start/complete).
 
     ``link`` is the :class:`~blis_simpy.disagg.bandwidth.BandwidthLink` every transfer
-    acquires on its lean path (``link.transmit``: no SimPy event but the link's completion
-    timer); its ``users`` are the transfers in flight.
+    acquires (its ``users`` are the transfers in flight).
     """
 
     def __init__(self, env: SimEnv, *, bandwidth_gbps: float, base_latency_ms: float,
-                 contention: Contention, on_complete: Callable[[Transmission], None]):
+                 contention: Contention, on_complete: Callable[[Transfer], None]):
         bw = float(bandwidth_gbps)
         base = float(base_latency_ms)
         if not (math.isfinite(bw) and bw > 0):
@@ -113,7 +110,7 @@ class KVTransferFabric(Pluggable, family="kv transfer fabric", name="default"):
         self.depth_sum = 0
         self.starts = 0
         self.corrupted = False
-        self.transfers: list[Transmission] = []
+        self.transfers: list[Transfer] = []
         self.link = BandwidthLink(env, rate=self.bw, latency_us=self.base_us,
                                   contention=contention, key=KV_TRANSFER_COMPLETED)
 
@@ -123,9 +120,9 @@ class KVTransferFabric(Pluggable, family="kv transfer fabric", name="default"):
         """``depth_sum / starts`` (0.0 before any start)."""
         return self.depth_sum / self.starts if self.starts else 0.0
 
-    def start(self, parent, nbytes: float) -> Transmission:
+    def start(self, parent, nbytes: float) -> Transfer:
         """Start a transfer of ``nbytes`` (finite, ≥ 0) now: it acquires the link; returns it."""
-        tr = self.link.transmit(nbytes, parent, self._finished)
+        tr = self.link.request(nbytes, parent)
         self.transfers_initiated += 1
         self.active += 1
         if self.active > self.peak_concurrent:
@@ -133,11 +130,14 @@ class KVTransferFabric(Pluggable, family="kv transfer fabric", name="default"):
         self.depth_sum += self.active
         self.starts += 1
         self.transfers.append(tr)
+        tr.finished.callbacks.append(self._finished)
         return tr
 
-    def _finished(self, tr: Transmission) -> None:
-        """A transfer's bytes are through (the link's timer event, which has released it):
-        count it, hand it on."""
+    def _finished(self, event) -> None:
+        """A transfer's bytes are through (its completion event): release the link, count
+        it, hand it on."""
+        tr: Transfer = event.value
+        self.link.release(tr)
         now_us = self.env.now
         tr.complete_us = now_us
         self.transfers_completed += 1
@@ -151,4 +151,4 @@ class KVTransferFabric(Pluggable, family="kv transfer fabric", name="default"):
 
 
 __all__ = ["CONTENTION_MODES", "KVTransferFabric", "MAX_BASE_LATENCY_MS", "SharedBandwidth",
-           "Transfer", "Transmission"]
+           "Transfer"]

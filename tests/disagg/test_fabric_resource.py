@@ -8,7 +8,7 @@ import pytest
 from simpy.resources.base import BaseResource, Get, Put
 
 from blis_simpy.des import KV_TRANSFER_COMPLETED, KV_TRANSFER_STARTED, SimEnv
-from blis_simpy.disagg.bandwidth import BandwidthLink, Transfer, Transmission
+from blis_simpy.disagg.bandwidth import BandwidthLink, Transfer
 from blis_simpy.disagg.fabric import KVTransferFabric
 from tests.des_support import run_through_horizon
 
@@ -126,26 +126,3 @@ def test_invalid_request_leaves_the_link_untouched():
     with pytest.raises(ValueError):
         link.request(-1.0)
     assert link.users == [] and len(link.put_queue) == 0
-
-
-def test_the_fabric_spends_no_event_on_a_transfer_but_the_link_timer():
-    """The three transfers above through the fabric: 3 start events and 5 of the link's timer
-    events — armed at 4 by A (alone it would finish at 4.0), at 3 by B (with A and B alone B
-    would finish at 3.0; the timer at 4 is superseded and fires as a no-op), re-armed at 4
-    when C's arrival moved B to 3.5, then 6 (C) and 7 (A): eight events in all. Acquiring,
-    finishing and releasing the link add none (``link.transmit``; a ``request``/``finished``/
-    ``release`` transfer spends three more each)."""
-    env = SimEnv(10**6)
-    done = []
-    fab = KVTransferFabric(env, bandwidth_gbps=1.0, base_latency_ms=0.0, contention="fair-share",
-                           on_complete=lambda tr: done.append((env.now, tr.parent)))
-    for start, nbytes in THREE:
-        env.call_at(start, KV_TRANSFER_STARTED, lambda a: fab.start(*a), (f"p{start}", nbytes))
-    events = 0
-    while env.peek() <= env.horizon_us:
-        env.step()
-        events += 1
-    assert done == [(4, "p1"), (6, "p2"), (7, "p0")]
-    assert events == 8
-    assert all(isinstance(t, Transmission) for t in fab.transfers)
-    assert [t.finish_exact_us for t in fab.transfers] == [6.5, 3.5, 5.5]
