@@ -24,7 +24,6 @@ from blis_simpy.engine.instance import Instance
 from blis_simpy.engine.listener import InstanceListener
 from blis_simpy.plugins import Pluggable
 from blis_simpy.routing.base import Router
-from blis_simpy.routing.view import Candidates
 from blis_simpy.snapshot import RouterState, SnapshotProvider
 
 log = logging.getLogger("blis_simpy.cluster")
@@ -73,12 +72,6 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         # Skipping the admission snapshots is invisible only when they are always fresh (a
         # periodic refresh at admission time changes what routing sees later).
         self._admission_blind = not admission.uses_snapshots and snapshot_refresh_interval_us == 0
-        # the column fast path of routing (see select): same rule, and standard snapshots
-        cls = type(self)
-        self._columns_possible = (snapshot_refresh_interval_us == 0
-                                  and cls.choose is Cluster.choose
-                                  and cls.router_state is Cluster.router_state)
-        self._columns_ok: dict[int, tuple[Router, bool]] = {}
         for inst in instances:
             inst.listener = self
         if 0 < env.horizon_us < admission_latency_us + routing_latency_us:
@@ -158,44 +151,6 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
     def _on_routing(self, req) -> None:
         self.route(req, None, self.router)
 
-    def select(self, req, among, router: Router, *, what: str = "request"):
-        """:meth:`choose`, or its column fast path when that gives the same decision.
-
-        The fast path (:meth:`choose_columns`) is taken when ``router`` can decide from a
-        :class:`~blis_simpy.routing.view.Candidates` view (``router.columns_ok()``), the
-        snapshots are always fresh (Immediate refresh), no decision trace records them, and
-        this class keeps the standard :meth:`choose` and :meth:`router_state`. Its
-        ``state`` is then None. Returns ``(instance, state, decision)`` or None.
-        """
-        if self._columns_possible and self.trace is None:
-            ok = self._columns_ok.get(id(router))
-            if ok is None or ok[0] is not router:
-                ok = self._columns_ok[id(router)] = (router, router.columns_ok())
-            if ok[1]:
-                return self.choose_columns(req, among, router, what=what)
-        return self.choose(req, among, router, what=what)
-
-    def choose_columns(self, req, among, router: Router, *, what: str = "request"):
-        """:meth:`choose` without snapshots: ``router.route_columns`` on a
-        :class:`~blis_simpy.routing.view.Candidates` view of the same instances (only valid
-        with Immediate refresh). Returns ``(instance, None, decision)`` or None."""
-        insts = self.instances if among is None else among
-        model = req.model
-        if model:
-            insts = [inst for inst in insts if not inst.model or inst.model == model]
-        if not insts:
-            log.warning("no routable instance for %s %s (model %r)", what, req.id, req.model)
-            return None
-        cands = Candidates(insts, self.inflight, self.env.now)
-        decision = router.route_columns(req, cands)
-        target = decision.target
-        if not 0 <= target < self._n or target not in cands.indices:
-            raise ValueError(f"routing policy {router.name!r} returned instance index "
-                             f"{target}, not one of the {len(insts)} candidates")
-        if decision.priority:
-            req.priority = decision.priority
-        return self.instances[target], None, decision
-
     def choose(self, req, among, router: Router, *, what: str = "request"):
         """Ask ``router`` for an instance among ``among`` (None = all); None if there is
         no candidate. Returns ``(instance, state, decision)``."""
@@ -218,7 +173,7 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         When the chosen instance is a rank of a data-parallel engine, the engine's front
         door re-picks the rank (:meth:`~blis_simpy.engine.dp.DPEngine.pick`); the trace,
         the in-flight count and the router's ``observe`` see the rank actually used."""
-        chosen = self.select(req, among, router)
+        chosen = self.choose(req, among, router)
         if chosen is None:
             self.counters.rejected_at_routing += 1
             if self.sessions is not None:

@@ -128,7 +128,7 @@ class PDCluster(Cluster, name="pd"):
     # ------------------------------------------------------------------ prefill pool
     def _route_prefill(self, parent: ParentRequest) -> None:
         sub = parent.prefill_sub
-        chosen = self.select(sub, self.prefill_pool, self.prefill_router, what="prefill sub-request")
+        chosen = self.choose(sub, self.prefill_pool, self.prefill_router, what="prefill sub-request")
         if chosen is None:                  # a rejection at routing (disaggregation.md)
             self.counters.rejected_at_routing += 1
             if self.sessions is not None:
@@ -172,7 +172,7 @@ class PDCluster(Cluster, name="pd"):
     def _route_decode(self, parent: ParentRequest) -> None:
         now_us = self.env.now
         sub = parent.decode_sub
-        chosen = self.select(sub, self.decode_pool, self.decode_router, what="decode sub-request")
+        chosen = self.choose(sub, self.decode_pool, self.decode_router, what="decode sub-request")
         if chosen is None:
             return self._drop_at_decode(parent, now_us, "no decode instance")
         inst, state, decision = chosen

@@ -28,7 +28,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from blis_simpy.plugins import Pluggable
-from blis_simpy.routing.view import Candidates, defined_together
 from blis_simpy.snapshot import RouterState
 
 TieBreak = Literal["random", "first"]
@@ -81,16 +80,6 @@ class Router(Pluggable, family="routing policy"):
     def observe(self, req, target: int) -> None:
         """Called after the cluster placed ``req`` on instance ``target`` (its index)."""
 
-    def columns_ok(self) -> bool:
-        """Can this policy decide from a :class:`~blis_simpy.routing.view.Candidates` view
-        (``route_columns(req, cands)``, the same decision as ``route`` without snapshots)?
-
-        True when the class defining ``route`` also defines ``route_columns``; a policy
-        without ``route_columns`` (every plugin written against snapshots) gets a
-        :class:`~blis_simpy.snapshot.RouterState` as always.
-        """
-        return defined_together(type(self), "route", "route_columns")
-
 
 class RoundRobin(Router, name="round-robin", aliases=("",)):
     """``snapshots[counter mod n]``; one counter per policy object."""
@@ -104,8 +93,3 @@ class RoundRobin(Router, name="round-robin", aliases=("",)):
         s = snaps[self.counter % len(snaps)]
         self.counter += 1
         return RoutingDecision(s.index, f"round-robin[{s.index}]")
-
-    def route_columns(self, req, cands: Candidates) -> RoutingDecision:
-        index = cands.indices[self.counter % len(cands)]
-        self.counter += 1
-        return RoutingDecision(index, f"round-robin[{index}]")

@@ -11,7 +11,6 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from blis_simpy.routing.base import Router, RoutingDecision, TieBreak, TieBreakParams, break_tie
 from blis_simpy.routing.scorers import Scorer, ScorerSpec, check_scorer, default_scorers, parse_scorers
-from blis_simpy.routing.view import Candidates, defined_together
 from blis_simpy.snapshot import RouterState
 
 
@@ -28,13 +27,6 @@ class LeastLoaded(Router, name="least-loaded"):
         s = snaps[break_tie(tied, self.params.tie_break, self.rng)]
         return RoutingDecision(s.index, f"least-loaded (load={best})")
 
-    def route_columns(self, req, cands: Candidates) -> RoutingDecision:
-        loads = cands.loads()
-        best = min(loads)
-        tied = [j for j, x in enumerate(loads) if x == best]
-        index = cands.indices[break_tie(tied, self.params.tie_break, self.rng)]
-        return RoutingDecision(index, f"least-loaded (load={best})")
-
 
 class AlwaysBusiest(Router, name="always-busiest"):
     """Maximum ``effective_load``, the first such instance."""
@@ -44,11 +36,6 @@ class AlwaysBusiest(Router, name="always-busiest"):
         best = max(range(len(snaps)), key=lambda j: (snaps[j].effective_load, -j))
         s = snaps[best]
         return RoutingDecision(s.index, f"always-busiest (load={s.effective_load})")
-
-    def route_columns(self, req, cands: Candidates) -> RoutingDecision:
-        loads = cands.loads()
-        best = max(range(len(loads)), key=lambda j: (loads[j], -j))
-        return RoutingDecision(cands.indices[best], f"always-busiest (load={loads[best]})")
 
 
 class Weighted(Router, name="weighted"):
@@ -122,24 +109,3 @@ class Weighted(Router, name="weighted"):
             scorer.observe(req, chosen)
         scores = {s.id: c for s, c in zip(snaps, comp, strict=True)}
         return RoutingDecision(chosen.index, f"weighted (score={best:.4f})", scores)
-
-    # ------------------------------------------------------------------ column fast path
-    def columns_ok(self) -> bool:
-        """The column path needs every scorer to have one too (a plugin scorer may not)."""
-        return (defined_together(type(self), "route", "route_columns", "composite")
-                and all(s.columns_ok() for s in self.scorers))
-
-    def route_columns(self, req, cands: Candidates) -> RoutingDecision:
-        """:meth:`route` from a column view: the same arithmetic in the same order."""
-        comp = [0.0] * len(cands)
-        for scorer, w in zip(self.scorers, self.weights, strict=True):
-            vals = scorer.score_columns(req, cands)
-            comp = [c + (0.0 if v < 0.0 else 1.0 if v > 1.0 else v) * w
-                    for c, v in zip(comp, vals, strict=True)]
-        best = max(comp)
-        tied = [j for j, x in enumerate(comp) if x == best]
-        j = break_tie(tied, self.params.tie_break, self.rng)
-        for scorer in self._observers:
-            scorer.observe_columns(req, cands, j)
-        scores = dict(zip(cands.ids, comp, strict=True))
-        return RoutingDecision(cands.indices[j], f"weighted (score={best:.4f})", scores)

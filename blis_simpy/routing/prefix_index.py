@@ -40,26 +40,6 @@ class PrefixIndex:
             n += 1
         return n
 
-    def match_many(self, hashes, instance_ids) -> list[int]:
-        """:meth:`match` for each of ``instance_ids``, in order."""
-        if not hashes:
-            return [0] * len(instance_ids)
-        sets = self._sets
-        first = hashes[0]
-        out = []
-        for iid in instance_ids:
-            s = sets.get(iid)
-            if not s or first not in s:    # the common miss: one lookup
-                out.append(0)
-                continue
-            n = 0
-            for h in hashes:
-                if h not in s:
-                    break
-                n += 1
-            out.append(n)
-        return out
-
     def record(self, hashes, instance_id: str) -> None:
         """Insert (or refresh to most-recently-used) every hash, evicting the LRU when full.
 

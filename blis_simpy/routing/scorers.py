@@ -27,7 +27,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from blis_simpy.plugins import Pluggable
 from blis_simpy.routing.prefix_index import DEFAULT_CAPACITY, PrefixIndex
-from blis_simpy.routing.view import Candidates, defined_together
 from blis_simpy.snapshot import InstanceSnapshot
 
 
@@ -48,18 +47,6 @@ class Scorer(Pluggable, family="routing scorer"):
     def observe(self, req, chosen: InstanceSnapshot) -> None:
         """The owning policy placed ``req`` on ``chosen`` (only called if ``stateful``)."""
 
-    def observe_columns(self, req, cands: Candidates, j: int) -> None:
-        """:meth:`observe` on the column path: ``req`` went to candidate ``j`` of ``cands``."""
-
-    def columns_ok(self) -> bool:
-        """Can this scorer rate a :class:`~blis_simpy.routing.view.Candidates` view
-        (``score_columns(req, cands)``, the same list as ``score``)? Only when the class
-        defining ``score`` defines ``score_columns``, and the one defining ``observe``
-        defines ``observe_columns``; a plugin scorer keeps the snapshot path."""
-        cls = type(self)
-        return (defined_together(cls, "score", "score_columns")
-                and defined_together(cls, "observe", "observe_columns"))
-
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
         if "observe" in cls.__dict__ and "stateful" not in cls.__dict__:
@@ -78,24 +65,12 @@ class QueueDepth(Scorer, name="queue-depth"):
         span = float(hi - lo)
         return [float(hi - x) / span for x in loads]
 
-    def score_columns(self, req, cands):
-        loads = cands.loads()
-        lo = min(loads)
-        hi = max(loads)
-        if hi == lo:
-            return [1.0] * len(loads)
-        span = float(hi - lo)
-        return [float(hi - x) / span for x in loads]
-
 
 class KVUtilization(Scorer, name="kv-utilization"):
     """``1 − kv_utilization``."""
 
     def score(self, req, snapshots):
         return [1.0 - s.kv_utilization for s in snapshots]
-
-    def score_columns(self, req, cands):
-        return [1.0 - u for u in cands.kv_utilization()]
 
 
 class LoadBalance(Scorer, name="load-balance"):
@@ -104,9 +79,6 @@ class LoadBalance(Scorer, name="load-balance"):
     def score(self, req, snapshots):
         return [1.0 / (1.0 + float(s.queue_depth + s.batch_size + s.in_flight_requests))
                 for s in snapshots]
-
-    def score_columns(self, req, cands):
-        return [1.0 / (1.0 + float(x)) for x in cands.loads()]
 
 
 class PrefixAffinity(Scorer, name="prefix-affinity"):
@@ -138,17 +110,6 @@ class PrefixAffinity(Scorer, name="prefix-affinity"):
 
     def observe(self, req, chosen):
         self.index.record(req.prompt_block_hashes(self.block_size), chosen.id)
-
-    def score_columns(self, req, cands):
-        hashes = req.prompt_block_hashes(self.block_size)
-        total = len(hashes)
-        if total == 0:
-            return [0.0] * len(cands)
-        ft = float(total)
-        return [float(m) / ft for m in self.index.match_many(hashes, cands.ids)]
-
-    def observe_columns(self, req, cands, j):
-        self.index.record(req.prompt_block_hashes(self.block_size), cands.ids[j])
 
 
 # ---------------------------------------------------------------------------- configuration

@@ -213,3 +213,14 @@ def test_registry_lists_built_ins():
     assert {"round-robin", "least-loaded", "weighted", "always-busiest"} <= set(Router.names())
     assert {"prefix-affinity", "queue-depth", "kv-utilization", "load-balance"} <= set(Scorer.names())
     assert Router.lookup("") is RoundRobin
+
+
+def test_prefix_index_records_in_one_go_as_an_lru():
+    idx = PrefixIndex(capacity=3)
+    idx.record([b"a", b"b"], "i0")
+    idx.record([b"c", b"d"], "i0")               # all new: appended, the oldest trimmed
+    assert list(idx._sets["i0"]) == [b"b", b"c", b"d"]
+    idx.record([b"c", b"e"], "i0")               # c refreshed, e evicts b
+    assert list(idx._sets["i0"]) == [b"d", b"c", b"e"]
+    idx.record([b"f", b"g", b"h", b"i"], "i0")   # more than the capacity: the last three
+    assert list(idx._sets["i0"]) == [b"g", b"h", b"i"]
