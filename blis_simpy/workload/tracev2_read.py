@@ -203,9 +203,11 @@ def read_trace_records(path: str | os.PathLike) -> list[TraceRecord]:
     return list(iter_trace_records(path))
 
 
-def iter_trace_records(path: str | os.PathLike) -> Iterator[TraceRecord]:
+def iter_trace_records(path: str | os.PathLike, *, unique_ids: bool = True) -> Iterator[TraceRecord]:
     """:func:`read_trace_records` one row at a time (the same checks, the same errors, raised
-    when the reader reaches the row); only the request IDs seen so far are kept."""
+    when the reader reaches the row); only the request IDs seen so far are kept.
+    ``unique_ids=False`` skips the duplicate-ID check (and that memory) on a file already
+    read once with it."""
     path = str(path)
     p = _RowParser(path)
     seen_ids: dict[int, int] = {}
@@ -242,7 +244,7 @@ def iter_trace_records(path: str | os.PathLike) -> Iterator[TraceRecord]:
                     rec.input_token_ids = _parse_token_ids(p, rec, ids_col)
                 if 0 <= sched_col < len(row):
                     rec.scheduled_time_us = _parse_scheduled(p, rec, sched_col)
-                first = seen_ids.setdefault(rec.request_id, start)
+                first = seen_ids.setdefault(rec.request_id, start) if unique_ids else start
                 if first != start:
                     raise p.err("request_id", f"duplicate request_id {rec.request_id} "
                                               f"(first on line {first})")
