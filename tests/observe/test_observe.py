@@ -24,7 +24,10 @@ from blis_simpy.request import Request
 
 from .sse_server import DROP, HANG, HTTP_500, MALFORMED, NO_USAGE, PROMPT_TOKENS_REPORTED_EXTRA, SSEServer
 
-FIRST_US, GAP_US, SLACK_US, LOOSE_US = 80_000, 20_000, 15_000, 60_000
+# The server's delays are lower bounds every measurement must respect (that is what shows
+# the timings are read at the right moments); the upper bounds only catch gross errors and
+# leave room for a busy machine (CI runs on 2 shared cores), so this is not a timed test.
+FIRST_US, GAP_US, SLACK_US, LOOSE_US = 80_000, 20_000, 100_000, 400_000
 
 
 @pytest.fixture
