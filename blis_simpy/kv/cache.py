@@ -125,24 +125,18 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
         ``cached`` prefix blocks. Returns False on failure, with the cache unchanged except
         the LRU position of committed cached blocks (back at the tail, as in BLIS).
         """
+        bs = self.block_size
+        in_prefill = req.pi < req.prefill_to
         count = end - start
-        if req.pi >= req.prefill_to:                  # decode: one output token
-            if count <= 0:
-                return True
+        blocks = req.kv_blocks
+        if in_prefill and self.blocks_needed(req, count) > self.total_blocks - self.used:
+            return False
+        if count <= 0:
+            return True
+        if not in_prefill:
             if not self.append_token(req, start, req.kv_len):
                 return False
             req.kv_len += 1
-            return True
-        bs = self.block_size
-        blocks = req.kv_blocks
-        fresh = count                                 # blocks_needed, inlined
-        if blocks:
-            room = len(blocks) * bs - req.kv_len
-            if 0 < room < bs:
-                fresh -= room if room < fresh else fresh
-        if fresh > 0 and -(-fresh // bs) > self.total_blocks - self.used:
-            return False
-        if count <= 0:
             return True
 
         # Prefill. Undo log for an exact rollback (only the cached-block commits and a
@@ -179,56 +173,19 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
             if k == room:                 # it became full: hash it
                 self._register(req, len(blocks) - 1, registered)
         if remaining > 0:
-            nb = -(-remaining // bs)
+            nb = ceil_div(remaining, bs)
             if nb > len(free):
                 self._rollback(req, n_old, old_len, old_base, committed, registered)
                 return False
-            self._take_fresh(req, nb, remaining)
-        return True
-
-    def _take_fresh(self, req, nb: int, remaining: int) -> None:
-        """Append ``nb`` fresh blocks from the LRU head to the request's map for its next
-        ``remaining`` prefill tokens, hashing each block they fill (the caller has checked
-        that ``nb`` blocks are free).
-
-        Per block, in order, this is: drop the block's old hash from the index (BLIS does
-        so unconditionally, docs/kv-cache.md), then index its new hash if it is full. When
-        the new hashes are known prompt hashes and none of them is among the dropped old
-        ones, the drops and the indexings commute, so they are done in bulk; otherwise
-        block by block.
-        """
-        bs = self.block_size
-        blocks = req.kv_blocks
-        ref = self.ref
-        block_hash = self.block_hash
-        h2b = self.hash_to_block
-        pop = self.free.popitem
-        taken = [pop(False)[0] for _ in range(nb)]
-        olds = [block_hash[b] for b in taken]
-        j0 = len(blocks)
-        n_full = remaining // bs
-        news = None
-        if req.kv_base == 0 and (j0 + n_full) * bs <= req.input_len:
-            news = req.prompt_block_hashes(bs)[j0:j0 + n_full]
-            if news and not set(olds).isdisjoint(news):
-                news = None
-        if news is not None:
-            drop = h2b.pop
-            for h in olds:
-                if h:
-                    drop(h, None)
-            for b, h in zip(taken, news, strict=False):   # taken may hold one more
-                block_hash[b] = h
-                ref[b] = 1
-            for b in taken[n_full:]:      # the partial last block, if any
-                block_hash[b] = b""
-                ref[b] = 1
-            h2b.update(zip(news, taken, strict=False))
-            blocks.extend(taken)
-            req.kv_len += remaining
-        else:
-            for b, hb in zip(taken, olds, strict=True):
+            block_hash = self.block_hash
+            h2b = self.hash_to_block
+            hashes = req.prompt_block_hashes(bs) if req.kv_base == 0 else None
+            n_prompt_blocks = req.input_len // bs
+            for _ in range(nb):
+                b, _ = free.popitem(last=False)
+                hb = block_hash[b]
                 if hb:
+                    # BLIS deletes the hash entry unconditionally (docs/kv-cache.md).
                     h2b.pop(hb, None)
                     block_hash[b] = b""
                 ref[b] = 1
@@ -237,14 +194,15 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
                 if remaining >= bs:
                     remaining -= bs
                     req.kv_len += bs
-                    h = self._block_hash_for(req, j)
+                    h = hashes[j] if hashes is not None and j < n_prompt_blocks else self._block_hash_for(req, j)
                     block_hash[b] = h
                     h2b[h] = b
                 else:
                     req.kv_len += remaining
                     remaining = 0
-        self.used += nb
-        self.cache_misses += nb
+            self.used += nb
+            self.cache_misses += nb
+        return True
 
     def _rollback(self, req, n_old: int, old_len: int, old_base: int, committed: list,
                   registered: list) -> None:
@@ -320,14 +278,16 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
 
     def release(self, req) -> None:
         """Drop the request's references, last block first; freed blocks keep their hash."""
-        blocks = req.kv_blocks
         ref = self.ref
         free = self.free
-        for b in reversed(blocks):
-            ref[b] -= 1
-            if ref[b] == 0:
-                self.used -= 1
+        n_freed = 0
+        for b in reversed(req.kv_blocks):
+            r = ref[b] - 1
+            ref[b] = r
+            if not r:
                 free[b] = None
+                n_freed += 1
+        self.used -= n_freed
         req.kv_blocks = []
         req.kv_len = 0
         req.kv_base = 0
