@@ -90,7 +90,7 @@ class _RowParser:
 
     def float(self, i: int) -> float:
         s = self.row[i]
-        if not _FLOAT_RE.match(s):
+        if not (s.isascii() and s.isdigit()) and not _FLOAT_RE.match(s):
             raise self.err(TRACE_COLUMNS[i], f"expected a number, got {s!r}")
         return float(s)
 
