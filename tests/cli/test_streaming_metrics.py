@@ -24,15 +24,21 @@ BLACKBOX = ("--model", "meta-llama/llama-3.1-8b-instruct", "--latency-model", "b
 N = 2000
 
 
-class _FailsMidRun(Router, name="test-fails-mid-run"):
-    """Round robin that breaks on the 500th request: a run that fails half way."""
+@pytest.fixture
+def failing_router():
+    """A router (registered for this test only) that breaks on the 500th request: a run that
+    fails half way."""
 
-    def route(self, req, state):
-        self.n = getattr(self, "n", 0) + 1
-        if self.n == 500:
-            raise RuntimeError("router broke")
-        s = state.snapshots[self.n % len(state.snapshots)]
-        return RoutingDecision(s.index, "rr", {})
+    class FailsMidRun(Router, name="test-fails-mid-run"):
+        def route(self, req, state):
+            self.n = getattr(self, "n", 0) + 1
+            if self.n == 500:
+                raise RuntimeError("router broke")
+            s = state.snapshots[self.n % len(state.snapshots)]
+            return RoutingDecision(s.index, "rr", {})
+
+    yield FailsMidRun.name
+    del Router._registry[FailsMidRun.name]
 
 
 def _trace(folder: Path, n: int = N) -> tuple[Path, Path]:
@@ -157,10 +163,10 @@ def test_requests_out_rows_are_the_results_rows(cli, tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
-def test_no_rows_file_when_the_run_fails(cli, tmp_path):
+def test_no_rows_file_when_the_run_fails(cli, tmp_path, failing_router):
     h, d = _trace(tmp_path, 800)
     sc = tmp_path / "sc.yaml"
-    sc.write_text(f"cluster:\n  num_instances: 2\n  routing:\n    policy: test-fails-mid-run\n"
+    sc.write_text(f"cluster:\n  num_instances: 2\n  routing:\n    policy: {failing_router}\n"
                   f"workload:\n  kind: trace\n  header: {h}\n  data: {d}\n")
     old = tmp_path / "old.jsonl"
     old.write_text("an earlier file\n")
