@@ -21,6 +21,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 
+import numpy as np
+
 from blis_simpy.plugins import Pluggable
 from blis_simpy.request import _sha256, hash_block
 from blis_simpy.units import ceil_div
@@ -242,7 +244,7 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
                     # an output block (the common case), hashed inline
                     view = req.kv_view
                     if view is None:
-                        view = req.kv_view = memoryview(req.tokens)
+                        view = req.kv_view = memoryview(np.ascontiguousarray(req.tokens))
                     a = base + j * bs
                     h = _sha256((self.block_hash[blocks[j - 1]] if j else b"")
                                 + view[a:a + bs]).digest()

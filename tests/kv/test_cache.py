@@ -372,6 +372,23 @@ def test_decode_fills_prompt_block_then_hashes_it_fresh_decode_blocks_start_unha
     c.check_invariants()
 
 
+
+
+def test_block_filled_by_a_slot_hashes_a_strided_token_array_like_a_list():
+    """A request whose token IDs are a non-contiguous array (no outputs: no copy is made)
+    hashes the block a slot fills exactly as the same IDs given as a list. Its blocks start
+    at position 4 (first allocation from 4, nothing cached), so they are not prompt blocks."""
+    ids = np.arange(100, 124, dtype=np.int32)[::2]       # 12 IDs, a strided view
+    hashes = []
+    for r in (Request("s", 0, ids, []), Request("l", 0, list(ids), [])):
+        c = KVCache(4, BS)
+        assert c.allocate(r, 4, 11)                      # positions 4..10: blocks 0, 1
+        assert c.append_token(r, 11, 7)                  # position 11 fills block 1
+        hashes.append([c.block_hash[b] for b in r.kv_blocks])
+    seq = np.array(ids[4:])
+    assert hashes[0] == hashes[1] == [H(seq, 0), H(seq, 1)]
+
+
 def test_append_token_does_not_update_kv_len():
     c = KVCache(4, BS)
     a = req("a", toks(100, 4), toks(900, 5), pi=0)
