@@ -1,0 +1,116 @@
+"""Run one sweep point: the function the planner's executor maps over points.
+
+:func:`run_point` lives at module level so Dask pickles it by reference: a worker imports
+this module and runs it. A point is ``{"command": "run" | "replay", "scenario": <scenario
+dict>}`` (paths in it absolute, or relative to the worker's directory), optionally with its
+``config_hash`` (computed here otherwise, :func:`blis_simpy.planner.points.config_hash`).
+
+The row it returns is flat (one value per key, ready for a Parquet column)::
+
+    status       "ok" | "error"
+    error        one line ("" when ok)
+    config_hash  SHA-256 hex of the command and the resolved scenario
+    wall_s       seconds this point took (validation + simulation)
+    m.<key>      every number of the report's cluster block (docs/metrics.md):
+                 m.ttft_p99_ms, m.e2e_mean_ms, m.responses_per_sec, m.completed_requests, ...
+    slo.<...>    the report's "slo" object, flattened, when present
+    deployment.<...>  the report's "deployment" object, flattened, when present
+
+The metrics are exactly those of ``blis-simpy run --scenario S --format json`` for the same
+scenario (:func:`blis_simpy.metrics.report.report_dict`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+
+from blis_simpy.errors import BlisError, ConfigError
+
+__all__ = ["check_point", "flatten", "report_row", "run_point"]
+
+#: objects of the report flattened into the row besides the cluster block (prefix = key)
+EXTRA_SECTIONS = ("slo", "deployment")
+
+
+def _given(scenario: dict) -> dict:
+    """A scenario seed counts as given (as ``--seed`` would): a workload spec's own seed
+    yields to it, as it does to a ``seed:`` key in a scenario file."""
+    seed = scenario.get("seed")
+    return {"--seed": str(seed)} if isinstance(seed, int) and not isinstance(seed, bool) else {}
+
+
+def _scenario_field(err: ConfigError) -> ConfigError:
+    """An error attributed to a flag (``--rate``) names the scenario key it sets instead."""
+    if err.field and err.field.startswith("--") and not err.file:
+        from blis_simpy.cli.flags import BY_NAME
+        f = BY_NAME.get(err.field)
+        if f is not None and f.path:
+            return ConfigError(err.problem, field=f.path)
+    return err
+
+
+def prepare_point(point: dict):
+    """The validated :class:`~blis_simpy.cli.runner.Plan` of a point (the scenario dict is copied)."""
+    from blis_simpy.cli import runner
+    scenario = copy.deepcopy(point["scenario"])
+    try:
+        return runner.prepare(point.get("command", "run"), _given(scenario), data=scenario)
+    except ConfigError as exc:
+        raise _scenario_field(exc) from None
+
+
+def check_point(point: dict) -> None:
+    """Validate a point as ``run`` would (keys, values, backend, policies, pools) without
+    running it; raises :class:`ConfigError` naming the scenario key."""
+    prepare_point(point)
+
+
+def flatten(obj, prefix: str, out: dict) -> dict:
+    """Nested mappings become ``prefix.key.sub`` columns; lists become JSON text; scalars stay."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            flatten(v, f"{prefix}.{k}", out)
+    elif isinstance(obj, (list, tuple)):
+        out[prefix] = json.dumps(obj, sort_keys=True)
+    else:
+        out[prefix] = obj
+    return out
+
+
+def report_row(doc: dict) -> dict:
+    """The metric columns of a report document (:func:`~blis_simpy.metrics.report.report_dict`)."""
+    row: dict = {}
+    for k, v in doc["cluster"].items():
+        if k != "instance_id":
+            flatten(v, f"m.{k}", row)
+    for key in EXTRA_SECTIONS:
+        if doc.get(key) is not None:
+            flatten(doc[key], key, row)
+    return row
+
+
+def run_point(point: dict) -> dict:
+    """Run one point with the CLI's runner; a flat row (module docstring). Errors do not raise:
+    they come back as ``status: "error"`` with the one-line message."""
+    from blis_simpy.cli import runner
+    from blis_simpy.metrics.report import report_dict
+    from blis_simpy.planner.points import config_hash, resolved
+    t0 = time.perf_counter()
+    row: dict = {"status": "ok", "error": "", "config_hash": point.get("config_hash"), "wall_s": None}
+    try:
+        plan = prepare_point(point)
+        if not row["config_hash"]:
+            row["config_hash"] = config_hash(plan.command, resolved(plan.scenario))
+        out = runner.execute(plan)
+        row.update(report_row(report_dict(out.report)))
+    except Exception as exc:   # a point's failure is its row, never the sweep's end
+        row["status"] = "error"
+        text = (exc.one_line() if isinstance(exc, BlisError)
+                else f"internal error: {type(exc).__name__}: {exc}")
+        row["error"] = " ".join(text.split())
+        if not row["config_hash"]:   # unvalidated: the hash of the scenario as given
+            row["config_hash"] = config_hash(point.get("command", "run"), point.get("scenario"))
+    row["wall_s"] = time.perf_counter() - t0
+    return row
