@@ -142,6 +142,17 @@ class SimEnv(simpy.Environment):
         to the clock when it pops an event, without the event."""
         self._now = time_us
 
+    def latest_due_us(self, limit_us: int) -> int | None:
+        """The latest time (µs) of an event now queued at or before ``limit_us``; None when
+        no queued event is. Read-only (an observer uses it to never outlive the run:
+        :mod:`blis_simpy.cluster.monitor`); O(queued events)."""
+        best = None
+        for item in self._queue:
+            t = item[0]
+            if t <= limit_us and (best is None or t > best):
+                best = t
+        return None if best is None else int(best)
+
 
 class Mailbox(simpy.Store):
     """A FIFO hand-off between processes whose deliveries run at a fixed event key.

@@ -3,9 +3,9 @@
 :func:`scenario_data` turns a run's engine settings into scenario keys (the same keys a
 scenario file has, so flags can override them); :func:`simulate` replays the run's TraceV2
 rows (real prompt token IDs where the run has them) with no horizon, so every request
-finishes, and samples the engines once a simulated second (running, waiting, KV use) by a
-monitor process beside the instances — a read-only observer that stops when the last
-request is done. Units: ``*_us`` integer µs, ``*_ms`` ms, ``*_s`` s.
+finishes, and samples the engines once a simulated second (running, waiting, KV use) by the
+timeline monitor (:class:`~blis_simpy.cluster.monitor.Monitor`, a read-only observer that
+stops with the run), summed over the instances. Units: ``*_us`` integer µs, ``*_ms`` ms, ``*_s`` s.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from blis_simpy.build.resolve import Deployment, resolve
+from blis_simpy.cluster.monitor import Monitor, Timeline
 from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.observed.run import ObservedRun, Settings
@@ -47,6 +48,14 @@ class Sample:
     kv_cache_pct: float
 
 
+def _engine_samples(tl: Timeline) -> list[Sample]:
+    """The timeline summed over the instances, one :class:`Sample` per sample time."""
+    blocks = sum(tl.cols["kv_blocks_total"][:len(tl.instances)]) or 1
+    used = tl.totals("kv_blocks_used")
+    return [Sample(t / 1e6, r, w, 100.0 * u / blocks) for t, r, w, u in
+            zip(tl.times_us, tl.totals("running"), tl.totals("waiting"), used, strict=True)]
+
+
 @dataclass
 class SimRun:
     """What the twin did. Per request (keyed by the run's request id): TTFT, E2E, TPOT (ms;
@@ -66,19 +75,6 @@ class SimRun:
     total_kv_blocks: int = 0
 
 
-def _monitor(env, sim: Simulation, total: int, out: list[Sample], period_us: int):
-    """Sample every ``period_us`` until every request is done (never past the last one)."""
-    insts = sim.instances
-    blocks = sum(i.kv.total_blocks for i in insts) or 1
-    while True:
-        used = sum(i.kv.used for i in insts)
-        out.append(Sample(env.now / 1e6, sum(len(i.running) for i in insts),
-                          sum(len(i.waitq) for i in insts), 100.0 * used / blocks))
-        if sim._done_requests() >= total:
-            return
-        yield env.timeout(period_us)
-
-
 def simulate(scenario: Scenario, run: ObservedRun, *, deployment: Deployment | None = None,
              horizon_us: int = MAX_INT64, sample_period_us: int = SAMPLE_PERIOD_US,
              progress: Callable[[int, int], None] | None = None) -> SimRun:
@@ -89,9 +85,10 @@ def simulate(scenario: Scenario, run: ObservedRun, *, deployment: Deployment | N
     dep = deployment if deployment is not None else resolve(scenario, quiet=True)
     sim = Simulation(scenario, reqs, horizon_us=horizon_us, deployment=dep)
     out = SimRun(offered=len(reqs))
-    if sample_period_us > 0:
-        sim.env.process(_monitor(sim.env, sim, len(reqs), out.samples, sample_period_us))
+    monitor = Monitor(sim, sample_period_us) if sample_period_us > 0 else None
     result = sim.run(progress=progress)
+    if monitor is not None:
+        out.samples = _engine_samples(monitor.timeline)
     by_trace = {f"request_{r.trace_id}": r.id for r in run.requests}
     cluster = result.cluster
     metrics = [cluster] if cluster is not None else result.instances

@@ -30,7 +30,8 @@ if TYPE_CHECKING:   # the simulator stack loads only when a command runs
     from blis_simpy.cli import runner
 
 #: replay flags that make no sense here (the workload is the measured run)
-SKIP = ("--trace-header", "--trace-data", "--trace-output", "--results-path")
+SKIP = ("--trace-header", "--trace-data", "--trace-output", "--results-path", "--timeline",
+        "--timeline-interval-ms")   # calibrate has its own --timeline (real vs sim)
 
 
 class CalFormat(str, enum.Enum):

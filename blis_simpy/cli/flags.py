@@ -176,6 +176,8 @@ FLAGS: tuple[Flag, ...] = (
     F("--trace-output", text, None, None, "export the workload as PREFIX.yaml + PREFIX.csv (TraceV2)", (RUN,), OUTPUT),
     F("--streaming-metrics", boolean, "metrics.streaming", None, "very long runs: percentiles from DDSketch sketches (relative accuracy 0.01), requests dropped as they complete", panel=OUTPUT),
     F("--requests-out", text, None, None, "write one row per request to PATH (.jsonl or .parquet), streamed as requests complete under --streaming-metrics", panel=OUTPUT),
+    F("--timeline", text, "output.timeline", None, "write a per-instance timeline to PATH (.csv or .parquet): running, waiting, KV blocks, preemptions, PD transfers in flight (docs/planning.md, Reports)", panel=OUTPUT),
+    F("--timeline-interval-ms", number, "output.timeline_interval_ms", positive, "simulated time between --timeline samples, ms, 1 to 86400000 (default 100)", panel=OUTPUT),
 )
 BY_NAME = {f.name: f for f in FLAGS}
 BY_PATH = {f.path: f for f in FLAGS if f.path}

@@ -265,8 +265,11 @@ def execute(plan: Plan, progress: Callable[[int, int], None] | None = None) -> O
     except ConfigError as exc:
         raise plan.attribute(exc) from None
     tap = streaming.start(plan, sim)     # --streaming-metrics, --requests-out
+    from blis_simpy.cli import timeline_out
+    timeline = timeline_out.start(plan, sim)   # --timeline (docs/planning.md, "Reports")
     try:
-        return _run(plan, sim, tap, requests, horizon, sessions, workload_seed, progress)
+        return timeline.commit(_run(plan, sim, tap, requests, horizon, sessions, workload_seed,
+                                    progress))
     except BaseException:
         tap.abort()
         raise

@@ -295,6 +295,10 @@ def simulate(base: runner.Plan, given: dict[str, str], fmt: str,
     if base.given.get("--trace-output"):
         raise ConfigError("not supported with scenario variants (each variant would export its "
                           "own timings); drop the variants or the flag", field="--trace-output")
+    if base.scenario.output.timeline:
+        raise base.attribute(ConfigError("not supported with scenario variants (each variant "
+                                         "has its own timeline); drop the variants or the flag",
+                                         field="output.timeline"))
     vps = plan_variants(base, given)
     outs = execute(vps, run)
     results_path = base.given.get("--results-path")

@@ -180,6 +180,16 @@ class MetricsConfig(Strict):
                            "requests dropped as they complete; false = exact percentiles")
 
 
+class OutputConfig(Strict):
+    """Extra output files of a run (docs/planning.md, "Reports")."""
+
+    timeline: str = Field(
+        "", description="write a per-instance timeline here (.csv or .parquet): running, waiting, "
+                        "KV blocks, preemptions, PD transfers in flight; empty = none")
+    timeline_interval_ms: Annotated[float, Field(ge=1, le=86_400_000, allow_inf_nan=False)] = Field(
+        100.0, description="simulated time between timeline samples, ms (1 ms to one day)")
+
+
 class LengthDist(Strict):
     """A clamped Gaussian token-length distribution (BLIS's distribution mode)."""
 
@@ -327,6 +337,7 @@ class Scenario(Strict):
     plugins: list[str] = Field(default_factory=list, description="modules to import (custom policies)")
     trace: TraceConfig = Field(default_factory=TraceConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
     fitness_weights: dict[str, NonNegFloat] = Field(
         default_factory=dict, description="fitness key -> weight (docs/metrics.md); empty = no fitness")
     variants: list[Variant] = Field(

@@ -1,0 +1,103 @@
+"""The ``--timeline`` file: a run's :class:`~blis_simpy.cluster.monitor.Timeline` as CSV or
+Parquet (docs/planning.md, "Reports").
+
+One row per (sample time, instance), columns in :data:`COLUMNS` order: ``t_us`` (simulated µs), ``instance``, ``role`` (``prefill``/``decode`` with pools,
+else empty), ``running``, ``waiting``, ``kv_blocks_used``, ``kv_blocks_total``,
+``preemptions`` (cumulative), ``kv_transfers_in_flight`` (cluster-wide; empty/null without
+pools). The format follows the suffix (``.csv`` or ``.parquet``). Writing is atomic: a
+temporary file next to the path, renamed over it when complete.
+
+:func:`read_timeline` reads either format back as a :class:`pyarrow.Table` and checks the
+columns (the report reads timelines through it).
+"""
+
+from __future__ import annotations
+
+import os
+
+from blis_simpy.errors import ConfigError
+
+__all__ = ["COLUMNS", "FORMATS", "check_timeline_path", "read_timeline", "write_timeline"]
+
+#: the columns of a timeline, one row per (sample time, instance)
+COLUMNS = ("t_us", "instance", "role", "running", "waiting", "kv_blocks_used", "kv_blocks_total",
+           "preemptions", "kv_transfers_in_flight")
+FORMATS = (".csv", ".parquet")
+_INTS = ("t_us", "running", "waiting", "kv_blocks_used", "kv_blocks_total", "preemptions",
+         "kv_transfers_in_flight")
+
+
+def check_timeline_path(path: str, field: str) -> None:
+    """Refuse, before the run, a path the timeline cannot be written to."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in FORMATS:
+        raise ConfigError(f"unknown suffix {suffix or '(none)'!r}: expected .csv or .parquet",
+                          file=path, field=field)
+    if os.path.isdir(path):
+        raise ConfigError("is a directory, expected a file", file=path, field=field)
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ConfigError("no such directory for the timeline file", file=path, field=field)
+
+
+def _table(tl):
+    import pyarrow as pa
+    schema = pa.schema([(c, pa.string() if c in ("instance", "role") else pa.int64())
+                        for c in COLUMNS])
+    return pa.Table.from_pydict({c: tl.cols[c] for c in COLUMNS}, schema=schema)
+
+
+def write_timeline(path: str, tl, *, field: str = "--timeline") -> None:
+    """Write ``tl`` (a :class:`~blis_simpy.cluster.monitor.Timeline`: its ``cols`` by
+    column name) to ``path`` (.csv or .parquet), atomically. Errors: ConfigError."""
+    check_timeline_path(path, field)
+    final = os.path.abspath(path)
+    tmp = os.path.join(os.path.dirname(final),
+                       f".{os.path.basename(final)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        if final.lower().endswith(".parquet"):
+            import pyarrow.parquet as pq
+            pq.write_table(_table(tl), tmp)
+        else:
+            import csv
+            with open(tmp, "w", encoding="utf-8", newline="") as fh:
+                w = csv.writer(fh, lineterminator="\n")
+                w.writerow(COLUMNS)
+                w.writerows(zip(*(tl.cols[c] for c in COLUMNS), strict=True))
+        os.replace(tmp, final)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the timeline: {exc.strerror or exc}", file=path,
+                          field=field) from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_timeline(path: str, *, field: str | None = None):
+    """A timeline file (.csv or .parquet) as a :class:`pyarrow.Table` with every column of
+    :data:`COLUMNS`. ConfigError (one line) when it is missing, unreadable or not a timeline."""
+    import pyarrow as pa
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in FORMATS:
+        raise ConfigError(f"unknown suffix {suffix or '(none)'!r}: expected .csv or .parquet",
+                          file=path, field=field)
+    if not os.path.isfile(path):
+        raise ConfigError("no such file", file=path, field=field)
+    try:
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+            table = pq.read_table(path)
+        else:
+            import pyarrow.csv as pcsv
+            types = {c: pa.int64() for c in _INTS}
+            types.update(instance=pa.string(), role=pa.string())
+            table = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
+                column_types=types, strings_can_be_null=False))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ConfigError(f"not a readable timeline: {str(exc).splitlines()[0]}", file=path,
+                          field=field) from None
+    missing = [c for c in COLUMNS if c not in table.column_names]
+    if missing:
+        raise ConfigError(f"not a timeline: missing column(s) {', '.join(missing)}", file=path,
+                          field=field)
+    return table
