@@ -40,6 +40,9 @@ FIGURES = tuple(BLIS_KEYS)
 EXTRA_FIELDS = ("memory_torch_gib", "interconnect", "interconnect_gen", "link_bw_gbps", "p2p",
                 "collective_latency_us", "bw_sustained_tbs")
 INTERCONNECTS = ("nvlink", "pcie")
+#: optional price of one GPU-hour, USD (> 0), under this key in every format; never inherited
+#: from the GPU an entry replaces, and absent from the shipped entries (no price invented)
+PRICE_FIELD = "price_per_hour_usd"
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,17 @@ def _extras(name: str, raw: Mapping, where: str) -> dict:
     return out
 
 
+def _price(name: str, raw: Mapping, where: str) -> dict:
+    """``{PRICE_FIELD: v}`` when ``raw`` gives a price (a finite number > 0), else ``{}``."""
+    if PRICE_FIELD not in raw:
+        return {}
+    v = raw[PRICE_FIELD]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ConfigError(f"GPU {name!r}: {PRICE_FIELD} must be a finite number > 0, got {v!r}",
+                          field=where)
+    return {PRICE_FIELD: float(v)}
+
+
 def _missing(given: Mapping) -> tuple[str, ...]:
     return tuple(k for k in EXTRA_FIELDS if k not in given)
 
@@ -147,6 +161,7 @@ def builtin_gpus() -> GPUCatalog:
     for name, e in raw.items():
         figs = _figures(name, e, {k: k for k in FIGURES}, "catalog/data/gpus.yaml")
         figs.update(_extras(name, e, "catalog/data/gpus.yaml"))
+        figs.update(_price(name, e, "catalog/data/gpus.yaml"))
         entries[name] = GPUEntry(GPUSpec(name=name, source=e.get("source", ""), **figs),
                                  description=e.get("description", ""),
                                  aliases=tuple(e.get("aliases", ())))
@@ -179,7 +194,7 @@ def read_hardware_json(path: str, *, field: str = "hardware_config") -> dict[str
         extras = _extras(name, e, field)
         note = e.get("_comment", "")
         out[name] = GPUEntry(GPUSpec(name=name, source=f"{path}" + (f": {note}" if note else ""),
-                                     **figs, **extras),
+                                     **figs, **extras, **_price(name, e, field)),
                              origin=str(path), inherits=_missing(extras))
     return out
 
@@ -191,6 +206,8 @@ def scenario_gpus(gpus: Mapping[str, object]) -> dict[str, GPUEntry]:
         figs = {k: float(getattr(g, k)) for k in FIGURES}
         extras = {k: getattr(g, k, None) for k in EXTRA_FIELDS}
         extras = {k: v for k, v in extras.items() if v is not None}   # validated by the scenario model
+        if getattr(g, PRICE_FIELD, None) is not None:
+            extras[PRICE_FIELD] = float(getattr(g, PRICE_FIELD))
         out[name] = GPUEntry(GPUSpec(name=name, source=getattr(g, "source", "") or "scenario gpus:",
                                      **figs, **extras),
                              description="defined in the scenario", origin="scenario",
@@ -212,4 +229,4 @@ def gpu_catalog(hardware_config: str = "", gpus: Mapping[str, object] | None = N
 
 
 __all__ = ["GPUCatalog", "GPUEntry", "builtin_gpus", "gpu_catalog", "read_hardware_json",
-           "scenario_gpus", "BLIS_KEYS", "EXTRA_FIELDS", "INTERCONNECTS"]
+           "scenario_gpus", "BLIS_KEYS", "EXTRA_FIELDS", "INTERCONNECTS", "PRICE_FIELD"]

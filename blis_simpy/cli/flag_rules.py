@@ -130,7 +130,7 @@ def _workload_source(ov: Overrides, data: dict, presets) -> None:
         raise ConfigError(f"unknown workload {name!r}; valid: distribution, chatbot, contentgen, "
                           "summarization, multidoc", field="--workload")
     old = data.get("workload")
-    keep = {k: old[k] for k in ("rate", "num_requests")
+    keep = {k: old[k] for k in ("rate", "num_requests", "arrival", "arrival_cv")
             if isinstance(old, dict) and old.get("kind", "distribution") == "distribution" and k in old}
     data["workload"] = {"kind": "distribution", **keep, **preset}
     for key in preset:

@@ -45,6 +45,7 @@ RUN, REPLAY = "run", "replay"
 BOTH = (RUN, REPLAY)
 SIM, WORKLOAD, OUTPUT = "Simulation", "Workload (run)", "Output"
 PD = "Prefill/decode disaggregation"
+SLO = "SLOs and cost"
 
 
 # ---------------------------------------------------------------------------- the table
@@ -101,6 +102,8 @@ FLAGS: tuple[Flag, ...] = (
     F("--num-requests", integer, "workload.num_requests", non_negative, "requests to generate (default 100)", (RUN,), WORKLOAD),
     F("--prefix-tokens", integer, "workload.prefix_tokens", non_negative, "shared prefix length (default 0)", (RUN,), WORKLOAD),
     F("--rate", number, "workload.rate", positive, "arrival rate, requests/s (default 1.0)", (RUN,), WORKLOAD),
+    F("--arrival", text, "workload.arrival", one_of("constant", "poisson", "gamma"), "arrival process: constant (default, BLIS: gaps of 1/rate), poisson, gamma", (RUN,), WORKLOAD),
+    F("--arrival-cv", number, "workload.arrival_cv", positive, "gamma: coefficient of variation of the gaps (default 1.0)", (RUN,), WORKLOAD),
     F("--prompt-tokens", integer, "workload.prompt_tokens.mean", None, "prompt length mean (default 512)", (RUN,), WORKLOAD),
     F("--prompt-tokens-stdev", integer, "workload.prompt_tokens.stdev", None, "prompt length stdev (default 256)", (RUN,), WORKLOAD),
     F("--prompt-tokens-min", integer, "workload.prompt_tokens.min", None, "prompt length min (default 2)", (RUN,), WORKLOAD),
@@ -171,6 +174,11 @@ FLAGS: tuple[Flag, ...] = (
     F("--pd-interference-prefill", number, "disaggregation.interference.prefill", interference_range, "slowdown factor of mixed batches that are mostly prefill, [0, 100] (default 0)", panel=PD),
     F("--pd-interference-decode", number, "disaggregation.interference.decode", interference_range, "slowdown factor of mixed batches that are mostly decode, [0, 100] (default 0)", panel=PD),
     F("--pd-compat", text, "disaggregation.compat", one_of("fixed", "checkout"), "fixed (default) or checkout: the Go checkout's PD behaviour (parity mode, docs/cli.md)", panel=PD),
+    # SLOs and cost (docs/metrics.md, "SLOs and goodput", "Deployment and cost")
+    F("--slo-ttft", number, "slo.ttft_ms", positive, "TTFT target, ms: attainment and goodput in the results", panel=SLO),
+    F("--slo-itl", number, "slo.itl_ms", positive, "mean inter-token latency target per request, ms", panel=SLO),
+    F("--slo-e2e", number, "slo.e2e_ms", positive, "end-to-end latency target, ms", panel=SLO),
+    F("--gpu-hour-cost", number, "cost.gpu_hour_usd", positive, "USD per GPU-hour: cost per hour and per 1M output tokens (default: the GPU catalog's price, if any)", panel=SLO),
     # outputs
     F("--results-path", text, None, None, "write results JSON here (run: metrics + per-request rows; replay: SimResult array)", panel=OUTPUT),
     F("--trace-output", text, None, None, "export the workload as PREFIX.yaml + PREFIX.csv (TraceV2)", (RUN,), OUTPUT),

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from blis_simpy.build.pools import resolve_pools
 from blis_simpy.build.resolve import build_latency_model
-from blis_simpy.cli import streaming
+from blis_simpy.cli import slo_cost, streaming
 from blis_simpy.cli.flag_rules import apply_flags
 from blis_simpy.cli.flags import BY_NAME, REPLAY, flag_for_path
 from blis_simpy.cluster.simulation import Simulation, SimulationResult, component_classes
@@ -29,7 +29,7 @@ from blis_simpy.config.scenario import Scenario, SpecWorkload, TraceWorkload
 from blis_simpy.engine.batching import BatchingPolicy
 from blis_simpy.errors import ConfigError
 from blis_simpy.metrics.fitness import compute_fitness
-from blis_simpy.metrics.report import Report, write_results
+from blis_simpy.metrics.report import Report, planning_part, write_results
 from blis_simpy.metrics.summary import metrics_output, replay_results
 from blis_simpy.plugins import load_plugins
 from blis_simpy.request import COMPLETED, TIMED_OUT
@@ -199,7 +199,7 @@ def build_workload(plan: Plan, *, lazy: bool = False) -> tuple[list, int, object
     lp = lambda d: LengthParams(d.mean, d.stdev, d.min, d.max)  # noqa: E731
     try:
         spec = distribution_spec(w.rate, w.num_requests, s.seed, lp(w.prompt_tokens),
-                                 lp(w.output_tokens), w.prefix_tokens)
+                                 lp(w.output_tokens), w.prefix_tokens, w.arrival, w.arrival_cv)
         horizon = s.horizon
         reqs = generate_requests(spec, seed=s.seed, horizon=horizon, max_requests=w.num_requests)
     except ConfigError as exc:
@@ -286,6 +286,7 @@ def _run(plan, sim, tap, requests, horizon, sessions, workload_seed, progress) -
                     rejected_at_routing=c.rejected_at_routing, shed_by_tier=dict(c.shed_by_tier),
                     priority_policy=s.engine.priority_policy, is_replay=plan.command == REPLAY)
     add_optional_sections(plan, result, report)
+    slo_cost.attach(plan.scenario, sim, result, report)   # SLOs, GPUs and cost (docs/metrics.md)
     if plan.command == REPLAY and s.horizon_us is None:
         warn_unfinished(len(requests), report, horizon, streaming.last_arrival_us(requests))
     blocks = [inst.kv.total_blocks for inst in sim.instances]
@@ -320,7 +321,7 @@ def write_results_file(out: Outcome, path: str) -> None:
     if out.plan.command == REPLAY:
         obj = replay_results(out.report.cluster)
     else:
-        obj = metrics_output(out.report.cluster, include_requests=True)
+        obj = metrics_output(out.report.cluster, include_requests=True) | planning_part(out.report)
     try:
         write_results(path, obj)
     except OSError as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from blis_simpy.errors import ConfigError
 from blis_simpy.metrics.collect import RequestCollector
 from blis_simpy.metrics.sink import RequestSink
+from blis_simpy.metrics.slo import SLOSpec
 from blis_simpy.metrics.summary import request_rows
 
 __all__ = ["RunTap", "last_arrival_us", "start", "trace_stream"]
@@ -94,6 +95,7 @@ def start(plan, sim) -> RunTap:
     if not pd:
         collector = RequestCollector(
             streaming=streaming, sink=sink if streaming else None,
-            keep_order=s.engine.priority_policy not in ("", "constant"))
+            keep_order=s.engine.priority_policy not in ("", "constant"),
+            slo=SLOSpec.from_config(s.slo))
         collector.attach(sim.instances)
     return RunTap(collector, sink, streaming)

@@ -40,6 +40,8 @@ class ControlPlaneCounters:
     routed: int = 0             # injected into an instance
     rejected_at_routing: int = 0
     shed_by_tier: dict[str, int] = field(default_factory=dict)
+    #: SLO class ("" = none) -> ClusterArrivals processed (the offered requests of SLO attainment)
+    arrived_by_class: dict[str, int] = field(default_factory=dict)
 
 
 class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
@@ -95,7 +97,10 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         self.env.call_at(req.arrival_us, FOLLOWUP_ARRIVAL, self._on_arrival, req)
 
     def _on_arrival(self, req) -> None:
-        self.counters.arrived += 1
+        c = self.counters
+        c.arrived += 1
+        by_class = c.arrived_by_class
+        by_class[req.slo_class] = by_class.get(req.slo_class, 0) + 1
         self.env.call_at(self.env.now + self.admission_latency_us, ADMISSION, self._on_admission, req)
 
     # ------------------------------------------------------------------ router state

@@ -59,6 +59,8 @@ class GPUEntry(Strict):
         None, description="fixed cost of one collective, µs")
     bw_sustained_tbs: NonNegFloat | None = Field(
         None, description="measured sustained memory bandwidth, TB/s (0 = unknown: physics uses the peak)")
+    price_per_hour_usd: PosFloat | None = Field(
+        None, description="USD per GPU-hour (deployment cost; docs/metrics.md)")
 
     @field_validator("interconnect")
     @classmethod
@@ -190,6 +192,29 @@ class OutputConfig(Strict):
         100.0, description="simulated time between timeline samples, ms (1 ms to one day)")
 
 
+class SLOClassTargets(Strict):
+    """SLO targets of one SLO class, ms; unset keys take the defaults (docs/metrics.md)."""
+
+    ttft_ms: PosFloat | None = Field(None, description="time-to-first-token target, ms")
+    itl_ms: PosFloat | None = Field(None, description="mean inter-token latency target, ms")
+    e2e_ms: PosFloat | None = Field(None, description="end-to-end latency target, ms")
+
+
+class SLOConfig(SLOClassTargets):
+    """SLO targets (ms) and per-SLO-class overrides (docs/metrics.md, "SLOs and goodput");
+    ``--slo-ttft``/``--slo-itl``/``--slo-e2e`` override the top-level keys."""
+
+    classes: dict[str, SLOClassTargets] = Field(
+        default_factory=dict, description="SLO class -> its own targets (replace the defaults)")
+
+
+class CostConfig(Strict):
+    """Deployment cost (docs/metrics.md, "Deployment and cost")."""
+
+    gpu_hour_usd: PosFloat | None = Field(
+        None, description="USD per GPU-hour for every GPU; None = the GPU catalog's price, if any")
+
+
 class LengthDist(Strict):
     """A clamped Gaussian token-length distribution (BLIS's distribution mode)."""
 
@@ -210,6 +235,10 @@ class DistributionWorkload(Strict):
     output_tokens: LengthDist = Field(
         default_factory=lambda: LengthDist(mean=512, stdev=256, min=2, max=7000))
     prefix_tokens: NonNegInt = 0
+    arrival: Literal["constant", "poisson", "gamma"] = Field(
+        "constant", description="arrival process: constant (BLIS's spacing 1/rate), poisson, gamma")
+    arrival_cv: PosFloat | None = Field(
+        None, description="gamma's coefficient of variation of the gaps (default 1.0)")
 
 
 class TraceWorkload(Strict):
@@ -338,6 +367,8 @@ class Scenario(Strict):
     trace: TraceConfig = Field(default_factory=TraceConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    slo: SLOConfig = Field(default_factory=SLOConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
     fitness_weights: dict[str, NonNegFloat] = Field(
         default_factory=dict, description="fitness key -> weight (docs/metrics.md); empty = no fitness")
     variants: list[Variant] = Field(

@@ -10,7 +10,9 @@ listener, :class:`_Tap`) and, when a request completes or times out:
 * with ``--streaming-metrics``, moves the request's TTFT, E2E, ITL and scheduling delay out
   of the instance's maps into the instance's
   :class:`~blis_simpy.metrics.streaming.StreamingStats`, writes its row to the
-  ``--requests-out`` sink (if any) and drops it: nothing of it stays in memory.
+  ``--requests-out`` sink (if any) and drops it: nothing of it stays in memory; with SLO
+  targets (``slo``) a completed request is judged now and counted in the instance's
+  :class:`~blis_simpy.metrics.slo.SLOTally`.
 
 At the end of the run :meth:`RequestCollector.finish` does the same for the requests still
 queued or running (sorted by ID). Only the standard cluster is tapped; the
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from blis_simpy.metrics.raw import DEFAULT_SLO_CLASS
 from blis_simpy.metrics.sink import RequestSink
+from blis_simpy.metrics.slo import SLOSpec, SLOTally
 from blis_simpy.metrics.streaming import StreamingStats
 from blis_simpy.metrics.summary import request_row
 from blis_simpy.request import COMPLETED, TIMED_OUT
@@ -71,19 +74,24 @@ class _Tap:
 class RequestCollector:
     """See the module docstring. ``streaming``: stream the metrics and drop requests;
     ``sink``: where rows go as requests leave (streaming only); ``keep_order``: keep the rows
-    the priority-inversion counter needs (a priority policy other than ``constant``)."""
+    the priority-inversion counter needs (a priority policy other than ``constant``);
+    ``slo``: SLO targets to judge completed requests by (streaming only; None or inactive =
+    no tally)."""
 
     def __init__(self, *, streaming: bool, sink: RequestSink | None = None,
-                 keep_order: bool = False):
+                 keep_order: bool = False, slo: SLOSpec | None = None):
         self.streaming = streaming
         self.sink = sink
         self.keep_order = keep_order
+        self.slo = slo if slo is not None and slo.active else None
 
     def attach(self, instances) -> None:
         for inst in instances:
             inst.listener = _Tap(inst.listener, self)
             if self.streaming:
                 inst.metrics.streaming = StreamingStats(self.keep_order)
+                if self.slo is not None:
+                    inst.metrics.streaming.slo_tally = SLOTally()
 
     def done(self, inst, req) -> None:
         state = req.state
@@ -105,6 +113,8 @@ class RequestCollector:
     def _take(self, met, rid, req, ttft, e2e, sched, itl) -> None:
         cls = (req.slo_class if req is not None else "") or DEFAULT_SLO_CLASS
         met.streaming.add_request(req, cls, ttft, e2e, sched, req is not None)
+        if e2e is not None and self.slo is not None:
+            met.streaming.slo_tally.add(self.slo, cls, ttft, itl, e2e)
         if req is not None and self.sink is not None:
             self.sink.write(request_row(rid, req, ttft or 0, itl or 0, e2e or 0, sched or 0))
 

@@ -42,6 +42,11 @@ Renderers:
 With ``--streaming-metrics`` one more key follows: ``"streaming_metrics": {"relative_accuracy":
 0.01, "note": "..."}`` (the percentiles are DDSketch estimates, docs/metrics.md).
 
+Then, only when asked for (:func:`planning_part`; docs/metrics.md, "SLOs and goodput"):
+``"slo"`` when an SLO target is set (:meth:`~blis_simpy.metrics.slo.SLOReport.to_dict`) and
+``"deployment"`` (``{"total_gpus", "gpu_hour_usd", "cost_per_hour_usd",
+"cost_per_million_output_tokens_usd"}``) when an SLO target or a GPU-hour price is known.
+
 Distribution objects are ``{"mean", "p50", "p95", "p99", "min", "max", "count"}`` in µs.
 Numbers are written as Go would (:mod:`blis_simpy.metrics.gojson`).
 
@@ -58,6 +63,7 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 from blis_simpy.metrics import gojson
+from blis_simpy.metrics.cost import DeploymentCost
 from blis_simpy.metrics.fitness import FitnessResult
 from blis_simpy.metrics.percentile import Distribution
 from blis_simpy.metrics.raw import (
@@ -70,6 +76,7 @@ from blis_simpy.metrics.raw import (
     slo_distributions,
 )
 from blis_simpy.metrics.records import InstanceMetrics
+from blis_simpy.metrics.slo import SLOReport
 from blis_simpy.metrics.streaming import RELATIVE_ACCURACY, accuracy_note
 from blis_simpy.metrics.summary import aggregate, metrics_output
 
@@ -79,6 +86,7 @@ __all__ = [
     "Report",
     "TraceSummary",
     "is_idle_ratio",
+    "planning_part",
     "render_json",
     "report_dict",
     "write_results",
@@ -222,6 +230,10 @@ class Report:
     #: pieces (:meth:`blis_simpy.kv.vllm_capacity.KVCapacity.to_dict`); None when unknown
     total_kv_blocks: int | list[int] | None = None
     kv_capacity: dict | None = None
+    #: SLO attainment and goodput (None: no SLO target) and the deployment's GPUs and cost
+    #: (None: not computed); see :func:`planning_part`
+    slo: SLOReport | None = None
+    deployment: DeploymentCost | None = None
 
     def __post_init__(self) -> None:
         self.instances = list(self.instances)
@@ -282,7 +294,7 @@ def report_dict(report: Report) -> dict:
                           if report.trace_summary is not None else None),
         "total_kv_blocks": report.total_kv_blocks,
         "kv_capacity": report.kv_capacity,
-    } | _streaming_part(report)
+    } | _streaming_part(report) | planning_part(report)
 
 
 def _streaming_part(report: Report) -> dict:
@@ -290,6 +302,18 @@ def _streaming_part(report: Report) -> dict:
     if report.cluster.streaming is None:
         return {}
     return {"streaming_metrics": {"relative_accuracy": RELATIVE_ACCURACY, "note": accuracy_note()}}
+
+
+def planning_part(report: Report) -> dict:
+    """``"slo"`` when an SLO target is set; ``"deployment"`` when an SLO target or a GPU-hour
+    price is known (absent otherwise, so BLIS's documents are unchanged)."""
+    out: dict = {}
+    if report.slo is not None:
+        out["slo"] = report.slo.to_dict()
+    dep = report.deployment
+    if dep is not None and (report.slo is not None or dep.priced):
+        out["deployment"] = dep.to_dict()
+    return out
 
 
 def render_json(report: Report) -> str:

@@ -18,7 +18,8 @@ as its request leaves the instance and the request is forgotten:
 :class:`StreamingStats` holds one scope's distributions (an instance; the cluster is their
 merge): TTFT, E2E and scheduling delay, TTFT/E2E per SLO class and per model, the model
 token sums and row counts, and — only for a priority policy other than ``constant`` — the
-``(arrival_us, request ID, e2e_us)`` rows the priority-inversion counter orders.
+``(arrival_us, request ID, e2e_us)`` rows the priority-inversion counter orders; with SLO
+targets, the met-request counts of :mod:`blis_simpy.metrics.slo` (exact: counts only).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class StreamingStats:
     E2E)."""
 
     __slots__ = ("ttft", "e2e", "sched", "slo", "model", "model_tokens", "model_rows",
-                 "order_rows")
+                 "order_rows", "slo_tally")
 
     def __init__(self, keep_order: bool = False) -> None:
         self.ttft = StreamDist()
@@ -119,6 +120,9 @@ class StreamingStats:
         self.model_rows: dict[str, int] = {}
         #: SLO class -> [(arrival_us, request ID, e2e_us)], or None when not kept
         self.order_rows: dict[str, list] | None = {} if keep_order else None
+        #: SLO targets set: the met-request counts per class
+        #: (:class:`~blis_simpy.metrics.slo.SLOTally`, filled by the collector); else None
+        self.slo_tally = None
 
     def add_request(self, req, slo_class: str, ttft, e2e, sched, counted_row: bool) -> None:
         """One request's values (None = absent). ``req`` is its registry row (None if it has
@@ -168,6 +172,10 @@ class StreamingStats:
                              (self.model_rows, other.model_rows)):
             for key, n in theirs.items():
                 mine[key] = mine.get(key, 0) + n
+        if other.slo_tally is not None:
+            if self.slo_tally is None:
+                self.slo_tally = type(other.slo_tally)()
+            self.slo_tally.merge(other.slo_tally)
         if other.order_rows is not None:
             if self.order_rows is None:
                 self.order_rows = {}

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from blis_simpy.metrics.report import PDMetrics, Report, is_idle_ratio
+from blis_simpy.metrics.slo import SLOReport
 from blis_simpy.metrics.summary import metrics_output
 
-__all__ = ["pd_table", "render_tables"]
+__all__ = ["pd_table", "render_tables", "slo_table"]
 
 
 def _f(x: float, nd: int = 2) -> str:
@@ -29,6 +30,15 @@ def render_tables(report: Report, console) -> None:
     summary.add_row("Output tokens/s", f"{_f(c['tokens_per_sec'])} tok/s")
     summary.add_row("Input / output tokens",
                     f"{c['total_input_tokens']:,} / {c['total_output_tokens']:,}")
+    dep = report.deployment
+    if dep is not None:
+        summary.add_row("GPUs", f"{dep.total_gpus:,}")
+        if dep.priced:
+            summary.add_row("Cost", f"${_f(dep.cost_per_hour_usd)}/h "
+                                    f"(${_f(dep.gpu_hour_usd, 3)} per GPU-hour)")
+            per_m = dep.cost_per_million_output_tokens_usd
+            summary.add_row("Cost per 1M output tokens",
+                            f"${_f(per_m, 4)}" if per_m is not None else "n/a (no output)")
     console.print(summary)
 
     lat = Table(title="Latency (ms)", title_justify="left")
@@ -39,6 +49,9 @@ def render_tables(report: Report, console) -> None:
         lat.add_row(name, *(_f(c[f"{key}_{s}_ms"], 3) for s in ("mean", "p90", "p95", "p99")))
     lat.add_row("Scheduling delay", "", "", "", _f(c["scheduling_delay_p99_ms"], 3))
     console.print(lat)
+
+    if report.slo is not None:
+        console.print(slo_table(report.slo))
 
     a = report.anomalies
     cnt = Table(title="Counters", title_justify="left")
@@ -118,6 +131,34 @@ def render_tables(report: Report, console) -> None:
     if report.cluster.streaming is not None:     # --streaming-metrics
         from blis_simpy.metrics.streaming import accuracy_note
         console.print(accuracy_note(), highlight=False, soft_wrap=True)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}%"
+
+
+def _target(x: float | None) -> str:
+    return "-" if x is None else f"{x:g}"
+
+
+def slo_table(slo: SLOReport):
+    """The SLO section (docs/metrics.md, "SLOs and goodput"): targets, attainment over the
+    offered requests and goodput, overall and per SLO class (when there is more than one)."""
+    from rich.table import Table
+
+    t = Table(title="SLOs (attainment over offered requests)", title_justify="left")
+    for h in ("Class", "TTFT ≤ ms", "ITL ≤ ms", "E2E ≤ ms", "offered", "TTFT", "ITL", "E2E",
+              "all", "goodput req/s"):
+        t.add_column(h, justify="left" if h == "Class" else "right")
+    rows = [("all requests", slo.overall)]
+    if len(slo.per_class) > 1 or any(s.targets != slo.overall.targets
+                                     for s in slo.per_class.values()):
+        rows += list(slo.per_class.items())
+    for name, s in rows:
+        att = s.attainment_pct()
+        t.add_row(name, *(_target(x) for x in s.targets.as_tuple()), f"{s.offered:,}",
+                  *(_pct(att[k]) for k in ("ttft", "itl", "e2e", "all")), _f(s.goodput_rps, 3))
+    return t
 
 
 def pd_table(pd: PDMetrics, title: str = "Prefill/decode disaggregation"):

@@ -2,8 +2,9 @@
 and presets").
 
 Both synthesise a one-client v2 spec: client ``distribution`` (rate fraction 1.0), constant
-arrivals at ``rate`` requests per second, Gaussian prompt and output lengths (tokens), and —
-when ``prefix_tokens > 0`` — the shared prefix group ``shared`` of that many tokens.
+arrivals at ``rate`` requests per second (``--arrival poisson|gamma`` for the others),
+Gaussian prompt and output lengths (tokens), and — when ``prefix_tokens > 0`` — the shared
+prefix group ``shared`` of that many tokens.
 
 Validation (distribution mode only, errors name the flag): min and max ≥ 1, stdev ≥ 0,
 min ≤ max, and — BLIS quirk kept for parity — both the mean *and the stdev* must lie in
@@ -12,6 +13,7 @@ min ≤ max, and — BLIS quirk kept for parity — both the mean *and the stdev
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import NamedTuple
 
@@ -19,6 +21,9 @@ from blis_simpy.errors import ConfigError
 from blis_simpy.workload.spec import ArrivalSpec, ClientSpec, DistSpec, WorkloadSpecV2
 
 DISTRIBUTION_CLIENT_ID = "distribution"
+#: ``--arrival`` choices; ``constant`` is BLIS's distribution mode
+DISTRIBUTION_ARRIVALS = ("constant", "poisson", "gamma")
+log = logging.getLogger(__name__)
 SHARED_PREFIX_GROUP = "shared"
 
 
@@ -76,7 +81,8 @@ def validate_lengths(flag: str, p: LengthParams) -> None:
 
 
 def _synthesise(rate: float, num_requests: int, seed: int, prompt: LengthParams,
-                output: LengthParams, prefix_tokens: int, client_id: str) -> WorkloadSpecV2:
+                output: LengthParams, prefix_tokens: int, client_id: str,
+                arrival: ArrivalSpec | None = None) -> WorkloadSpecV2:
     if not (math.isfinite(rate) and rate > 0):
         raise ConfigError(f"must be a finite number > 0 (req/s), got {rate}", field="--rate")
     if num_requests < 0:
@@ -84,7 +90,7 @@ def _synthesise(rate: float, num_requests: int, seed: int, prompt: LengthParams,
     if prefix_tokens < 0:
         raise ConfigError(f"must be >= 0, got {prefix_tokens}", field="--prefix-tokens")
     client = ClientSpec(
-        id=client_id, rate_fraction=1.0, arrival=ArrivalSpec(process="constant"),
+        id=client_id, rate_fraction=1.0, arrival=arrival or ArrivalSpec(process="constant"),
         input_distribution=prompt.to_dist(), output_distribution=output.to_dist(),
         prefix_group=SHARED_PREFIX_GROUP if prefix_tokens > 0 else "",
         prefix_length=prefix_tokens if prefix_tokens > 0 else 0)
@@ -94,16 +100,30 @@ def _synthesise(rate: float, num_requests: int, seed: int, prompt: LengthParams,
 
 def distribution_spec(rate: float = 1.0, num_requests: int = 100, seed: int = 42,
                       prompt: LengthParams = DEFAULT_PROMPT, output: LengthParams = DEFAULT_OUTPUT,
-                      prefix_tokens: int = 0) -> WorkloadSpecV2:
+                      prefix_tokens: int = 0, arrival: str = "constant",
+                      arrival_cv: float | None = None) -> WorkloadSpecV2:
     """The v2 spec of ``--workload distribution``: ``rate`` in req/s, lengths in tokens.
+
+    ``arrival`` (``--arrival``): the client's arrival process, ``constant`` (BLIS's: gaps of
+    exactly 1/rate), ``poisson`` or ``gamma`` with coefficient of variation ``arrival_cv``
+    (default 1.0; ignored with a warning by the other processes). The gaps are drawn from the
+    client's own seeded generator (docs/workloads.md, "Arrival processes").
 
     Raises ConfigError naming the offending flag (``--prompt-tokens-stdev``, ``--rate``, …).
     """
     prompt, output = LengthParams(*prompt), LengthParams(*output)
     validate_lengths("prompt-tokens", prompt)
     validate_lengths("output-tokens", output)
+    if arrival not in DISTRIBUTION_ARRIVALS:
+        raise ConfigError(f"must be one of {', '.join(DISTRIBUTION_ARRIVALS)}, got {arrival!r}",
+                          field="--arrival")
+    if arrival_cv is not None and not (math.isfinite(arrival_cv) and arrival_cv > 0):
+        raise ConfigError(f"must be a finite number > 0, got {arrival_cv}", field="--arrival-cv")
+    if arrival_cv is not None and arrival != "gamma":
+        log.warning("--arrival-cv is ignored: the arrival process is %s, not gamma", arrival)
+        arrival_cv = None
     return _synthesise(rate, num_requests, seed, prompt, output, prefix_tokens,
-                       DISTRIBUTION_CLIENT_ID)
+                       DISTRIBUTION_CLIENT_ID, ArrivalSpec(process=arrival, cv=arrival_cv))
 
 
 def preset_spec(name: str, rate: float = 1.0, num_requests: int = 100, seed: int = 42,

@@ -1,0 +1,42 @@
+"""SLO attainment, goodput, GPUs and cost of a finished run (docs/metrics.md, "SLOs and
+goodput", "Deployment and cost").
+
+:func:`attach` fills :attr:`Report.slo <blis_simpy.metrics.report.Report.slo>` (when the
+scenario sets an SLO target) and :attr:`Report.deployment` (always) from the scenario, the
+simulation (its resolved per-instance deployments) and its result.
+"""
+
+from __future__ import annotations
+
+from blis_simpy.metrics.cost import deployment_cost
+from blis_simpy.metrics.report import Report
+from blis_simpy.metrics.slo import SLOSpec, slo_report, tally_metrics
+
+__all__ = ["attach", "instance_gpus"]
+
+
+def instance_gpus(sim) -> list[tuple[int, float | None]]:
+    """``(GPUs, catalog USD per GPU-hour or None)`` of every configured instance of ``sim``
+    (a :class:`~blis_simpy.cluster.simulation.Simulation`): TP (its pool's, if any) × DP."""
+    dp = sim.scenario.dp
+    out = []
+    for e in range(sim.scenario.cluster.num_instances):
+        d = sim.plan.deployment_for(e)
+        price = d.gpu.price_per_hour_usd if d.gpu is not None else None
+        out.append((max(d.tp, 1) * dp, price))
+    return out
+
+
+def attach(scenario, sim, result, report: Report) -> None:
+    """Add the SLO and deployment sections to ``report`` (see the module docstring)."""
+    cluster = report.cluster
+    duration_s = float(cluster.sim_ended_time) / 1e6
+    spec = SLOSpec.from_config(scenario.slo)
+    if spec.active:
+        report.slo = slo_report(spec, tally_metrics(cluster, spec),
+                                result.counters.arrived_by_class, duration_s)
+    tokens_per_sec = 0.0              # as MetricsOutput's tokens_per_sec
+    if cluster.completed_requests > 0 and duration_s > 0:
+        tokens_per_sec = float(cluster.total_output_tokens) / duration_s
+    report.deployment = deployment_cost(instance_gpus(sim), tokens_per_sec,
+                                        gpu_hour_usd=scenario.cost.gpu_hour_usd)
