@@ -189,7 +189,7 @@ def validate(data: dict, src: Source, *, semantic: bool = True) -> Scenario:
     except pydantic.ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         loc = _model_loc(data, tuple(first["loc"]))
-        if first["type"].startswith("union_tag") or first["type"] == "literal_error":
+        if first["type"].startswith("union_tag"):    # a bad or missing union tag: the kind key
             loc = loc if loc[-1:] == ("kind",) else loc + ("kind",)
         raise src.error(validation_problem(first), loc) from None
     if not semantic:

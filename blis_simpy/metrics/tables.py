@@ -6,7 +6,7 @@ from blis_simpy.metrics.report import PDMetrics, Report, is_idle_ratio
 from blis_simpy.metrics.slo import SLOReport
 from blis_simpy.metrics.summary import metrics_output
 
-__all__ = ["pd_table", "render_tables", "slo_table"]
+__all__ = ["pd_table", "render_tables", "slo_tables"]
 
 
 def _f(x: float, nd: int = 2) -> str:
@@ -51,7 +51,8 @@ def render_tables(report: Report, console) -> None:
     console.print(lat)
 
     if report.slo is not None:
-        console.print(slo_table(report.slo))
+        for t in slo_tables(report.slo):
+            console.print(t)
 
     a = report.anomalies
     cnt = Table(title="Counters", title_justify="left")
@@ -138,27 +139,36 @@ def _pct(x: float | None) -> str:
 
 
 def _target(x: float | None) -> str:
-    return "-" if x is None else f"{x:g}"
+    return "-" if x is None else f"≤ {x:g} ms"
 
 
-def slo_table(slo: SLOReport):
-    """The SLO section (docs/metrics.md, "SLOs and goodput"): targets, attainment over the
-    offered requests and goodput, overall and per SLO class (when there is more than one)."""
+def slo_tables(slo: SLOReport) -> list:
+    """The SLO section (docs/metrics.md, "SLOs and goodput"): each target, the requests meeting
+    it and the attainment over the offered requests, and goodput; then one row per SLO class
+    when there are several classes or a class has its own targets."""
     from rich.table import Table
 
-    t = Table(title="SLOs (attainment over offered requests)", title_justify="left")
-    for h in ("Class", "TTFT ≤ ms", "ITL ≤ ms", "E2E ≤ ms", "offered", "TTFT", "ITL", "E2E",
-              "all", "goodput req/s"):
-        t.add_column(h, justify="left" if h == "Class" else "right")
-    rows = [("all requests", slo.overall)]
-    if len(slo.per_class) > 1 or any(s.targets != slo.overall.targets
-                                     for s in slo.per_class.values()):
-        rows += list(slo.per_class.items())
-    for name, s in rows:
-        att = s.attainment_pct()
-        t.add_row(name, *(_target(x) for x in s.targets.as_tuple()), f"{s.offered:,}",
-                  *(_pct(att[k]) for k in ("ttft", "itl", "e2e", "all")), _f(s.goodput_rps, 3))
-    return t
+    o = slo.overall
+    t = Table(title=f"SLOs (attainment over {o.offered:,} offered requests)", title_justify="left")
+    for h in ("Metric", "Target", "Met", "Attainment"):
+        t.add_column(h, justify="left" if h == "Metric" else "right")
+    att = o.attainment_pct()
+    for k, (name, key) in enumerate((("TTFT", "ttft"), ("ITL (request mean)", "itl"),
+                                     ("E2E", "e2e"), ("All targets", "all"))):
+        target = _target(o.targets.as_tuple()[k]) if k < 3 else ""
+        t.add_row(name, target, "-" if att[key] is None else f"{o.met[k]:,}", _pct(att[key]))
+    t.add_row("Goodput", "", "", f"{_f(o.goodput_rps, 3)} req/s")
+    out = [t]
+    if len(slo.per_class) > 1 or any(s.targets != o.targets for s in slo.per_class.values()):
+        c = Table(title="SLOs per class (attainment %)", title_justify="left")
+        for h in ("Class", "offered", "TTFT", "ITL", "E2E", "all", "goodput req/s"):
+            c.add_column(h, justify="left" if h == "Class" else "right")
+        for name, s in slo.per_class.items():
+            a = s.attainment_pct()
+            c.add_row(name, f"{s.offered:,}", *(_pct(a[k]) for k in ("ttft", "itl", "e2e", "all")),
+                      _f(s.goodput_rps, 3))
+        out.append(c)
+    return out
 
 
 def pd_table(pd: PDMetrics, title: str = "Prefill/decode disaggregation"):
