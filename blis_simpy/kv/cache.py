@@ -45,11 +45,16 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
             raise ValueError(f"block size must be > 0, got {block_size}")
         self.total_blocks = int(total_blocks)
         self.block_size = int(block_size)
-        self.ref = [0] * self.total_blocks
-        self.block_hash: list[bytes] = [b""] * self.total_blocks
+        # The block pool is built lazily: blocks 0, 1, 2, ... are *fresh* until first taken,
+        # and ``_ref`` / ``_block_hash`` cover only the blocks taken so far (``_next`` of them).
+        # The LRU free list is the fresh blocks in ascending order (the head: the next victim)
+        # followed by the released ones in release order (``_lru``, insertion = LRU order):
+        # exactly the list ``0 .. total-1`` every block starts on, without building it.
+        self._ref: list[int] = []
+        self._block_hash: list[bytes] = []
         self.hash_to_block: dict[bytes, int] = {}
-        # LRU free list: insertion order = LRU order; head (first) is the next victim.
-        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(self.total_blocks))
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self._next = 0
         self.used = 0
         self.cache_hits = 0
         self.cache_misses = 0
@@ -66,6 +71,32 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
     @property
     def free_blocks(self) -> int:
         return self.total_blocks - self.used
+
+    @property
+    def ref(self) -> list[int]:
+        """Reference count of every block (a copy, for inspection; fresh blocks 0)."""
+        return self._ref + [0] * (self.total_blocks - self._next)
+
+    @property
+    def block_hash(self) -> list[bytes]:
+        """Hash of every block, ``b""`` when it has none (a copy, for inspection)."""
+        return self._block_hash + [b""] * (self.total_blocks - self._next)
+
+    @property
+    def free(self) -> FreeList:
+        """The LRU free list, head first (a read-only view: fresh blocks, then released ones)."""
+        return FreeList(self)
+
+    def _take_head(self) -> int:
+        """Take the LRU head off the free list (a fresh block while any is left): its ID.
+        The caller has checked that a block is free."""
+        b = self._next
+        if b < self.total_blocks:
+            self._next = b + 1
+            self._ref.append(0)
+            self._block_hash.append(b"")
+            return b
+        return self._lru.popitem(last=False)[0]
 
     def utilization(self) -> float:
         return self.used / self.total_blocks
@@ -100,7 +131,7 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
         bs = self.block_size
         if req.kv_base == 0 and (j + 1) * bs <= req.input_len:
             return req.prompt_block_hashes(bs)[j]
-        prev = self.block_hash[req.kv_blocks[j - 1]] if j > 0 else b""
+        prev = self._block_hash[req.kv_blocks[j - 1]] if j > 0 else b""
         a = req.kv_base + j * bs
         return hash_block(prev, req.tokens[a:a + bs])
 
@@ -148,15 +179,15 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
         n_old = len(blocks)
         committed: list[tuple[int, bool]] = []                  # (block, was_in_use)
         registered: list[tuple[int, bytes, int | None]] = []    # (block, hash, old owner)
-        ref = self.ref
-        free = self.free
+        ref = self._ref
         if not blocks and cached:
+            lru = self._lru
             for b in cached:
                 was_in_use = ref[b] > 0
                 ref[b] += 1
                 if not was_in_use:
                     self.used += 1
-                    del free[b]
+                    del lru[b]
                 blocks.append(b)
                 committed.append((b, was_in_use))
             self.cache_hits += len(cached)
@@ -176,15 +207,16 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
                 self._register(req, len(blocks) - 1, registered)
         if remaining > 0:
             nb = ceil_div(remaining, bs)
-            if nb > len(free):
+            if nb > self.total_blocks - self.used:
                 self._rollback(req, n_old, old_len, old_base, committed, registered)
                 return False
-            block_hash = self.block_hash
+            block_hash = self._block_hash
+            take = self._take_head
             h2b = self.hash_to_block
             hashes = req.prompt_block_hashes(bs) if req.kv_base == 0 else None
             n_prompt_blocks = req.input_len // bs
             for _ in range(nb):
-                b, _ = free.popitem(last=False)
+                b = take()
                 hb = block_hash[b]
                 if hb:
                     # BLIS deletes the hash entry unconditionally (docs/kv-cache.md).
@@ -210,17 +242,17 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
                   registered: list) -> None:
         """Restore exactly the state before a failed :meth:`allocate`."""
         for b, h, prev_owner in reversed(registered):
-            self.block_hash[b] = b""
+            self._block_hash[b] = b""
             if prev_owner is None:
                 self.hash_to_block.pop(h, None)
             else:
                 self.hash_to_block[h] = prev_owner
         for b, was_in_use in reversed(committed):
-            self.ref[b] -= 1
+            self._ref[b] -= 1
             self.cache_hits -= 1
-            if not was_in_use and self.ref[b] == 0:
+            if not was_in_use and self._ref[b] == 0:
                 self.used -= 1
-                self.free[b] = None
+                self._lru[b] = None
         del req.kv_blocks[n_old:]
         req.kv_len = old_len
         req.kv_base = old_base
@@ -246,23 +278,22 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
                     if view is None:
                         view = req.kv_view = memoryview(np.ascontiguousarray(req.tokens))
                     a = base + j * bs
-                    h = _sha256((self.block_hash[blocks[j - 1]] if j else b"")
+                    h = _sha256((self._block_hash[blocks[j - 1]] if j else b"")
                                 + view[a:a + bs]).digest()
                 else:
                     h = self._block_hash_for(req, j)
                 b = blocks[j]
-                self.block_hash[b] = h
+                self._block_hash[b] = h
                 self.hash_to_block[h] = b
             return True
-        free = self.free
-        if not free:
+        if self.used >= self.total_blocks:
             return False
-        b = free.popitem(last=False)[0]
-        h = self.block_hash[b]
+        b = self._take_head()
+        h = self._block_hash[b]
         if h:
             self.hash_to_block.pop(h, None)
-            self.block_hash[b] = b""
-        self.ref[b] = 1
+            self._block_hash[b] = b""
+        self._ref[b] = 1
         self.used += 1
         self.cache_misses += 1
         if not blocks:
@@ -275,19 +306,19 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
         h = self._block_hash_for(req, j)
         if registered is not None:
             registered.append((b, h, self.hash_to_block.get(h)))
-        self.block_hash[b] = h
+        self._block_hash[b] = h
         self.hash_to_block[h] = b
 
     def release(self, req) -> None:
         """Drop the request's references, last block first; freed blocks keep their hash."""
-        ref = self.ref
-        free = self.free
+        ref = self._ref
+        lru = self._lru
         n_freed = 0
         for b in reversed(req.kv_blocks):
             r = ref[b] - 1
             ref[b] = r
             if not r:
-                free[b] = None
+                lru[b] = None
                 n_freed += 1
         self.used -= n_freed
         req.kv_blocks = []
@@ -298,11 +329,40 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:
         """INV-4: allocated + free = total, and the free list holds exactly the free blocks."""
-        in_use = sum(1 for r in self.ref if r > 0)
-        if in_use != self.used or len(self.free) != self.total_blocks - self.used:
+        in_use = sum(1 for r in self._ref if r > 0)
+        n_free = len(self._lru) + self.total_blocks - self._next
+        if in_use != self.used or n_free != self.total_blocks - self.used:
             raise AssertionError(
                 f"KV conservation broken: used={self.used} in_use={in_use} "
-                f"free_list={len(self.free)} total={self.total_blocks}")
-        for b in self.free:
-            if self.ref[b] != 0:
-                raise AssertionError(f"block {b} on the free list with ref {self.ref[b]}")
+                f"free_list={n_free} total={self.total_blocks}")
+        ref = self._ref
+        for b in self._lru:
+            if ref[b] != 0:
+                raise AssertionError(f"block {b} on the free list with ref {ref[b]}")
+
+
+class FreeList:
+    """Read-only view of a cache's LRU free list, head first: the fresh blocks (never taken
+    yet, ascending), then the released ones in release order. ``len``, iteration,
+    ``in`` and truth value; the cache itself changes it."""
+
+    __slots__ = ("_kv",)
+
+    def __init__(self, kv: KVCache):
+        self._kv = kv
+
+    def __len__(self) -> int:
+        kv = self._kv
+        return kv.total_blocks - kv._next + len(kv._lru)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __iter__(self):
+        kv = self._kv
+        yield from range(kv._next, kv.total_blocks)
+        yield from list(kv._lru)
+
+    def __contains__(self, b: int) -> bool:
+        kv = self._kv
+        return kv._next <= b < kv.total_blocks or b in kv._lru

@@ -169,7 +169,7 @@ class TieredKVCache(KVCache, name="tiered"):
         * the walk runs at C speed: ``move_to_end`` touches each hash and raises KeyError
           at the first hash the tier lacks; that hash is stored and the walk resumes.
         """
-        bh = self.block_hash
+        bh = self._block_hash
         seen = self._settled
         parts = []
         for req in batch:
@@ -255,21 +255,21 @@ class TieredKVCache(KVCache, name="tiered"):
             return 0
         h2b = self.hash_to_block
         cpu = self.cpu
-        free = self.free
-        block_hash = self.block_hash
+        lru = self._lru
+        block_hash = self._block_hash
         n = 0
         for h in req.prompt_block_hashes(self.block_size):
             if h in h2b:
                 continue
             if h not in cpu or n >= n_free:
                 break
-            b, _ = free.popitem(last=False)
+            b = self._take_head()
             old = block_hash[b]
             if old:
                 h2b.pop(old, None)
             block_hash[b] = h
             h2b[h] = b
-            free[b] = None
+            lru[b] = None
             cpu.move_to_end(h)
             n += 1
         self.cpu_hits += n
@@ -280,13 +280,13 @@ class TieredKVCache(KVCache, name="tiered"):
         """Append cached blocks to the request's map (ref++, off the free list, hits++);
         the next token the engine allocates goes to sequence position ``next_pos``."""
         if blocks:
-            ref = self.ref
-            free = self.free
+            ref = self._ref
+            lru = self._lru
             mine = req.kv_blocks
             for b in blocks:
                 if ref[b] == 0:
                     self.used += 1
-                    del free[b]
+                    del lru[b]
                 ref[b] += 1
                 mine.append(b)
             self.cache_hits += len(blocks)
@@ -323,7 +323,7 @@ class TieredKVCache(KVCache, name="tiered"):
         if self._irregular:
             rec = self._irregular.get(req)
             if rec is not None and rec[0] == j:
-                prev = self.block_hash[req.kv_blocks[j - 1]] if j > 0 else b""
+                prev = self._block_hash[req.kv_blocks[j - 1]] if j > 0 else b""
                 return hash_block(prev, self._block_tokens(req, j, self.block_size))
         return KVCache._block_hash_for(self, req, j)
 

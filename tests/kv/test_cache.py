@@ -672,3 +672,26 @@ def test_random_interleavings_keep_inv4_and_never_leak(w):
     assert sorted(c.free) == list(range(total))
     for h, b in c.hash_to_block.items():
         assert c.block_hash[b] == h
+
+
+def test_block_pool_is_built_lazily():
+    """A huge pool costs nothing until used: fresh blocks are taken in ID order, released
+    ones go to the LRU tail behind every fresh block, as on the eager free list 0..N-1."""
+    c = KVCache(100_000_000, 4)
+    assert len(c.free) == 100_000_000 and 99_999_999 in c.free and c._ref == []
+    a, b = req("a", toks(0, 8)), req("b", toks(100, 4))
+    assert c.allocate(a, 0, 8) and c.allocate(b, 0, 4)
+    assert a.kv_blocks == [0, 1] and b.kv_blocks == [2] and len(c._ref) == 3
+    c.release(a)
+    assert 1 in c.free and 2 not in c.free and len(c.free) == 100_000_000 - 1
+    it = iter(c.free)
+    assert [next(it) for _ in range(2)] == [3, 4]          # fresh blocks stay at the head
+    assert list(c._lru) == [1, 0]                           # released: tail, last block first
+    c.check_invariants()
+    small = KVCache(4, 4)
+    for i in range(3):
+        assert small.allocate(req(f"r{i}", toks(10 * i, 4)), 0, 4)
+    assert list(small.free) == [3] and small.ref == [1, 1, 1, 0]
+    assert not small.allocate(req("d", toks(50, 8)), 0, 8)  # needs 2, one free: refused
+    assert small.allocate(req("e", toks(60, 4)), 0, 4) and not small.free
+    small.check_invariants()

@@ -178,7 +178,7 @@ def test_mirror_walk_equals_the_literal_loop(cap, passes):
     """Random batches of random block lists (hash IDs 0..11; 0 = unhashed)."""
     kv = tiered(4, cpu=cap)
     block_hash = [b""] + [bytes([i]) * 32 for i in range(1, 12)]
-    kv.block_hash = block_hash            # a synthetic hash table for the walk
+    kv._block_hash = block_hash           # a synthetic hash table for the walk
     ref = OrderedDict()
     stores = evictions = 0
     for batch_blocks in passes:
