@@ -107,6 +107,8 @@ def run_point(point: dict) -> dict:
         row.update(report_row(report_dict(out.report)))
     except Exception as exc:   # a point's failure is its row, never the sweep's end
         row["status"] = "error"
+        if isinstance(exc, ConfigError):
+            exc = _scenario_field(exc)
         text = (exc.one_line() if isinstance(exc, BlisError)
                 else f"internal error: {type(exc).__name__}: {exc}")
         row["error"] = " ".join(text.split())

@@ -12,10 +12,18 @@ seed, averaged by :func:`blis_simpy.planner.dataset.summarize`).
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import itertools
 import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from blis_simpy.config.loader import Source, validate
+from blis_simpy.config.loader import Source, load_raw, resolve_paths, undotted, validate
+from blis_simpy.errors import ConfigError
+from blis_simpy.planner.spec import SweepSpec, axis_values, base_path, load_sweep
 
 
 def canonical_json(obj) -> str:
@@ -44,3 +52,167 @@ def config_key(command: str, resolved_scenario: dict) -> str:
     """:func:`config_hash` without the seed: the same for every seed of one configuration."""
     return _sha({"command": command,
                  "scenario": {k: v for k, v in resolved_scenario.items() if k != "seed"}})
+
+
+# ---------------------------------------------------------------------------- expansion
+@dataclass
+class Point:
+    """One run of a sweep: a configuration (axis values) and a seed."""
+
+    index: int
+    command: str
+    seed: int
+    axes: dict[str, Any]        # axis key -> value of this point
+    scenario: dict              # the raw scenario data (base + slo + axes + seed)
+    config: dict                # the resolved scenario (:func:`resolved`)
+    config_hash: str
+    config_key: str
+
+    def job(self) -> dict:
+        """What :func:`blis_simpy.cli.point.run_point` takes."""
+        return {"command": self.command, "scenario": self.scenario, "config_hash": self.config_hash}
+
+
+@dataclass
+class Sweep:
+    """A sweep file, its base scenario and its points."""
+
+    path: str
+    spec: SweepSpec
+    src: Source
+    base: dict
+    base_src: Source | None        # the base scenario file's lines (None: inline base)
+    combos: list[dict[str, Any]] = field(default_factory=list)   # axis values per configuration
+    seeds: list[int | None] = field(default_factory=list)
+    points: list[Point] = field(default_factory=list)
+
+
+def set_dotted(data: dict, key: str, value) -> bool:
+    """Set ``a.b.c`` in a raw scenario dict, creating mappings on the way; False when an
+    ancestor is not a mapping."""
+    *parents, last = key.split(".")
+    cur = data
+    for p in parents:
+        nxt = cur.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            return False
+        cur = nxt
+    cur[last] = value
+    return True
+
+
+def load(path: str) -> Sweep:
+    """Read a sweep file and its base scenario; expand its configurations and seeds (the
+    points come from :func:`expand`)."""
+    spec, src = load_sweep(path)
+    bpath = base_path(spec, path)
+    if bpath is not None:
+        try:
+            base, bsrc = load_raw(bpath)
+        except ConfigError as exc:
+            if exc.file == bpath and exc.problem == "no such file":
+                raise src.error(f"no such scenario file: {bpath}", ("base",)) from None
+            raise
+    else:
+        base, bsrc = copy.deepcopy(spec.base), None
+        w = base.get("workload")
+        if isinstance(w, dict) and "kind" not in w:
+            w["kind"] = "distribution"
+        resolve_paths(base, os.path.dirname(os.path.abspath(path)))
+    if base.get("variants"):
+        raise src.error("a sweep's base cannot have variants: make what they change an axis", ("base",))
+    sweep = Sweep(os.path.abspath(path), spec, src, base, bsrc)
+    values = {k: axis_values(a) for k, a in spec.axes.items()}
+    if spec.mode == "list":
+        n = len(next(iter(values.values()))) if values else 1
+        sweep.combos = [{k: v[i] for k, v in values.items()} for i in range(n)]
+    else:
+        sweep.combos = [dict(zip(values, c, strict=True)) for c in itertools.product(*values.values())]
+    base_seed = base.get("seed", 42)
+    if spec.seeds is not None:
+        sweep.seeds = list(spec.seeds)
+    elif spec.repeats is not None:
+        sweep.seeds = [base_seed + i for i in range(spec.repeats)]
+    else:
+        sweep.seeds = [None]    # the base scenario's own seed
+    return sweep
+
+
+def scenario_for(sweep: Sweep, combo: dict, seed: int | None) -> dict:
+    """The raw scenario of one point: base, then ``slo:``, then the axis values, then the seed."""
+    data = copy.deepcopy(sweep.base)
+    if sweep.spec.slo is not None:
+        data["slo"] = copy.deepcopy(sweep.spec.slo)
+    for key, value in combo.items():
+        if not set_dotted(data, key, copy.deepcopy(value)):
+            raise _axis_error(sweep, key, value, "a parent of this key is not a mapping in the scenario")
+    w = data.get("workload")
+    if isinstance(w, dict) and "kind" not in w:
+        w["kind"] = "distribution"
+    resolve_paths(data, os.path.dirname(sweep.path))   # relative paths given by axes or slo
+    if seed is not None:
+        data["seed"] = seed
+    return data
+
+
+def expand(sweep: Sweep, check: Callable[[dict], None] | None = None) -> list[Point]:
+    """Every point of the sweep, validated before any runs. ``check(job)`` validates one
+    configuration as the runner would (:func:`blis_simpy.cli.point.check_point`); its first
+    error is re-located on the axis (or base key) that caused it."""
+    points: list[Point] = []
+    command = sweep.spec.command
+    for combo in sweep.combos:
+        for j, seed in enumerate(sweep.seeds):
+            data = scenario_for(sweep, combo, seed)
+            try:
+                if j == 0 and check is not None:   # the seed changes nothing that is checked
+                    check({"command": command, "scenario": data})
+                cfg = resolved(data)
+            except ConfigError as exc:
+                raise locate(sweep, combo, exc) from None
+            s = cfg.get("seed", 42)
+            points.append(Point(len(points), command, s, dict(combo), data, cfg,
+                                config_hash(command, cfg), config_key(command, cfg)))
+    sweep.points = points
+    return points
+
+
+def _axis_loc(sweep: Sweep, key: str, value) -> tuple:
+    axis = sweep.spec.axes[key]
+    if isinstance(axis, list):
+        for i, v in enumerate(axis):
+            if v == value and type(v) is type(value):
+                return ("axes", key, i)
+    return ("axes", key)
+
+
+def _axis_error(sweep: Sweep, key: str, value, problem: str) -> ConfigError:
+    loc = _axis_loc(sweep, key, value)
+    if len(loc) == 2:
+        problem = f"{problem} (at {key} = {value!r})"
+    return sweep.src.error(problem, loc)
+
+
+def _describe(combo: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in combo.items())
+
+
+def locate(sweep: Sweep, combo: dict, err: ConfigError) -> ConfigError:
+    """Put a point's validation error where it was written: the axis whose value caused it,
+    the sweep's ``slo:``, or the base scenario's key."""
+    f = err.field or ""
+    if err.file or not f:
+        return err
+    for key, value in combo.items():
+        if f == key and err.problem == "unknown key":
+            return sweep.src.error("unknown scenario key", ("axes", key))
+        if f == key or f.startswith((key + ".", key + "[")) or key.startswith(f + "."):
+            problem = err.problem if f == key else f"{f}: {err.problem}"
+            return _axis_error(sweep, key, value, problem)
+    if (f == "slo" or f.startswith("slo.")) and sweep.spec.slo is not None:
+        return sweep.src.error(err.problem, undotted(f))
+    where = f" (point {_describe(combo)})" if combo else ""
+    if sweep.base_src is not None:
+        return ConfigError(err.problem + where, file=sweep.base_src.path,
+                           line=sweep.base_src.line(undotted(f)), field=f)
+    return sweep.src.error(err.problem + where, ("base",) + undotted(f))
