@@ -126,9 +126,11 @@ def arguments(w: Workload, n: int, tmp: Path) -> list[str]:
 
 @dataclass
 class Sample:
-    """One child run: wall seconds (start-up included), peak RSS in MB, parsed results file."""
+    """One child run: wall seconds (start-up included), CPU seconds (user + system, the
+    figure to trust on a busy machine), peak RSS in MB, parsed results file."""
 
     wall_s: float
+    cpu_s: float
     peak_rss_mb: float
     results: object
 
@@ -145,7 +147,8 @@ def measure(cmd: list[str], results: Path, tmp: Path) -> Sample:
     if status != 0:
         tail = (tmp / "stderr").read_text(errors="replace")[-2000:]
         raise SystemExit(f"{' '.join(cmd[:4])} ... failed (wait status {status}):\n{tail}")
-    return Sample(wall, usage.ru_maxrss / 1024, json.loads(results.read_text()))
+    return Sample(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024,
+                  json.loads(results.read_text()))
 
 
 def completed(command: str, results: object) -> int:
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         print("BLIS_BIN not set: ours only (set BLIS_BIN to a Go BLIS binary for ratios)")
     ours_cmd = [sys.executable, "-m", "blis_simpy"]
     head = (f"{'workload':<10} {'requests':>9} {'completed':>9} {'wall s':>8} {'req/s':>8} "
-            f"{'peak MB':>8}")
+            f"{'CPU s':>7} {'req/CPU s':>9} {'peak MB':>8}")
     if go_bin:
         head += f" {'Go wall s':>9} {'Go MB':>7} {'ours/Go':>7}  identical"
     print(head, flush=True)
@@ -217,8 +220,10 @@ def main(argv: list[str] | None = None) -> int:
                     into.append(measure([*binary, *flags], tmp / f"{tag}.json", tmp))
             done = completed(w.command, ours[-1].results)
             wall = statistics.median(s.wall_s for s in ours)
+            cpu = statistics.median(s.cpu_s for s in ours)
             rss = statistics.median(s.peak_rss_mb for s in ours)
-            line = f"{w.name:<10} {n:>9} {done:>9} {wall:>8.2f} {n / wall:>8.0f} {rss:>8.0f}"
+            line = (f"{w.name:<10} {n:>9} {done:>9} {wall:>8.2f} {n / wall:>8.0f} {cpu:>7.2f} "
+                    f"{n / cpu:>9.0f} {rss:>8.0f}")
             if go_bin:
                 go_wall = statistics.median(s.wall_s for s in go)
                 go_rss = statistics.median(s.peak_rss_mb for s in go)

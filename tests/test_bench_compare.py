@@ -37,9 +37,10 @@ def test_ours_only_table_every_request_completed():
     rows = _rows(lines)
     assert list(rows) == ["run-10k", "replay"]
     for name, want in (("run-10k", 20), ("replay", 200)):
-        _, requests, done, wall, rate, rss = rows[name]
+        _, requests, done, wall, rate, cpu, per_cpu, rss = rows[name]
         assert int(requests) == want and int(done) == want
         assert float(wall) > 0 and float(rate) > 0 and float(rss) > 0
+        assert 0 < float(cpu) and abs(int(per_cpu) - want / float(cpu)) <= 0.01 * want / float(cpu) + 1
 
 
 def test_ab_against_a_second_binary_reports_identical_metrics(tmp_path):
@@ -55,8 +56,8 @@ def test_ab_against_a_second_binary_reports_identical_metrics(tmp_path):
     for name, want in (("replay", 100), ("pd-2p2d", 20)):
         row = rows[name]
         assert int(row[1]) == want and int(row[2]) == want
-        assert float(row[6]) > 0 and float(row[8]) > 0
-        assert row[9] == "yes"
+        assert float(row[5]) > 0 and float(row[8]) > 0 and float(row[10]) > 0
+        assert row[11] == "yes"
 
 
 def test_identical_names_what_differs():
