@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint bench bench-replay bench-startup bench-accuracy clean
+.PHONY: install run test lint bench bench-replay bench-startup bench-accuracy clean install-browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,10 +14,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# headless Chromium for the report page test (tests/report): Debian's package, installed with
+# apt-get when /usr/bin/chromium is missing (needs root, as on the dev machines and CI)
+install-browser:
+	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
 run: $(STAMP)
 	$(BIN)/blis-simpy run --scenario scenarios/quickstart.yaml
 
-test: $(STAMP)
+test: $(STAMP) install-browser
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)

@@ -32,6 +32,7 @@ from blis_simpy.cli.logs import setup_logging
 from blis_simpy.cli.observe_cmd import register as _register_observe
 from blis_simpy.cli.options import flag_parameters, given_flags
 from blis_simpy.cli.plan_cmd import register as _register_plan
+from blis_simpy.cli.report_cmd import register as _register_report
 from blis_simpy.cli.sweep_cmd import register as _register_sweep
 from blis_simpy.errors import BlisError, ConfigError
 
@@ -271,6 +272,7 @@ def validate_cmd(path: Path = typer.Argument(..., metavar="FILE.yaml", help="sce
 _register_catalog(app)
 _register_sweep(app)
 _register_plan(app)
+_register_report(app)
 _register_convert(app)
 _register_calibrate(app)
 _register_fit(app)

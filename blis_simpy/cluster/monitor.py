@@ -10,7 +10,9 @@ Parquet, the calibration twin (:mod:`blis_simpy.calibrate.twin`) sums it over in
 **What a sample means.** The sample at ``t`` is the state after every event before ``t``
 and before any event at ``t`` (its wake has key :data:`SAMPLE_KEY`, below every model
 event key; docs/architecture.md, "Time and event order"). Between events nothing changes,
-so this is the state over ``[t_prev_event, t)``.
+so this is the state over ``[t_prev_event, t)``. The engine does a step's bookkeeping when
+the step begins (BLIS's model, docs/engine.md): a request leaves ``running`` and frees its KV
+blocks when its *last* step begins, not when that step ends.
 
 **A pure observer.** The monitor only reads (``len`` of the queues, counters), so it never
 changes the state. It never changes the order of the model's events either: SimPy orders

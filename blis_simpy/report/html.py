@@ -1,0 +1,78 @@
+"""The report page: one self-contained HTML file next to its PNG figures.
+
+Layout of ``--out DIR``::
+
+    DIR/index.html           # the page
+    DIR/figures/<name>.png   # every figure, also usable on its own
+
+The page references the figures by *relative* paths (``<img src="figures/latency_cdf.png">``),
+so it opens straight from disk (``file://``) with no server, and the PNGs are written once
+instead of twice (base64 in the page would double the bytes and hide the files). Move the
+folder as a whole. No script, no external style sheet, no font download; no timestamp, so
+the same inputs give the same bytes. Every file is written to a temporary name and renamed.
+"""
+
+from __future__ import annotations
+
+import os
+from html import escape
+
+from blis_simpy.report.figures import FigureSpec, save_png
+from blis_simpy.report.inputs import Input
+
+__all__ = ["PAGE", "write_report"]
+
+PAGE = "index.html"
+FIGURES = "figures"
+_CSS = """body{font-family:sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.5em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;
+text-align:left;font-size:.9em}img{max-width:100%;border:1px solid #eee}
+.note{color:#555;font-size:.9em}code{background:#f4f4f4;padding:0 .2em}"""
+
+
+def _page(inputs: list[Input], specs: list[FigureSpec]) -> str:
+    made: dict[str, list[str]] = {i.path: [] for i in inputs}
+    for s in specs:
+        for src in s.sources:
+            made.setdefault(src, []).append(s.name)
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           "<title>blis-simpy report</title>", f"<style>{_CSS}</style></head><body>",
+           "<h1>blis-simpy report</h1>", "<h2>Inputs</h2>",
+           "<table><tr><th>input</th><th>recognised as</th><th>figures</th></tr>"]
+    for i in inputs:
+        figs = ", ".join(f'<a href="#{escape(n)}">{escape(n)}</a>' for n in made[i.path]) or "none"
+        out.append(f"<tr><td><code>{escape(i.path)}</code></td><td>{escape(i.describe())}</td>"
+                   f"<td>{figs}</td></tr>")
+    out.append("</table>")
+    if not specs:
+        out.append('<p class="note">These inputs have no data for any figure.</p>')
+    for s in specs:
+        out.append(f'<h2 id="{escape(s.name)}">{escape(s.title)}</h2>')
+        out.append(f'<img src="{FIGURES}/{escape(s.name)}.png" alt="{escape(s.title)}">')
+        if s.caption:
+            out.append(f'<p class="note">{escape(s.caption)}</p>')
+        if s.notes:
+            out.append("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in s.notes) + "</ul>")
+        out.append('<p class="note">From: ' + ", ".join(f"<code>{escape(p)}</code>"
+                                                       for p in s.sources) + "</p>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def write_report(out_dir: str, inputs: list[Input], specs: list[FigureSpec]) -> str:
+    """Write the figures and the page into ``out_dir`` (created); returns the page's path."""
+    fig_dir = os.path.join(out_dir, FIGURES)
+    os.makedirs(fig_dir, exist_ok=True)
+    for s in specs:
+        save_png(s.fig, os.path.join(fig_dir, f"{s.name}.png"))
+    page = os.path.join(out_dir, PAGE)
+    tmp = f"{page}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(_page(inputs, specs))
+        os.replace(tmp, page)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return page
