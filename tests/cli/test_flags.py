@@ -24,6 +24,7 @@ SAMPLES = {
     "--hardware": ("A100-80", "A100-80"),
     "--vllm-version": ("v9", "v9"),
     "--rate": ("2.5", 2.5),
+    "--arrival": ("poisson", "poisson"),
     "--prompt-tokens-max": ("4000", 4000),
     "--output-tokens-max": ("4000", 4000),
     "--admission-policy": ("token-bucket", "token-bucket"),
