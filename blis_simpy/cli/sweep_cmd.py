@@ -57,8 +57,7 @@ def run_sweep(path: str, out: str, *, scheduler: str | None = None, workers: int
     sweep = points.load(path)
     pts = points.expand(sweep, check_point)
     kinds = dataset.axis_columns({k: axis_values(a) for k, a in sweep.spec.axes.items()})
-    dataset.ensure_dir(out)
-    done = dataset.done_hashes(out)
+    done = dataset.done_hashes(out)   # the directory is created once the cluster is up
     seen: set[str] = set()
     todo = []
     for p in pts:

@@ -77,7 +77,7 @@ class Executor:
         from dask.distributed import LocalCluster
         n = n_workers or os.cpu_count() or 1
         self.cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                    dashboard_address=None, silence_logs=logging.ERROR)
+                                    dashboard_address=":0", silence_logs=logging.ERROR)
         self.client = Client(self.cluster)
 
     # ------------------------------------------------------------------ context manager
