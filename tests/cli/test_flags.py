@@ -32,6 +32,8 @@ SAMPLES = {
     "--trace-level": ("decisions", "decisions"),
     "--summarize-trace": ("true", True),
     "--streaming-metrics": ("true", True),
+    "--timeline": ("tl.csv", "tl.csv"),
+    "--timeline-interval-ms": ("250", 250.0),
     "--fitness-weights": ("p99_ttft:1,throughput:2.5", {"p99_ttft": 1.0, "throughput": 2.5}),
     "--priority-policy": ("slo-based", "slo-based"),
     "--scheduler": ("sjf", "sjf"),
