@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 import math
 import os
 import sys
@@ -90,6 +91,15 @@ def precheck(plan) -> None:
         raise ConfigError(f"no candidate deployment can be built: {problems[0]}", file=plan.src.path)
 
 
+def quiet_simulator_logs(level: int = logging.CRITICAL + 1) -> int:
+    """Silence the simulator's per-run log lines (dropped requests, KV allocation failures):
+    a plan judges every run by its SLOs and records why it fails. Returns the old level."""
+    log = logging.getLogger("blis_simpy")
+    old = log.level
+    log.setLevel(level)
+    return old
+
+
 def execute(plan, *, scheduler: str | None, workers: int | None, serial: bool,
             parallel: int | None, brute: bool, progress: bool) -> dict:
     """Run the plan on the executor (or serially); the plan output document."""
@@ -98,10 +108,16 @@ def execute(plan, *, scheduler: str | None, workers: int | None, serial: bool,
     status = _Status(progress)
     try:
         if serial:
-            return run_plan(plan, lambda pts: [run_point(p) for p in pts], parallel=parallel or 1,
-                            brute=brute, on_batch=status.advance)
+            old = quiet_simulator_logs()
+            try:
+                return run_plan(plan, lambda pts: [run_point(p) for p in pts], parallel=parallel or 1,
+                                brute=brute, on_batch=status.advance)
+            finally:
+                quiet_simulator_logs(old)
         from blis_simpy.planner.executor import Executor
         with Executor(scheduler=scheduler, n_workers=workers) as ex:
+            if scheduler is None:     # our own local workers (a shared cluster keeps its logging)
+                ex.client.run(quiet_simulator_logs)
             k = parallel or max(1, ex.n_workers)
             return run_plan(plan, lambda pts: ex.map(run_point, pts, progress=False), parallel=k,
                             brute=brute, on_batch=status.advance)

@@ -85,13 +85,28 @@ def cross_product_size(families: Sequence[Family]) -> int:
 
 def _family_search(fam: Family, bound: Callable[[], float]):
     """Generator: yields counts to judge, receives verdicts; returns the index of the
-    cheapest passing count (or None) among those costing at most ``bound()``."""
-    lo, hi = 0, len(fam.counts)          # the answer's index lies in [lo, hi]; len = none
-    found = None
-    while True:
+    cheapest passing count (or None) among those costing at most ``bound()``.
+
+    The smallest allowed count first (once a bound is known most families pass there or
+    nowhere), then the largest allowed (if it fails, nothing passes), then bisection between."""
+    def allowed() -> int:
         b = bound()
-        limit = sum(1 for c in fam.counts if fam.cost(c) <= b)
-        hi = min(hi, limit)
+        return sum(1 for c in fam.counts if fam.cost(c) <= b)
+
+    lo, hi = 0, allowed()                # the answer's index lies in [lo, hi]; hi = none
+    if lo >= hi:
+        return None
+    if (yield fam.counts[lo]).meets:
+        return lo
+    lo = 1
+    hi = min(hi, allowed())
+    if lo >= hi:
+        return None
+    if not (yield fam.counts[hi - 1]).meets:
+        return None
+    hi = found = hi - 1
+    while True:
+        hi = min(hi, allowed())
         if lo >= hi:
             break
         mid = (lo + hi) // 2
@@ -100,7 +115,7 @@ def _family_search(fam: Family, bound: Callable[[], float]):
             hi = found = mid
         else:
             lo = mid + 1
-    return found if found is not None and found == lo else None
+    return found if found == lo else None
 
 
 def search_cheapest(families: Sequence[Family], judge: Judge, *, keep: int = 1,

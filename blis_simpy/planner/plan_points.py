@@ -102,7 +102,8 @@ def price_of(spec: PlanSpec, gpu: str) -> float:
 
 
 def families(spec: PlanSpec) -> list[Family]:
-    """Every family of the search space (budget ``max_gpus`` applied), none empty."""
+    """Every family of the search space (budget ``max_gpus`` applied), none empty.
+    Disaggregated shapes use DP 1 only: the simulator has no data parallelism with PD pools."""
     s = spec.search
     if s is None:
         return []
@@ -118,7 +119,7 @@ def families(spec: PlanSpec) -> list[Family]:
                         c = tuple(n for n in counts if n * per <= cap)
                         if c:
                             out.append(Family(gpu, tp, dp, ep, 0, c, price_of(spec, gpu)))
-                    if s.pd.disaggregated:
+                    if s.pd.disaggregated and dp == 1:   # the simulator has no DP with PD pools
                         for p in range(1, max(counts)):
                             c = tuple(n - p for n in counts if n > p and n * per <= cap)
                             if c:

@@ -206,9 +206,9 @@ def test_pruning_never_skips_the_optimum():
 
 def test_search_on_a_hand_checked_case():
     """Two families, 8 counts each; the first meets from 5 on, the second (TP 2, twice the GPUs
-    per instance) from 2 on. Cost = GPUs. Bisection of the first over 9 slots (8 counts + none):
+    per instance) from 2 on. Cost = GPUs. The first: 1 (no), 8 (yes), then bisection over 2-7:
     5 (yes), 3 (no), 4 (no): 5 GPUs. Bound 5: the second family may only try 1 and 2 (2 and 4
-    GPUs): 2 (yes), 1 (no): 4 GPUs."""
+    GPUs): 1 (no), 2 (yes): 4 GPUs."""
     a = Family("H100", 1, 1, False, 0, tuple(range(1, 9)))
     b = Family("H100", 2, 1, False, 0, tuple(range(1, 9)))
     need = {a.key: 5, b.key: 2}
@@ -219,7 +219,7 @@ def test_search_on_a_hand_checked_case():
         return [Verdict(c >= need[f.key], 0.0) for f, c in items]
 
     res = search_cheapest([a, b], judge)
-    assert calls == [(1, 5), (1, 3), (1, 4), (2, 2), (2, 1)]
+    assert calls == [(1, 1), (1, 8), (1, 5), (1, 3), (1, 4), (2, 1), (2, 2)]
     assert (res.winner.family.tp, res.winner.count, res.winner.cost) == (2, 2, 4)
 
 
