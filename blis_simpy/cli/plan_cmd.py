@@ -155,7 +155,9 @@ def _ms(v) -> str:
 def _cost(doc: dict, v) -> str:
     if not isinstance(v, (int, float)):
         return "-"
-    return f"${v:,.2f}/h" if doc["plan"]["cost_unit"] == "usd_per_hour" else f"{v:g} GPUs"
+    if doc["plan"]["cost_unit"] == "usd_per_hour":
+        return f"${v:,.2f}/h"
+    return f"{v:g} GPU{'s' if v != 1 else ''}"
 
 
 def render(doc: dict, console) -> None:

@@ -56,6 +56,7 @@ class Verdict:
     metrics: dict
     goodput_rps: float | None
     runs: list[int]            # indexes into PlanRunner.records
+    run_rate: float | None = None   # the arrival rate the runs used (req/s; None: a trace)
 
     @property
     def score(self) -> float:
@@ -63,7 +64,7 @@ class Verdict:
         return float(v) if isinstance(v, (int, float)) else math.inf
 
     def as_dict(self) -> dict:
-        return {"deployment": self.deployment.as_dict(), "rate": self.rate, "meets": self.meets,
+        return {"deployment": self.deployment.as_dict(), "rate": self.run_rate, "meets": self.meets,
                 "why_not": self.why, "cost": self.cost, "gpus": self.deployment.gpus,
                 "metrics": self.metrics, "goodput_rps": self.goodput_rps, "runs": self.runs}
 
@@ -143,7 +144,7 @@ class PlanRunner:
         goods = [r["goodput_rps"] for r in recs if r["goodput_rps"] is not None]
         return Verdict(dep, rate, meets, why, dep.gpus * price_of(self.spec, dep.gpu), metrics,
                        min(goods) if len(goods) == len(recs) and goods else None,
-                       [i for i, _, _ in runs])
+                       [i for i, _, _ in runs], recs[0]["rate"])
 
     # judges in the shapes the search functions want
     def family_judge(self, phase: str = "search"):
@@ -215,6 +216,7 @@ def run_plan(plan, run_points: RunPoints, *, parallel: int = 1, brute: bool = Fa
                 "wall_s": time.perf_counter() - t1,
             }
     doc["pareto"] = pareto_fronts(runner)
+    doc["deployments"] = deployments(runner)
     doc["runs"] = len(runner.records)
     doc["wall_s"] = time.perf_counter() - t0
     doc["points"] = runner.records
@@ -233,6 +235,20 @@ def pareto_fronts(runner: PlanRunner) -> dict:
         "cost_vs_ttft_p99": [summary(v) for v in front(verdicts, cost, lambda v: v.metrics.get("ttft_p99_ms"))],
         "cost_vs_goodput": [summary(v) for v in front(verdicts, cost, lambda v: v.goodput_rps, maximize=True)],
     }
+
+
+def deployments(runner: PlanRunner) -> list[dict]:
+    """Every deployment judged at the plan's rate, flat (what ``blis-simpy report`` plots):
+    ``label, gpus, cost_per_hour_usd`` (None without prices) ``, ttft_p99_ms, goodput_rps,
+    meets_slo``, cheapest first."""
+    priced = runner.spec.priced
+    out = [{"label": v.deployment.label, "gpus": v.deployment.gpus,
+            "cost_per_hour_usd": v.cost if priced else None,
+            "ttft_p99_ms": v.metrics.get("ttft_p99_ms"), "goodput_rps": v.goodput_rps,
+            "meets_slo": v.meets}
+           for (_, rate), v in runner.cache.items() if rate is None]
+    return sorted(out, key=lambda d: (d["gpus"] if d["cost_per_hour_usd"] is None else d["cost_per_hour_usd"],
+                                      d["label"]))
 
 
 def _plan_summary(plan) -> dict:

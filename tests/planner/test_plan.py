@@ -98,6 +98,10 @@ def test_plan_cli_json_and_out_file(tmp_path):
     f = doc["pareto"]["cost_vs_ttft_p99"]
     assert [x["cost"] for x in f] == sorted(x["cost"] for x in f)
     assert all(a["ttft_p99_ms"] > b["ttft_p99_ms"] for a, b in zip(f, f[1:], strict=False))
+    # the flat list `blis-simpy report` reads: every deployment judged, cheapest first
+    deps = doc["deployments"]
+    assert len(deps) == doc["runs"] and [d["cost_per_hour_usd"] for d in deps] == sorted(1.5 * d["gpus"] for d in deps)
+    assert {d["label"] for d in deps if d["meets_slo"]} == {p["deployment"]["label"] for p in doc["points"] if p["meets"]}
     table = CliRunner().invoke(app, ["plan", str(path), "--serial"])
     assert table.exit_code == 0 and "winner" in table.stdout and "of 8 in the full cross product" in table.stdout
 
