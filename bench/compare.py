@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     head = (f"{'workload':<10} {'requests':>9} {'completed':>9} {'wall s':>8} {'req/s':>8} "
             f"{'CPU s':>7} {'req/CPU s':>9} {'peak MB':>8}")
     if go_bin:
-        head += f" {'Go wall s':>9} {'Go MB':>7} {'ours/Go':>7}  identical"
+        head += f" {'Go wall s':>9} {'Go CPU s':>8} {'Go MB':>7} {'ours/Go':>7} {'CPU o/G':>7}  identical"
     print(head, flush=True)
     with tempfile.TemporaryDirectory(prefix="blis-bench-") as tmp_name:
         tmp = Path(tmp_name)
@@ -226,9 +226,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"{n / cpu:>9.0f} {rss:>8.0f}")
             if go_bin:
                 go_wall = statistics.median(s.wall_s for s in go)
+                go_cpu = statistics.median(s.cpu_s for s in go)
                 go_rss = statistics.median(s.peak_rss_mb for s in go)
                 same = identical(w.command, ours[-1].results, go[-1].results)
-                line += f" {go_wall:>9.2f} {go_rss:>7.0f} {wall / go_wall:>7.2f}  {same}"
+                line += (f" {go_wall:>9.2f} {go_cpu:>8.2f} {go_rss:>7.0f} {wall / go_wall:>7.2f} "
+                         f"{cpu / go_cpu:>7.2f}  {same}")
             print(line, flush=True)
     return 0
 
