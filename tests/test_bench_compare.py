@@ -57,8 +57,8 @@ def test_ab_against_a_second_binary_reports_identical_metrics(tmp_path):
         row = rows[name]
         assert int(row[1]) == want and int(row[2]) == want
         assert float(row[5]) > 0 and float(row[8]) > 0 and float(row[10]) > 0
-        assert float(row[13]) > 0
-        assert row[14] == "yes"
+        assert float(row[9]) > 0 and float(row[11]) > 0 and float(row[12]) > 0
+        assert row[13] == "yes"
 
 
 def test_identical_names_what_differs():
