@@ -1,5 +1,5 @@
 """Plan benchmark (issue 12 target): ``plan`` for Qwen3-14B on up to 8 H100s at 30 req/s
-(scenarios/plan_qwen3_14b_h100.yaml: physics backend, p99 TTFT <= 150 ms, p99 ITL <= 25 ms)
+(scenarios/plans/qwen3_14b_h100.yaml: physics backend, p99 TTFT <= 150 ms, p99 ITL <= 25 ms)
 must use at most a quarter of the runs of the full cross product and return the same answer.
 
 Runs the plan's search (branch and bound + bisection) and then the brute force (every
@@ -35,7 +35,7 @@ def answer(doc: dict) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--plan", default=str(ROOT / "scenarios" / "plan_qwen3_14b_h100.yaml"))
+    ap.add_argument("--plan", default=str(ROOT / "scenarios" / "plans" / "qwen3_14b_h100.yaml"))
     ap.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes")
     ap.add_argument("--parallel", type=int, default=None, help="families in flight (default: workers)")
     ap.add_argument("--serial", action="store_true", help="run points in this process, no Dask")
