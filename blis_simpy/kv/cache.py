@@ -211,18 +211,25 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
                 self._rollback(req, n_old, old_len, old_base, committed, registered)
                 return False
             block_hash = self._block_hash
-            take = self._take_head
+            take = self._lru.popitem
             h2b = self.hash_to_block
             hashes = req.prompt_block_hashes(bs) if req.kv_base == 0 else None
             n_prompt_blocks = req.input_len // bs
+            total = self.total_blocks
             for _ in range(nb):
-                b = take()
-                hb = block_hash[b]
-                if hb:
-                    # BLIS deletes the hash entry unconditionally (docs/kv-cache.md).
-                    h2b.pop(hb, None)
-                    block_hash[b] = b""
-                ref[b] = 1
+                b = self._next
+                if b < total:                 # a fresh block (the LRU head while any is left)
+                    self._next = b + 1
+                    ref.append(1)
+                    block_hash.append(b"")
+                else:
+                    b = take(last=False)[0]
+                    hb = block_hash[b]
+                    if hb:
+                        # BLIS deletes the hash entry unconditionally (docs/kv-cache.md).
+                        h2b.pop(hb, None)
+                        block_hash[b] = b""
+                    ref[b] = 1
                 j = len(blocks)
                 blocks.append(b)
                 if remaining >= bs:
@@ -288,12 +295,18 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
             return True
         if self.used >= self.total_blocks:
             return False
-        b = self._take_head()
-        h = self._block_hash[b]
-        if h:
-            self.hash_to_block.pop(h, None)
-            self._block_hash[b] = b""
-        self._ref[b] = 1
+        b = self._next
+        if b < self.total_blocks:         # a fresh block (the LRU head while any is left)
+            self._next = b + 1
+            self._ref.append(1)
+            self._block_hash.append(b"")
+        else:
+            b = self._lru.popitem(last=False)[0]
+            h = self._block_hash[b]
+            if h:
+                self.hash_to_block.pop(h, None)
+                self._block_hash[b] = b""
+            self._ref[b] = 1
         self.used += 1
         self.cache_misses += 1
         if not blocks:
