@@ -39,7 +39,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from blis_simpy.admission import AdmissionPolicy
-from blis_simpy.config.loader import _model_loc, read_yaml, validation_problem
+from blis_simpy.config.loader import _model_loc, read_yaml, set_dotted, validation_problem
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.errors import ConfigError
 from blis_simpy.routing import Router
@@ -167,26 +167,12 @@ def apply_policy_settings(ov, data: dict, presets=None) -> None:
         for flag, path, value in (
                 ("--priority-policy", "engine.priority_policy", bundle.priority.policy),
                 ("--scheduler", "engine.scheduler", bundle.scheduler)):
-            if value and flag not in vals and _set_in(data, path, value):
+            if value and flag not in vals and set_dotted(data, path, value):
                 ov.origin[path] = "--policy-config"
     fam = _families()
     for section, specs in (("admission", ADMISSION_PARAMS), ("routing", ROUTING_PARAMS)):
         _merge_section(ov, data, fam[section], section, specs,
                        getattr(bundle, section) if bundle is not None else None, src)
-
-
-def _set_in(data: dict, path: str, value) -> bool:
-    """Set a dotted key in the raw dict; False if an ancestor is not a mapping (left to
-    validation to report)."""
-    *parents, last = path.split(".")
-    cur = data
-    for p in parents:
-        nxt = cur.setdefault(p, {})
-        if not isinstance(nxt, dict):
-            return False
-        cur = nxt
-    cur[last] = value
-    return True
 
 
 def _merge_section(ov, data, family, section: str, specs, bsec, src) -> None:

@@ -90,6 +90,20 @@ def undotted(path: str) -> Loc:
     return tuple(int(m[1]) if m[1] else m[2] for m in re.finditer(r"\[(\d+)\]|([^.\[\]]+)", path))
 
 
+def set_dotted(data: dict, key: str, value) -> bool:
+    """Set the dotted key ``a.b.c`` in a raw scenario dict, creating mappings on the way;
+    False (nothing set) when an ancestor is not a mapping (left to validation to report)."""
+    *parents, last = key.split(".")
+    cur = data
+    for p in parents:
+        nxt = cur.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            return False
+        cur = nxt
+    cur[last] = value
+    return True
+
+
 # ---------------------------------------------------------------------------- reading
 def read_yaml(path: str) -> tuple[object, Source]:
     """Parse one YAML document; returns the data and its :class:`Source`."""

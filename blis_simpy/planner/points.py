@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from blis_simpy.config.loader import Source, load_raw, resolve_paths, undotted, validate
+from blis_simpy.config.loader import Source, load_raw, resolve_paths, set_dotted, undotted, validate
 from blis_simpy.errors import ConfigError
 from blis_simpy.planner.spec import SweepSpec, axis_values, base_path, load_sweep
 
@@ -85,20 +85,6 @@ class Sweep:
     combos: list[dict[str, Any]] = field(default_factory=list)   # axis values per configuration
     seeds: list[int | None] = field(default_factory=list)
     points: list[Point] = field(default_factory=list)
-
-
-def set_dotted(data: dict, key: str, value) -> bool:
-    """Set ``a.b.c`` in a raw scenario dict, creating mappings on the way; False when an
-    ancestor is not a mapping."""
-    *parents, last = key.split(".")
-    cur = data
-    for p in parents:
-        nxt = cur.setdefault(p, {})
-        if not isinstance(nxt, dict):
-            return False
-        cur = nxt
-    cur[last] = value
-    return True
 
 
 def load(path: str) -> Sweep:
