@@ -146,7 +146,7 @@ FLAGS: tuple[Flag, ...] = (
     F("--kv-cpu-blocks", integer, "engine.kv_cpu_blocks", non_negative, "CPU KV tier blocks; > 0 enables the tier (default 0)"),
     F("--kv-offload-threshold", number, "engine.kv_offload_threshold", unit_interval, "deprecated and ignored (warning when the CPU tier is on; default 0.9)"),
     F("--kv-transfer-bandwidth", number, "engine.kv_transfer_bandwidth", positive, "CPU->GPU reload bandwidth, blocks/µs (default 100)"),
-    F("--kv-transfer-base-latency", integer, "engine.kv_transfer_base_latency_us", non_negative, "fixed cost of a CPU->GPU reload, µs (default 0)"),
+    F("--kv-transfer-base-latency", integer, "engine.kv_transfer_base_latency_us", non_negative, "fixed cost per block reloaded CPU->GPU, µs (default 0)"),
     F("--gpu-memory-utilization", number, "engine.gpu_memory_utilization", fraction, "fraction of GPU memory for vLLM, used by KV auto-sizing (default 0.9)"),
     F("--kv-capacity-model", text, "engine.kv_capacity_model", one_of("vllm", "blis"), "KV auto-sizing: vllm (default; per GPU, as vLLM profiles it) or blis (BLIS's formula, parity)"),
     F("--preemption-model", text, "engine.preemption_model", one_of("vllm", "blis"), "recompute preemption: vllm (default; prompt + outputs so far recomputed as a prefill, as vLLM v1) or blis (outputs regenerated, TTFT overwritten; parity)"),
