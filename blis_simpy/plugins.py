@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from blis_simpy.errors import ConfigError
+from blis_simpy.errors import BlisError, ConfigError
 
 
 class NoParams(BaseModel):
@@ -40,10 +40,13 @@ class Pluggable:
     aliases: ClassVar[tuple[str, ...]] = ()
     Params: ClassVar[type[BaseModel]] = NoParams
     _registry: ClassVar[dict[str, type]]
+    _blis_builtin: ClassVar[bool] = True
 
     def __init_subclass__(cls, *, family: str | None = None, name: str | None = None,
                           aliases: tuple[str, ...] = (), **kw: Any):
         super().__init_subclass__(**kw)
+        #: defined in this package: trusted, so the engine skips checking what it returns
+        cls._blis_builtin = is_builtin(cls)
         if family is not None:     # a new family; its root may also register itself by name
             cls.family = family
             cls._registry = {}
@@ -89,11 +92,34 @@ def is_builtin(cls: type) -> bool:
     return cls.__module__.split(".", 1)[0] == "blis_simpy"
 
 
+def describe(plugin) -> str:
+    """``family 'name' (module.Class)`` of a plugin class or object, as its errors name it."""
+    cls = plugin if isinstance(plugin, type) else type(plugin)
+    where = f"({cls.__module__}.{cls.__qualname__})"
+    registered = getattr(cls, "_registry", {}).get(cls.name) is cls   # else: not by this name
+    return f"{cls.family} {cls.name!r} {where}" if registered else f"{cls.family} {where}"
+
+
+def plugin_error(plugin, problem: str, *, field: str | None = None) -> ConfigError:
+    """The one-line error of a plugin that misbehaved: ``problem`` after the plugin's family,
+    registered name and class; ``field`` is the scenario key that chose it (exit 2)."""
+    return ConfigError(f"{describe(plugin)} {problem}", field=field)
+
+
+def call_failure(plugin, method: str, exc: Exception, *, field: str | None = None) -> BlisError:
+    """A plugin's ``method`` raised ``exc`` while the simulation ran: that plugin's error
+    (an error of our own, such as a :class:`ConfigError`, passes through unchanged)."""
+    if isinstance(exc, BlisError):
+        return exc
+    text = str(exc).replace("\n", " ")
+    return plugin_error(plugin, f"failed: {method}() raised {type(exc).__name__}"
+                        + (f": {text}" if text else ""), field=field)
+
+
 def build_failure(cls: type[Pluggable], exc: Exception, *, field: str | None) -> ConfigError:
     """A plugin's constructor raised: the one-line error naming the plugin (its family and
     registered name), as a failing plugin import is reported."""
-    return ConfigError(f"{cls.family} {cls.name!r} ({cls.__module__}.{cls.__qualname__}) failed to "
-                       f"build: {type(exc).__name__}: {exc}", field=field)
+    return ConfigError(f"{describe(cls)} failed to build: {type(exc).__name__}: {exc}", field=field)
 
 
 ENTRY_POINT_GROUP = "blis_simpy.plugins"
@@ -111,7 +137,14 @@ def load_plugins(modules: list[str] | tuple[str, ...] = (), *, entry_points: boo
     if entry_points and "<entry-points>" not in _loaded:
         _loaded.add("<entry-points>")
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            ep.load()
+            try:
+                ep.load()
+            except Exception as exc:
+                raise ConfigError(f"plugin entry point {ep.name!r} ({ep.value}) failed to load: "
+                                  f"{type(exc).__name__}: {exc}") from None
+            except SystemExit as exc:
+                raise ConfigError(f"plugin entry point {ep.name!r} ({ep.value}) called "
+                                  f"sys.exit({exc.code!r}) while loading") from None
     folder = os.path.dirname(os.path.abspath(source)) if source else None
     for mod in modules:
         if mod in _loaded:
@@ -127,6 +160,9 @@ def load_plugins(modules: list[str] | tuple[str, ...] = (), *, entry_points: boo
         except Exception as exc:  # user code failing at import time (e.g. a duplicate name)
             raise ConfigError(f"plugin module {mod!r} failed to import: {type(exc).__name__}: {exc}",
                               file=source, field="plugins") from None
+        except SystemExit as exc:  # sys.exit() (or exit()) in the module's top-level code
+            raise ConfigError(f"plugin module {mod!r} called sys.exit({exc.code!r}) while being "
+                              "imported", file=source, field="plugins") from None
         finally:
             if added:
                 sys.path.remove(folder)

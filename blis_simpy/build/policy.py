@@ -199,8 +199,10 @@ def _merge_section(ov, data, family, section: str, specs, bsec, src) -> None:
     except (ConfigError, TypeError):
         return  # an unknown name is reported by validation, located where it was written
     params = cfg.get("params", {})
-    if policy != scen_policy or not isinstance(params, dict):
+    if policy != scen_policy:
         params = {}
+    elif not isinstance(params, dict):
+        return  # not a mapping: validation reports it, located where it was written
     params = dict(params)
     fields = cls.Params.model_fields
     from_bundle: dict[str, tuple] = {}

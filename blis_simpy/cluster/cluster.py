@@ -22,8 +22,8 @@ from blis_simpy.admission.base import AdmissionPolicy
 from blis_simpy.des import ADMISSION, CLUSTER_ARRIVAL, FOLLOWUP_ARRIVAL, ROUTING, SimEnv
 from blis_simpy.engine.instance import Instance
 from blis_simpy.engine.listener import InstanceListener
-from blis_simpy.plugins import Pluggable
-from blis_simpy.routing.base import Router
+from blis_simpy.plugins import Pluggable, call_failure, plugin_error
+from blis_simpy.routing.base import Router, as_index, decision_problem, shown
 from blis_simpy.snapshot import RouterState, SnapshotProvider
 
 log = logging.getLogger("blis_simpy.cluster")
@@ -132,7 +132,10 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
             state = RouterState((), self.env.now)
         else:
             state = self.router_state(req)
-        ok, reason = self.admission.admit(req, state)
+        if self.admission._blis_builtin:
+            ok, reason = self.admission.admit(req, state)
+        else:
+            ok, reason = self._plugin_admit(req, state)
         if self.trace is not None:
             self.trace.record_admission(req, state.clock_us, ok, reason)
         c = self.counters
@@ -147,6 +150,20 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
             return
         c.admitted += 1
         self._after_admission(req)
+
+    def _plugin_admit(self, req, state) -> tuple[bool, str]:
+        """A plugin admission policy's ``(admitted, reason)``, checked: an exception or any
+        other result is that policy's one-line error."""
+        pol = self.admission
+        field = "cluster.admission.policy"
+        try:
+            res = pol.admit(req, state)
+        except Exception as exc:
+            raise call_failure(pol, "admit", exc, field=field) from None
+        if not (isinstance(res, tuple) and len(res) == 2 and res[0] in (True, False)):
+            raise plugin_error(pol, f"returned {shown(res)} from admit(); expected a tuple "
+                               "(admitted: bool, reason: str)", field=field)
+        return bool(res[0]), res[1]
 
     def _after_admission(self, req) -> None:
         """An admitted request goes to routing after the routing latency."""
@@ -163,11 +180,22 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         if not state.snapshots:
             log.warning("no routable instance for %s %s (model %r)", what, req.id, req.model)
             return None
-        decision = router.route(req, state)
-        target = decision.target
-        if not 0 <= target < self._n or not any(s.index == target for s in state.snapshots):
-            raise ValueError(f"routing policy {router.name!r} returned instance index "
-                             f"{target}, not one of the {len(state.snapshots)} candidates")
+        try:
+            decision = router.route(req, state)
+        except Exception as exc:
+            if router._blis_builtin:
+                raise
+            raise call_failure(router, "route", exc, field=f"{router.config_field}.policy") from None
+        if router._blis_builtin:
+            target = decision.target
+            if not 0 <= target < self._n or not any(s.index == target for s in state.snapshots):
+                raise ValueError(f"routing policy {router.name!r} returned instance index "
+                                 f"{target}, not one of the {len(state.snapshots)} candidates")
+        else:       # a plugin: its decision is checked (docs/extending.md)
+            problem = decision_problem(decision, state)
+            if problem is not None:
+                raise plugin_error(router, problem, field=f"{router.config_field}.policy")
+            target = as_index(decision.target)
         if decision.priority:
             req.priority = decision.priority
         return self.instances[target], state, decision
@@ -192,8 +220,18 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         self.inflight[inst.index] += 1
         self.counters.routed += 1
         inst.inject(req, self.env.now)
-        router.observe(req, inst.index)
+        self.tell_router(router, req, inst.index)
         return inst
+
+    @staticmethod
+    def tell_router(router: Router, req, index: int) -> None:
+        """Tell ``router`` where ``req`` went; a plugin's failure there is its own error."""
+        try:
+            router.observe(req, index)
+        except Exception as exc:
+            if router._blis_builtin:
+                raise
+            raise call_failure(router, "observe", exc, field=f"{router.config_field}.policy") from None
 
     # ------------------------------------------------------------------ listener
     def on_request_done(self, inst: Instance, req, tick_us: int) -> None:

@@ -144,7 +144,7 @@ class PDCluster(Cluster, name="pd"):
         self.inflight[inst.index] += 1
         self.prefill_routed += 1
         inst.inject(sub, now_us)
-        self.prefill_router.observe(sub, inst.index)
+        self.tell_router(self.prefill_router, sub, inst.index)
         if self.decider.stateful:
             self.decider.observe(sub, inst.index)
 
@@ -189,7 +189,7 @@ class PDCluster(Cluster, name="pd"):
         self.inflight[inst.index] += 1
         self.decode_injected += 1
         inst.inject_decode(sub, now_us)
-        self.decode_router.observe(sub, inst.index)
+        self.tell_router(self.decode_router, sub, inst.index)
 
     def _drop_at_decode(self, parent: ParentRequest, now_us: int, why: str) -> None:
         log.warning("dropping %s at decode routing: %s", parent.id, why)

@@ -24,8 +24,10 @@ def build_router(scenario: Scenario, rng: RngStreams, block_size: int, *,
     cls = Router.lookup(cfg.policy, field=f"{field}.policy")
     params = cls.parse_params(cfg.params, field=f"{field}.params")
     try:
-        return cls(params, rng=rng.get(stream), block_size=block_size)
+        router = cls(params, rng=rng.get(stream), block_size=block_size)
     except ConfigError as exc:
         if exc.field and not exc.field.startswith(field.split(".")[0] + "."):
             raise ConfigError(exc.problem, field=f"{field}.params.{exc.field}") from None
         raise
+    router.config_field = field
+    return router

@@ -44,7 +44,7 @@ from blis_simpy.engine.fast import FastInstance  # noqa: F401  (registers engine
 from blis_simpy.engine.instance import Instance
 from blis_simpy.engine.limits import EngineLimits
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
-from blis_simpy.errors import ConfigError, InvariantError
+from blis_simpy.errors import BlisError, ConfigError, InvariantError
 from blis_simpy.latency.interference import InterferenceModel
 from blis_simpy.metrics.records import InstanceMetrics
 from blis_simpy.plugins import build_failure, is_builtin
@@ -238,17 +238,25 @@ class Simulation:
         peek = env.peek
         step = env.step
         n = 0
-        if progress is None:
-            while peek() <= limit:
-                step()
-                n += 1
-        else:
-            while peek() <= limit:
-                step()
-                n += 1
-                if not n & 0x3FFF:
-                    progress(self._done_requests(), self.cluster.counters.offered)
-            progress(self._done_requests(), self.cluster.counters.offered)
+        try:
+            if progress is None:
+                while peek() <= limit:
+                    step()
+                    n += 1
+            else:
+                while peek() <= limit:
+                    step()
+                    n += 1
+                    if not n & 0x3FFF:
+                        progress(self._done_requests(), self.cluster.counters.offered)
+                progress(self._done_requests(), self.cluster.counters.offered)
+        except BlisError as exc:
+            # SimPy re-raises a process's failure as a copy, type(exc)(*exc.args), which loses
+            # a located error's file and field: raise the original (kept as the copy's cause)
+            cause = exc.__cause__
+            if type(cause) is type(exc):
+                raise cause from None
+            raise
         metrics = [inst.finalize() for inst in self.instances]
         sessions = None
         if self.sessions is not None:   # INV-11; in-flight rounds cut by the horizon end here

@@ -43,7 +43,12 @@ from blis_simpy.engine.batching import BatchingPolicy, StepAllocator
 from blis_simpy.engine.ledger import EagerLedger
 from blis_simpy.engine.limits import EngineLimits, enqueue_refusal
 from blis_simpy.engine.listener import InstanceListener
-from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
+from blis_simpy.engine.scheduling import (
+    PriorityPolicy,
+    Scheduler,
+    checked_priorities,
+    checked_reorder,
+)
 from blis_simpy.engine.vllm_batching import VLLMBatching
 from blis_simpy.latency.base import BatchView, LatencyModel
 from blis_simpy.metrics.records import InstanceMetrics
@@ -338,10 +343,17 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
             return
         pol = self.priority_policy
         if not pol.constant:
-            for r in self.waitq:
-                r.priority = pol.priority(r, now_us)
-        if not self.scheduler.keeps_order:
-            self.scheduler.reorder(self.waitq, now_us)
+            if pol._blis_builtin:
+                for r in self.waitq:
+                    r.priority = pol.priority(r, now_us)
+            else:
+                checked_priorities(pol, self.waitq, now_us)
+        sched = self.scheduler
+        if not sched.keeps_order:
+            if sched._blis_builtin:
+                sched.reorder(self.waitq, now_us)
+            else:
+                checked_reorder(sched, self.waitq, now_us)
 
     def batch_view(self) -> BatchView:
         """Summary of the running batch for the latency model (after batch formation)."""

@@ -13,17 +13,29 @@ Both are plain synchronous deciders; add one by subclassing::
 
 from __future__ import annotations
 
-from collections import deque
+import math
+from collections import Counter, deque
+from numbers import Real
 from typing import ClassVar
 
-from blis_simpy.plugins import Pluggable
+from blis_simpy.plugins import Pluggable, call_failure, plugin_error
 
 
 class PriorityPolicy(Pluggable, family="priority policy"):
-    """Computes a request's priority (higher = more urgent) at time ``now_us``."""
+    """Computes a request's priority (higher = more urgent) at time ``now_us``.
+
+    A subclass that defines :meth:`priority` without saying ``constant`` in its own body is
+    not constant, whatever its parent says: subclassing ``ConstantPriority`` (``constant =
+    True``) and overriding ``priority`` gets that method called at every step.
+    """
 
     #: True if the priority never changes (the engine then skips recomputing it).
     constant: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "priority" in cls.__dict__ and "constant" not in cls.__dict__:
+            cls.constant = False
 
     def __init__(self, params=None):
         self.params = params
@@ -56,7 +68,9 @@ class InvertedSLOPriority(PriorityPolicy, name="inverted-slo"):
 
 
 class Scheduler(Pluggable, family="scheduler"):
-    """Reorders the wait queue in place; must not change its length."""
+    """Reorders the wait queue in place: the same requests, each once, in any order. A
+    plugin that adds, drops or repeats a request stops the run with its error (exit 2,
+    :func:`checked_reorder`)."""
 
     #: True if the scheduler never changes the queue order.
     keeps_order: ClassVar[bool] = False
@@ -103,3 +117,44 @@ class ReversePriority(Scheduler, name="reverse-priority"):
 
     def reorder(self, queue: deque, now_us: int) -> None:
         stable_sort(queue, lambda r: (r.priority, r.arrival_us, r.id))
+
+
+# ------------------------------------------------------------------ plugins, checked
+def checked_priorities(policy: PriorityPolicy, queue: deque, now_us: int) -> None:
+    """Set ``req.priority`` of every queued request from a plugin ``policy``; an exception
+    or a value that is not a real number (or is NaN) is that policy's one-line error."""
+    field = "engine.priority_policy"
+    for r in queue:
+        try:
+            p = policy.priority(r, now_us)
+        except Exception as exc:
+            raise call_failure(policy, "priority", exc, field=field) from None
+        if isinstance(p, bool) or not isinstance(p, Real) or math.isnan(p):
+            raise plugin_error(policy, f"returned {p!r} ({type(p).__name__}) from priority() for "
+                               f"{r.id}; expected a number", field=field)
+        r.priority = p
+
+
+def checked_reorder(scheduler: Scheduler, queue: deque, now_us: int) -> None:
+    """Let a plugin ``scheduler`` reorder ``queue``, then check it holds the same requests,
+    each once (O(n), as the sort itself); anything else is that scheduler's one-line error.
+    Built-in schedulers are trusted and not checked."""
+    field = "engine.scheduler"
+    before = [id(r) for r in queue]
+    try:
+        scheduler.reorder(queue, now_us)
+    except Exception as exc:
+        raise call_failure(scheduler, "reorder", exc, field=field) from None
+    if len(queue) == len(before) and set(map(id, queue)) == set(before):
+        return
+    had = set(before)
+    counts = Counter(map(id, queue))
+    extra = next((r for r in queue if counts[id(r)] > 1 or id(r) not in had), None)
+    if extra is not None:
+        what = (f"it holds {getattr(extra, 'id', extra)!r} twice" if id(extra) in had
+                else f"it added {getattr(extra, 'id', extra)!r}, which was not queued")
+    else:
+        what = "it lost a queued request"
+    raise plugin_error(scheduler, f"changed the wait queue in reorder(): {len(before)} requests "
+                       f"before, {len(queue)} after, {what}; a scheduler may only reorder the "
+                       "queue", field=field)

@@ -22,7 +22,10 @@ list (``"first"``, BLIS's behaviour when it has no RNG; the conformance cases us
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass, field
+from numbers import Real
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -67,7 +70,16 @@ def break_tie(tied: list[int], tie_break: str, rng) -> int:
 
 
 class Router(Pluggable, family="routing policy"):
-    """Chooses an instance among ``state.snapshots`` (never empty when called)."""
+    """Chooses an instance among ``state.snapshots`` (never empty when called).
+
+    ``route`` must return a :class:`RoutingDecision` whose ``target`` is the ``index`` of
+    one of the snapshots; anything else stops the run with this router's error (exit 2,
+    :func:`decision_problem`).
+    """
+
+    #: the scenario block that configured this router (``policy`` and ``params`` under it);
+    #: set by :func:`~blis_simpy.cluster.policies.build_router`, it locates the router's errors
+    config_field: str = "cluster.routing"
 
     def __init__(self, params=None, *, rng=None, block_size: int = 16, **_ignored):
         self.params = params if params is not None else type(self).Params()
@@ -93,3 +105,42 @@ class RoundRobin(Router, name="round-robin", aliases=("",)):
         s = snaps[self.counter % len(snaps)]
         self.counter += 1
         return RoutingDecision(s.index, f"round-robin[{s.index}]")
+
+
+def as_index(target) -> int | None:
+    """``target`` as an instance index: an ``int`` for any integer type (numpy's too), else
+    None (a bool, a float, a string, None)."""
+    if isinstance(target, bool):
+        return None
+    try:
+        return operator.index(target)
+    except TypeError:
+        return None
+
+
+def shown(value, limit: int = 60) -> str:
+    """A short ``repr`` of what a plugin returned, with its type, for an error line."""
+    text = repr(value)
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text if value is None else f"{text} ({type(value).__name__})"
+
+
+def decision_problem(decision, state: RouterState) -> str | None:
+    """What is wrong with a router's ``decision`` for ``state`` (the problem, after the
+    router's name, of its one-line error), or None when it names one of the candidates."""
+    if not hasattr(decision, "target"):
+        return f"returned {shown(decision)} from route(); expected a RoutingDecision"
+    target = decision.target
+    index = as_index(target)
+    candidates = [s.index for s in state.snapshots]
+    if index is None:
+        return (f"returned target {shown(target)} from route(); expected the index (an int) "
+                f"of one of the candidate instances {candidates}")
+    if index not in candidates:
+        return (f"returned instance index {index} from route(), not one of the candidate "
+                f"instances {candidates}")
+    prio = getattr(decision, "priority", 0.0)
+    if isinstance(prio, bool) or not isinstance(prio, Real) or math.isnan(prio):
+        return f"returned priority {shown(prio)} from route(); expected a number"
+    return None

@@ -7,9 +7,20 @@
 
 from __future__ import annotations
 
+import math
+from numbers import Real
+
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from blis_simpy.routing.base import Router, RoutingDecision, TieBreak, TieBreakParams, break_tie
+from blis_simpy.plugins import call_failure, plugin_error
+from blis_simpy.routing.base import (
+    Router,
+    RoutingDecision,
+    TieBreak,
+    TieBreakParams,
+    break_tie,
+    shown,
+)
 from blis_simpy.routing.scorers import Scorer, ScorerSpec, check_scorer, default_scorers, parse_scorers
 from blis_simpy.snapshot import RouterState
 
@@ -89,7 +100,7 @@ class Weighted(Router, name="weighted"):
         n = len(snaps)
         comp = [0.0] * n
         for scorer, w in zip(self.scorers, self.weights, strict=True):
-            vals = scorer.score(req, snaps)
+            vals = scorer.score(req, snaps) if scorer._blis_builtin else self._checked(scorer, req, snaps)
             for j in range(n):
                 v = vals[j]
                 if v < 0.0:
@@ -99,6 +110,31 @@ class Weighted(Router, name="weighted"):
                 comp[j] += v * w
         return comp
 
+    def _field(self, scorer: Scorer) -> str:
+        return f"{self.config_field}.params.scorers[{self.scorers.index(scorer)}]"
+
+    def _checked(self, scorer: Scorer, req, snaps) -> list[float]:
+        """A plugin scorer's scores, checked: one real number (not NaN) per snapshot; anything
+        else is that scorer's one-line error."""
+        field = self._field(scorer)
+        try:
+            vals = scorer.score(req, snaps)
+        except Exception as exc:
+            raise call_failure(scorer, "score", exc, field=field) from None
+        try:
+            vals = list(vals)
+        except TypeError:
+            raise plugin_error(scorer, f"returned {shown(vals)} from score(); expected a list of "
+                               f"{len(snaps)} numbers, one per instance", field=field) from None
+        if len(vals) != len(snaps):
+            raise plugin_error(scorer, f"returned {len(vals)} scores from score() for "
+                               f"{len(snaps)} instances; expected one per instance", field=field)
+        for s, v in zip(snaps, vals, strict=True):
+            if isinstance(v, bool) or not isinstance(v, Real) or math.isnan(v):
+                raise plugin_error(scorer, f"returned {shown(v)} for {s.id} from score(); expected "
+                                   "a number (NaN is not a score)", field=field)
+        return vals
+
     def route(self, req, state: RouterState) -> RoutingDecision:
         snaps = state.snapshots
         comp = self.composite(req, snaps)
@@ -106,6 +142,12 @@ class Weighted(Router, name="weighted"):
         tied = [j for j, x in enumerate(comp) if x == best]
         chosen = snaps[break_tie(tied, self.params.tie_break, self.rng)]
         for scorer in self._observers:
-            scorer.observe(req, chosen)
+            if scorer._blis_builtin:
+                scorer.observe(req, chosen)
+                continue
+            try:
+                scorer.observe(req, chosen)
+            except Exception as exc:
+                raise call_failure(scorer, "observe", exc, field=self._field(scorer)) from None
         scores = {s.id: c for s, c in zip(snaps, comp, strict=True)}
         return RoutingDecision(chosen.index, f"weighted (score={best:.4f})", scores)

@@ -40,6 +40,11 @@ SCENARIO_CASES = {
     "stdev quirk": (BLACKBOX + "workload:\n  prompt_tokens: {mean: 50, stdev: 0, min: 2, max: 100}\n", 6,
                     "workload.prompt_tokens.stdev", "[min, max]"),
     "duplicate key": ("seed: 1\nseed: 2\n", 2, "seed", "duplicate"),
+    # run used to replace params that are not a mapping by {} (and ran with the defaults)
+    "routing params not a mapping": (BLACKBOX + "cluster:\n  routing:\n    policy: least-loaded\n"
+                                     "    params: 5\n", 8, "cluster.routing.params", "valid dictionary"),
+    "admission params not a mapping": (BLACKBOX + "cluster:\n  admission:\n    params: 'oops'\n", 7,
+                                       "cluster.admission.params", "valid dictionary, got 'oops'"),
 }
 
 

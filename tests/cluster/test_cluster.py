@@ -149,7 +149,8 @@ def test_admission_and_routing_latency_delay_injection():
     assert ttft >= 500 + 1_000
 
 
-def test_invalid_router_target_is_a_programming_error():
+def test_invalid_router_target_is_the_routers_error():
+    from blis_simpy.errors import ConfigError
     from blis_simpy.routing import Router, RoutingDecision
 
     class Broken(Router):       # not registered: used directly
@@ -158,5 +159,9 @@ def test_invalid_router_target_is_a_programming_error():
 
     sim = Simulation(scenario(n=2), [request(0)])
     sim.cluster.router = Broken()
-    with pytest.raises(ValueError, match="instance index 7"):
+    with pytest.raises(ConfigError) as err:
         sim.run()
+    assert str(err.value) == (
+        "cluster.routing.policy: routing policy (tests.cluster.test_cluster."
+        "test_invalid_router_target_is_the_routers_error.<locals>.Broken) returned instance "
+        "index 7 from route(), not one of the candidate instances [0, 1]")
