@@ -7,7 +7,7 @@ import sys
 
 log = logging.getLogger("blis_simpy")
 
-#: BLIS's ``--log`` levels (logrus) onto Python logging; anything else means "error".
+#: BLIS's ``--log`` levels (logrus) onto Python logging; any other name is refused.
 LOG_LEVELS = {"trace": 5, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
               "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL,
               "panic": logging.CRITICAL}
@@ -16,12 +16,18 @@ LOG_LEVELS = {"trace": 5, "debug": logging.DEBUG, "info": logging.INFO, "warn": 
 def setup_logging(level: str | None) -> None:
     """Route the ``blis_simpy`` loggers to the current stderr at the BLIS ``level``; any
     handler an earlier call installed goes (its stream may be gone: an in-process caller
-    such as a test runner swaps stderr between invocations)."""
+    such as a test runner swaps stderr between invocations). An unknown level is a
+    :class:`~blis_simpy.errors.ConfigError` on ``--log`` (nothing is changed then)."""
+    key = (level or "warn").lower()
+    if key not in LOG_LEVELS:
+        from blis_simpy.errors import ConfigError
+        raise ConfigError(f"unknown log level {level!r}; valid: trace, debug, info, warn, error, "
+                          "fatal, panic", field="--log")
     for h in [h for h in log.handlers if getattr(h, "_blis_cli", False)]:
         log.removeHandler(h)
     handler = logging.StreamHandler(sys.stderr)
     handler._blis_cli = True
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     log.addHandler(handler)
-    log.setLevel(LOG_LEVELS.get((level or "warn").lower(), logging.ERROR))
+    log.setLevel(LOG_LEVELS[key])
     log.propagate = False

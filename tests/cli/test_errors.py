@@ -100,6 +100,8 @@ FLAG_CASES = {
                       "--prompt-tokens-min", "<= max"),
     "unknown preset": (["--workload", "nope"], "--workload", "chatbot"),
     "negative horizon": (["--horizon", "-5"], "--horizon", "must be > 0"),
+    # was silently taken as "error"
+    "unknown log level": (["--log", "verbose"], "--log", "unknown log level 'verbose'; valid: trace"),
 }
 
 
