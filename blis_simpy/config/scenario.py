@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from blis_simpy.metrics.fitness import FITNESS_KEYS
 from blis_simpy.units import MAX_INT64
@@ -29,6 +30,34 @@ KVBlocks = Annotated[int, Field(gt=0, le=MAX_KV_BLOCKS)]
 #: data-parallel ranks per engine: every rank is a simulated engine core, so untrusted input
 #: must not be able to ask for millions of them
 MAX_DP = 1024
+# Upper bounds of every count, size and delay a scenario (or its flag) can set
+# (docs/scenarios.md, "Limits"). Each is far above any real deployment; together they keep
+# what a scenario can make the simulator allocate, loop over or add to its clock finite.
+#: tokens per KV block: the fast engine keeps one set per token slot of a block
+MAX_BLOCK_SIZE = 1024
+#: any token count: context cap, step budget, prefill chunk, prompt/output lengths, prefix
+MAX_TOKENS = 16_777_216
+#: running-batch cap (requests)
+MAX_RUNNING_REQS = 1_048_576
+#: requests one workload may generate
+MAX_REQUESTS = 10_000_000
+#: engine instances, and simulated engine ranks (instances x dp) in all
+MAX_INSTANCES = 4096
+#: tensor parallelism (GPUs per engine rank)
+MAX_TP = 256
+#: control-plane latencies, KV reload and fabric base latencies, refresh intervals: one hour
+#: of simulated time, in µs (also the longest engine step, ``engine.limits.MAX_STEP_US``)
+MAX_DELAY_US = 3_600_000_000
+#: the KV-transfer fabric's bandwidth range, GB/s (1 MB/s to 1 PB/s), and its largest KV
+#: footprint per token, bytes (1 GiB)
+MIN_FABRIC_GBPS, MAX_FABRIC_GBPS = 1e-3, 1e6
+MAX_KV_BYTES_PER_TOKEN = 2**30
+#: the CPU→GPU KV reload bandwidth range, blocks/µs
+MIN_RELOAD_BLOCKS_PER_US, MAX_RELOAD_BLOCKS_PER_US = 1e-6, 1e6
+Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
+PosTokens = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
+DelayUs = Annotated[int, Field(ge=0, le=MAX_DELAY_US)]
+Instances = Annotated[int, Field(ge=0, le=MAX_INSTANCES)]
 
 
 class Strict(BaseModel):
@@ -96,11 +125,13 @@ class EngineConfig(Strict):
     total_kv_blocks: KVBlocks | None = Field(
         None, description="GPU KV blocks per instance (at most 100,000,000: 1.6 billion tokens at "
                           "16 a block); None = resolve from catalog / default")
-    block_size: PosInt = Field(16, description="tokens per KV block (--block-size-in-tokens)")
-    max_num_running_reqs: PosInt = Field(256, description="running-batch cap")
-    max_num_scheduled_tokens: PosInt = Field(2048, description="per-step token budget")
-    long_prefill_token_threshold: NonNegInt = Field(0, description="prefill chunk cap; 0 = off")
-    max_model_len: NonNegInt = Field(0, description="context cap in tokens; 0 = unlimited")
+    block_size: Annotated[int, Field(gt=0, le=MAX_BLOCK_SIZE)] = Field(
+        16, description="tokens per KV block (--block-size-in-tokens), at most 1024")
+    max_num_running_reqs: Annotated[int, Field(gt=0, le=MAX_RUNNING_REQS)] = Field(
+        256, description="running-batch cap, at most 1,048,576")
+    max_num_scheduled_tokens: PosTokens = Field(2048, description="per-step token budget")
+    long_prefill_token_threshold: Tokens = Field(0, description="prefill chunk cap; 0 = off")
+    max_model_len: Tokens = Field(0, description="context cap in tokens; 0 = unlimited")
     scheduler: str = Field("fcfs", description="fcfs | priority-fcfs | sjf | reverse-priority")
     priority_policy: str = Field("constant", description="constant | slo-based | inverted-slo")
     kv_cache_dtype: Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
@@ -114,11 +145,14 @@ class EngineConfig(Strict):
     preemption_model: Literal["vllm", "blis"] = Field(
         "vllm", description="recompute preemption: vllm (prompt + outputs so far recomputed as a "
                             "prefill, as vLLM v1) or blis (outputs regenerated, BLIS parity)")
-    kv_cpu_blocks: NonNegInt = Field(0, description="CPU KV tier blocks; 0 = GPU tier only")
+    kv_cpu_blocks: Annotated[int, Field(ge=0, le=MAX_KV_BLOCKS)] = Field(
+        0, description="CPU KV tier blocks; 0 = GPU tier only")
     kv_offload_threshold: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = Field(
         0.9, description="deprecated and ignored (BLIS keeps the flag)")
-    kv_transfer_bandwidth: PosFloat = Field(100.0, description="CPU→GPU reload bandwidth, blocks/µs")
-    kv_transfer_base_latency_us: NonNegInt = Field(0, description="fixed cost per reloaded block, µs")
+    kv_transfer_bandwidth: Annotated[float, Field(
+        ge=MIN_RELOAD_BLOCKS_PER_US, le=MAX_RELOAD_BLOCKS_PER_US, allow_inf_nan=False)] = Field(
+        100.0, description="CPU→GPU reload bandwidth, blocks/µs (1e-6 to 1e6)")
+    kv_transfer_base_latency_us: DelayUs = Field(0, description="fixed cost per reloaded block, µs")
     implementation: str = Field(
         "fast", description="registered engine implementation: fast (lazy decode set), reference "
                             "(literal per-request loops) or a plugin's name")
@@ -154,12 +188,12 @@ class RoutingConfig(Strict):
 class ClusterConfig(Strict):
     """The control plane in front of the instances (docs/control-plane.md)."""
 
-    num_instances: PosInt = 1
+    num_instances: Annotated[int, Field(gt=0, le=MAX_INSTANCES)] = 1
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
-    admission_latency_us: NonNegInt = 0
-    routing_latency_us: NonNegInt = 0
-    snapshot_refresh_interval_us: NonNegInt = Field(
+    admission_latency_us: DelayUs = 0
+    routing_latency_us: DelayUs = 0
+    snapshot_refresh_interval_us: DelayUs = Field(
         0, description="0 = routers see instance state as of now; I > 0 = refreshed every I µs")
     implementation: str | None = Field(
         None, description="registered cluster class: standard | pd | a plugin's name; None = pd "
@@ -170,7 +204,7 @@ class TraceConfig(Strict):
     """The decision trace (docs/metrics.md, "Decision trace")."""
 
     level: Literal["none", "decisions"] = "none"
-    counterfactual_k: NonNegInt = Field(0, description="counterfactual candidates per routing record")
+    counterfactual_k: Instances = Field(0, description="counterfactual candidates per routing record")
     summarize: bool = Field(False, description="print the Trace Summary section")
 
 
@@ -220,8 +254,8 @@ class LengthDist(Strict):
 
     mean: FiniteFloat
     stdev: FiniteFloat
-    min: int
-    max: int
+    min: Annotated[int, Field(le=MAX_TOKENS)]
+    max: Annotated[int, Field(le=MAX_TOKENS)]
 
 
 class DistributionWorkload(Strict):
@@ -229,16 +263,16 @@ class DistributionWorkload(Strict):
 
     kind: Literal["distribution"] = "distribution"
     rate: PosFloat = Field(1.0, description="aggregate arrival rate, requests/s")
-    num_requests: NonNegInt = 100
+    num_requests: Annotated[int, Field(ge=0, le=MAX_REQUESTS)] = 100
     prompt_tokens: LengthDist = Field(
         default_factory=lambda: LengthDist(mean=512, stdev=256, min=2, max=7000))
     output_tokens: LengthDist = Field(
         default_factory=lambda: LengthDist(mean=512, stdev=256, min=2, max=7000))
-    prefix_tokens: NonNegInt = 0
+    prefix_tokens: Tokens = 0
     arrival: Literal["constant", "poisson", "gamma"] = Field(
         "constant", description="arrival process: constant (BLIS's spacing 1/rate), poisson, gamma")
-    arrival_cv: PosFloat | None = Field(
-        None, description="gamma's coefficient of variation of the gaps (default 1.0)")
+    arrival_cv: Annotated[float, Field(ge=1e-3, le=1e3, allow_inf_nan=False)] | None = Field(
+        None, description="gamma's coefficient of variation of the gaps, 0.001 to 1000 (default 1.0)")
 
 
 class TraceWorkload(Strict):
@@ -258,7 +292,8 @@ class SpecWorkload(Strict):
     kind: Literal["spec"] = "spec"
     path: str = Field("", description="workload-spec YAML file")
     spec: dict[str, Any] | None = Field(None, description="the workload spec, inline")
-    num_requests: NonNegInt | None = Field(None, description="overrides the spec's num_requests")
+    num_requests: Annotated[int, Field(ge=0, le=MAX_REQUESTS)] | None = Field(
+        None, description="overrides the spec's num_requests")
 
     @model_validator(mode="after")
     def _one_source(self) -> SpecWorkload:
@@ -273,10 +308,10 @@ Workload = Annotated[DistributionWorkload | TraceWorkload | SpecWorkload, Field(
 class PoolOverrides(Strict):
     """Per-pool replacements of the global instance config (docs/scenarios.md); None = inherit."""
 
-    tp: PosInt | None = None
+    tp: Annotated[int, Field(gt=0, le=MAX_TP)] | None = None
     hardware: str | None = None
     latency_model: str | None = None
-    max_model_len: PosInt | None = None
+    max_model_len: PosTokens | None = None
     total_kv_blocks: KVBlocks | None = None
     routing: RoutingConfig | None = Field(
         None, description="this pool's own router (BLIS: --prefill/--decode-routing-scorers)")
@@ -290,9 +325,11 @@ class DeciderConfig(Strict):
 class TransferConfig(Strict):
     """The KV-transfer fabric between the pools (docs/disaggregation.md, "KV-transfer fabric")."""
 
-    bandwidth_gbps: PosFloat = Field(25.0, description="shared fabric bandwidth, GB/s (1 GB = 1e9 B)")
-    base_latency_ms: NonNegFloat = Field(0.05, description="fixed cost per transfer, ms")
-    kv_bytes_per_token: PosInt | None = Field(
+    bandwidth_gbps: Annotated[float, Field(ge=MIN_FABRIC_GBPS, le=MAX_FABRIC_GBPS, allow_inf_nan=False)] = Field(
+        25.0, description="shared fabric bandwidth, GB/s (1 GB = 1e9 B), 0.001 to 1e6")
+    base_latency_ms: Annotated[float, Field(ge=0, le=MAX_DELAY_US / 1000, allow_inf_nan=False)] = Field(
+        0.05, description="fixed cost per transfer, ms (at most one hour)")
+    kv_bytes_per_token: Annotated[int, Field(gt=0, le=MAX_KV_BYTES_PER_TOKEN)] | None = Field(
         None, description="KV bytes per token; None = derived from the model shape")
     contention: Literal["none", "snapshot", "fair-share"] | None = Field(
         None, description="none: every transfer gets the full bandwidth; snapshot: BLIS's share "
@@ -311,8 +348,8 @@ class InterferenceConfig(Strict):
 class DisaggregationConfig(Strict):
     """Prefill/decode pools (docs/disaggregation.md). Pools exist when both instance counts are > 0."""
 
-    prefill_instances: NonNegInt = 0
-    decode_instances: NonNegInt = 0
+    prefill_instances: Instances = 0
+    decode_instances: Instances = 0
     decider: DeciderConfig = Field(default_factory=DeciderConfig)
     transfer: TransferConfig = Field(default_factory=TransferConfig)
     interference: InterferenceConfig = Field(default_factory=InterferenceConfig)
@@ -344,10 +381,11 @@ class Scenario(Strict):
     name: str = ""
     description: str = ""
     seed: int = 42
-    horizon_us: PosInt | None = Field(None, description="stop after this simulated time")
+    horizon_us: Annotated[int, Field(gt=0, le=MAX_INT64)] | None = Field(
+        None, description="stop after this simulated time, µs (at most 2^63 - 1)")
     model: str = Field("", description="model ID, lower-cased for every lookup")
     hardware: str = ""
-    tp: NonNegInt = 0
+    tp: Annotated[int, Field(ge=0, le=MAX_TP)] = Field(0, description="tensor parallelism, at most 256")
     dp: Annotated[int, Field(gt=0, le=MAX_DP)] = Field(
         1, description="data-parallel ranks per engine instance (vLLM --data-parallel-size), at most "
                        "1024; each rank has its own scheduler, limits and KV pool")
@@ -386,6 +424,19 @@ class Scenario(Strict):
     def _lower_model(self) -> Scenario:
         if self.model and self.model != self.model.lower():
             object.__setattr__(self, "model", self.model.lower())
+        return self
+
+    @model_validator(mode="after")
+    def _engine_ranks(self) -> Scenario:
+        """At most :data:`MAX_INSTANCES` simulated engine ranks (instances x dp) in all."""
+        n = self.cluster.num_instances
+        if n * self.dp > MAX_INSTANCES:
+            raise ValidationError.from_exception_data(type(self).__name__, [InitErrorDetails(
+                type=PydanticCustomError(
+                    "too_many_ranks", "{n} instances x dp {dp} = {ranks} engine ranks; at most "
+                    "{cap} can be simulated", {"n": n, "dp": self.dp, "ranks": n * self.dp,
+                                               "cap": MAX_INSTANCES}),
+                loc=("cluster", "num_instances"), input={"num_instances": n, "dp": self.dp})])
         return self
 
     @property

@@ -53,6 +53,9 @@ log = logging.getLogger("blis_simpy.disagg")
 
 #: Largest accepted base latency, ms (1000 hours): keeps every µs value far from int64 limits.
 MAX_BASE_LATENCY_MS = 3.6e9
+#: Accepted bandwidth range, GB/s (1 MB/s to 1 PB/s): a transfer of any size a scenario allows
+#: (docs/scenarios.md, "Limits") then lasts a finite number of µs well inside int64.
+MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS = 1e-3, 1e6
 
 
 class KVTransferFabric(Pluggable, family="kv transfer fabric", name="default"):
@@ -87,8 +90,9 @@ class KVTransferFabric(Pluggable, family="kv transfer fabric", name="default"):
                  contention: Contention, on_complete: Callable[[Transfer], None]):
         bw = float(bandwidth_gbps)
         base = float(base_latency_ms)
-        if not (math.isfinite(bw) and bw > 0):
-            raise ValueError(f"KV transfer bandwidth must be finite and > 0 GB/s, got {bandwidth_gbps}")
+        if not (math.isfinite(bw) and MIN_BANDWIDTH_GBPS <= bw <= MAX_BANDWIDTH_GBPS):
+            raise ValueError(f"KV transfer bandwidth must be in [{MIN_BANDWIDTH_GBPS:g}, "
+                             f"{MAX_BANDWIDTH_GBPS:g}] GB/s, got {bandwidth_gbps}")
         if not (math.isfinite(base) and 0 <= base <= MAX_BASE_LATENCY_MS):
             raise ValueError(f"KV transfer base latency must be finite and in [0, {MAX_BASE_LATENCY_MS:g}] "
                              f"ms, got {base_latency_ms}")
@@ -150,5 +154,5 @@ class KVTransferFabric(Pluggable, family="kv transfer fabric", name="default"):
         self.on_complete(tr)
 
 
-__all__ = ["CONTENTION_MODES", "KVTransferFabric", "MAX_BASE_LATENCY_MS", "SharedBandwidth",
-           "Transfer"]
+__all__ = ["CONTENTION_MODES", "KVTransferFabric", "MAX_BANDWIDTH_GBPS", "MAX_BASE_LATENCY_MS",
+           "MIN_BANDWIDTH_GBPS", "SharedBandwidth", "Transfer"]

@@ -219,3 +219,76 @@ def test_unwritable_results_path(cli, small_scenario, tmp_path):
     res = cli("run", "--scenario", small_scenario, "--results-path", out, "--format", "json")
     line = _assert_one_line_error(res)
     assert line.startswith(f"error: {out}: --results-path: cannot write results")
+
+
+# ---------------------------------------------------------------------------- absurd sizes
+# Every count, size and delay has a documented upper bound (docs/scenarios.md, "Limits"):
+# past it a scenario key is refused on its line and a flag by its name (exit 2, one line),
+# never a hang, a MemoryError or an int64 overflow in the run.
+BIG = 2**70
+INT64_MAX = 2**63 - 1
+# (scenario key, absurd YAML value, its flag, absurd flag text, words in the problem)
+BOUND_CASES = [
+    ("engine.block_size", BIG, "--block-size-in-tokens", "1000000", "less than or equal to 1024"),
+    ("workload.num_requests", BIG, "--num-requests", str(2**62), "less than or equal to 10000000"),
+    ("engine.total_kv_blocks", BIG, "--total-kv-blocks", str(2**62), "less than or equal to 100000000"),
+    ("cluster.num_instances", BIG, "--num-instances", str(2**62), "less than or equal to 4096"),
+    ("workload.prefix_tokens", BIG, "--prefix-tokens", str(2**62), "less than or equal to 16777216"),
+    ("engine.max_num_running_reqs", BIG, "--max-num-running-reqs", str(INT64_MAX), "1048576"),
+    ("engine.max_num_scheduled_tokens", BIG, "--max-num-scheduled-tokens", str(INT64_MAX), "16777216"),
+    ("engine.long_prefill_token_threshold", BIG, "--long-prefill-token-threshold", str(INT64_MAX), "16777216"),
+    ("engine.max_model_len", BIG, "--max-model-len", str(INT64_MAX), "16777216"),
+    ("engine.kv_cpu_blocks", BIG, "--kv-cpu-blocks", str(INT64_MAX), "100000000"),
+    ("engine.kv_transfer_bandwidth", 1e-300, "--kv-transfer-bandwidth", "1e-300", "greater than or equal to 0.000001"),
+    ("engine.kv_transfer_base_latency_us", INT64_MAX, "--kv-transfer-base-latency", str(INT64_MAX), "3600000000"),
+    ("cluster.admission_latency_us", BIG, "--admission-latency", str(INT64_MAX), "3600000000"),
+    ("cluster.routing_latency_us", BIG, "--routing-latency", str(INT64_MAX), "3600000000"),
+    ("cluster.snapshot_refresh_interval_us", BIG, "--snapshot-refresh-interval", str(INT64_MAX), "3600000000"),
+    ("trace.counterfactual_k", BIG, "--counterfactual-k", str(INT64_MAX), "less than or equal to 4096"),
+    ("tp", 1024, "--tp", "1024", "less than or equal to 256"),
+    ("workload.arrival_cv", 1e-300, "--arrival-cv", "1e-300", "greater than or equal to 0.001"),
+    ("disaggregation.transfer.bandwidth_gbps", 1e308, "--pd-transfer-bandwidth", "1e308", "less than or equal to 1000000"),
+    ("disaggregation.transfer.bandwidth_gbps", 1e-308, "--pd-transfer-bandwidth", "1e-308", "greater than or equal to 0.001"),
+    ("disaggregation.transfer.base_latency_ms", 1e308, "--pd-transfer-base-latency", "1e308", "less than or equal to 3600000"),
+    ("disaggregation.transfer.kv_bytes_per_token", BIG, "--pd-kv-bytes-per-token", str(INT64_MAX), "1073741824"),
+    ("disaggregation.prefill_instances", BIG, "--prefill-instances", str(INT64_MAX), "less than or equal to 4096"),
+    ("disaggregation.decode_pool.tp", 1024, "--decode-tp", "1024", "less than or equal to 256"),
+    ("disaggregation.prefill_pool.max_model_len", BIG, "--prefill-max-model-len", str(INT64_MAX), "16777216"),
+]
+
+
+def _with_key(text: str, key: str, value) -> str:
+    import yaml
+    data = yaml.safe_load(text)
+    cur = data
+    *parents, last = key.split(".")
+    for p in parents:
+        cur = cur.setdefault(p, {})
+    cur[last] = value
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+@pytest.mark.parametrize("key, value, flag, text, words", BOUND_CASES, ids=lambda v: str(v)[:40])
+def test_absurd_size_in_a_scenario_key(cli, tmp_path, key, value, flag, text, words):
+    sc = tmp_path / "big.yaml"
+    sc.write_text(_with_key(SMALL_SCENARIO, key, value))
+    out = tmp_path / "r.json"
+    got = _located(_assert_one_line_error(cli("run", "--scenario", sc, "--results-path", out), out))
+    assert got["file"] == str(sc) and got["field"] == key
+    assert sc.read_text().splitlines()[int(got["line"]) - 1].strip().startswith(key.split(".")[-1] + ":")
+    assert words in got["problem"]
+
+
+@pytest.mark.parametrize("key, value, flag, text, words", BOUND_CASES, ids=lambda v: str(v)[:40])
+def test_absurd_size_in_a_flag(cli, small_scenario, tmp_path, key, value, flag, text, words):
+    out = tmp_path / "r.json"
+    line = _assert_one_line_error(cli("run", "--scenario", small_scenario, "--results-path", out,
+                                      flag, text), out)
+    assert line.startswith(f"error: {flag}: ") and words in line
+
+
+def test_engine_ranks_are_bounded_in_all(cli, small_scenario):
+    line = _assert_one_line_error(cli("run", "--scenario", small_scenario, "--num-instances", "4000",
+                                      "--dp", "2"))
+    assert line == ("error: --num-instances: 4000 instances x dp 2 = 8000 engine ranks; at most "
+                    "4096 can be simulated")
