@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from typer.core import TyperGroup
 
 from blis_simpy.cli import flags as F
+from blis_simpy.cli import usage
 from blis_simpy.cli.calibrate_cmd import register as _register_calibrate
 from blis_simpy.cli.catalog_cmd import register as _register_catalog
 from blis_simpy.cli.convert_cmd import register as _register_convert
@@ -59,9 +61,31 @@ class _Guarded(TyperGroup):
             out.append(a)
         return super().parse_args(ctx, out)
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        """The group's own usage errors (``blis-simpy --bogus``) as one line, exit 2."""
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except UsageError as exc:
+            _usage_failure(exc)
+
+    def resolve_command(self, ctx, args):
+        """An unknown sub-command names the commands; a command's help gets ready (usage.py)."""
+        if args and not args[0].startswith("-") and self.get_command(ctx, args[0]) is None:
+            raise usage.UnknownCommand(args[0], self.list_commands(ctx), ctx)
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None and "--help" in rest:
+            usage.prepare_help(cmd)
+        return name, cmd, rest
+
+    def format_help(self, ctx, formatter):
+        usage.prepare_help(self)
+        return super().format_help(ctx, formatter)
+
     def invoke(self, ctx: typer.Context):
         try:
             return super().invoke(ctx)
+        except UsageError as exc:   # a sub-command's unknown flag, bad --format value, ...
+            _usage_failure(exc)
         except (typer.Exit, typer.Abort, typer.TyperException):
             raise
         except BlisError as exc:
@@ -101,12 +125,22 @@ def _input_problem(exc: Exception) -> str | None:
     return None
 
 
+def _usage_failure(exc: UsageError):
+    """``error: --flag: problem`` and exit 2; "no arguments = help" stays help."""
+    if isinstance(exc, NoArgsIsHelpError):   # rich printed it already; click's plain layout not
+        text = exc.format_message()
+        if text.strip():
+            print(text)
+        raise typer.Exit(2)
+    _fail(usage.usage_line(exc), exc.exit_code)
+
+
 def _fail(message: str, code: int):
     print(f"error: {message}", file=sys.stderr)
     raise typer.Exit(code)
 
 
-app = typer.Typer(cls=_Guarded, add_completion=False, pretty_exceptions_enable=False,
+app = typer.Typer(cls=_Guarded, add_completion=True, pretty_exceptions_enable=False,
                   no_args_is_help=True,
                   help="BLIS (Blackbox Inference Simulator) on SimPy.")
 

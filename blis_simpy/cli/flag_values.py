@@ -144,9 +144,13 @@ def decider_rule(v) -> str | None:
     return None
 
 
+decider_rule.family = "decider"   # the help lists the registered deciders (cli/usage.py)
+
+
 def one_of(*choices: str) -> Rule:
     def rule(v) -> str | None:
         return None if v in choices else f"must be one of {', '.join(choices)}, got {v!r}"
+    rule.choices = choices    # the flag's help shows them (Flag.metavar)
     return rule
 
 
@@ -167,13 +171,15 @@ def registered(family: str) -> Rule:
             return exc.problem
         return None
 
+    rule.family = family    # the help lists the names registered in it (cli/usage.py)
     return rule
 
 
 def families() -> dict[str, type]:
     from blis_simpy.admission.base import AdmissionPolicy
+    from blis_simpy.disagg.deciders import DisaggregationDecider
     from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
     from blis_simpy.latency.base import LatencyModel
     from blis_simpy.routing.base import Router
     return {"latency": LatencyModel, "admission": AdmissionPolicy, "routing": Router,
-            "scheduler": Scheduler, "priority": PriorityPolicy}
+            "scheduler": Scheduler, "priority": PriorityPolicy, "decider": DisaggregationDecider}

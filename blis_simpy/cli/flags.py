@@ -65,6 +65,11 @@ class Flag:
 
     @property
     def metavar(self) -> str:
+        choices = getattr(self.rule, "choices", None)
+        if choices:                              # one_of(...): the values, as typer shows choices
+            return f"<{'|'.join(choices)}>"
+        if getattr(self.rule, "family", None):   # a registered name (the help lists them)
+            return "NAME"
         return {integer: "INT", number: "FLOAT", numbers: "F,F,...", boolean: ""}.get(self.parse, "TEXT")
 
     @property
@@ -78,7 +83,7 @@ FLAGS: tuple[Flag, ...] = (
     # (1) log level, model, backend name
     F("--log", text, None, None, "log level: trace|debug|info|warn|error|fatal|panic (default warn)", panel=OUTPUT),
     F("--model", lowered, "model", None, "model ID (lower-cased)"),
-    F("--latency-model", text, "latency.model", registered("latency"), "latency backend: physics (default), trained-physics, roofline, crossmodel, trained-roofline, blackbox (the default when both coefficient flags are given)"),
+    F("--latency-model", text, "latency.model", registered("latency"), "latency backend (default physics; blackbox when both coefficient flags are given)"),
     # (2) coefficients
     F("--alpha-coeffs", numbers, "latency.alpha_coeffs", each_non_negative, "alpha0,alpha1,alpha2 (µs): queueing and output-token overheads"),
     F("--beta-coeffs", numbers, "latency.beta_coeffs", each_non_negative, "beta0,beta1,beta2 (µs): step time per step / prefill token / decode token"),
@@ -153,7 +158,7 @@ FLAGS: tuple[Flag, ...] = (
     # (8, cont.) prefill/decode disaggregation (docs/disaggregation.md); the cross-flag rule is _pd_rule
     F("--prefill-instances", integer, "disaggregation.prefill_instances", non_negative, "prefill pool size: instance_0 … instance_{P-1}; both pool sizes 0 = no PD (default 0)", panel=PD),
     F("--decode-instances", integer, "disaggregation.decode_instances", non_negative, "decode pool size: the next D instances; P + D <= --num-instances (default 0)", panel=PD),
-    F("--pd-decider", decider_text, "disaggregation.decider.policy", decider_rule, "which requests are disaggregated: never | always | prefix-threshold | direct-to-decode (default never)", panel=PD),
+    F("--pd-decider", decider_text, "disaggregation.decider.policy", decider_rule, "which requests are disaggregated (default never)", panel=PD),
     F("--pd-prefix-threshold", integer, None, non_negative, "prefix-threshold: disaggregate when the uncached prompt tokens exceed this (default 512)", panel=PD),
     F("--pd-direct-decode-threshold", integer, None, non_negative, "direct-to-decode: disaggregate prompts of at least this many tokens (default 256)", panel=PD),
     F("--pd-transfer-bandwidth", number, "disaggregation.transfer.bandwidth_gbps", positive, "KV-transfer bandwidth shared by all transfers, GB/s, 0.001 to 1e6 (default 25)", panel=PD),

@@ -38,7 +38,7 @@ def cli():
     saved = (log.level, log.propagate, log.handlers[:])
 
     def invoke(*args):
-        return runner.invoke(app, [str(a) for a in args])
+        return runner.invoke(app, [str(a) for a in args], prog_name="blis-simpy")
 
     yield invoke
     log.setLevel(saved[0])

@@ -51,11 +51,26 @@ def test_help_loads_nothing_heavy():
     assert got["code"] == 0 and "replay" in got["out"] and got["loaded"] == []
 
 
+#: a simulation command's help lists the policy names registered now (cli/usage.py): the
+#: policy registries load (the scheduler/priority registry lives in blis_simpy.engine.scheduling,
+#: the coefficient sets read YAML), never the engine, the cluster, the KV cache or the build
+REGISTRIES = ("blis_simpy.engine", "blis_simpy.engine.scheduling", "yaml")
+
+
 def test_a_command_help_loads_no_simulator():
     """typer itself loads pydantic once a sub-command is parsed (it coerces every option,
-    even the group's unset --help, through a pydantic TypeAdapter); nothing else heavy."""
+    even the group's unset --help, through a pydantic TypeAdapter); the policy registries
+    for the names in the help; nothing else heavy."""
     got = _probe(["replay", "--help"])
     assert got["code"] == 0 and "--trace-header" in got["out"]
+    assert "round-robin" in got["out"]         # the registered routing policies are listed
+    assert [m for m in got["loaded"] if m.split(".")[0] not in ("pydantic", "pydantic_core")
+            and m not in REGISTRIES and not m.startswith("yaml.")] == []
+
+
+def test_validate_help_loads_no_registry():
+    got = _probe(["validate", "--help"])
+    assert got["code"] == 0 and "FILE.yaml" in got["out"]
     assert [m for m in got["loaded"] if m.split(".")[0] not in ("pydantic", "pydantic_core")] == []
 
 
