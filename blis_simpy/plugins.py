@@ -77,14 +77,36 @@ class Pluggable:
     @classmethod
     def parse_params(cls, params: dict | None, *, field: str | None = None) -> BaseModel:
         try:
-            return cls.Params(**(params or {}))
+            return validate_params(cls.Params, params or {})
         except ValidationError as exc:
             err = exc.errors()[0]
             loc = ""
-            for part in err["loc"]:
-                loc += f"[{part}]" if isinstance(part, int) else ("." if loc else "") + str(part)
+            key = err["type"] == "invalid_key"      # ``1: x``: the last part is a key, not an index
+            for i, part in enumerate(err["loc"]):
+                index = isinstance(part, int) and not (key and i == len(err["loc"]) - 1)
+                loc += f"[{part}]" if index else ("." if loc else "") + str(part)
             where = f"{field}.{loc}" if field and loc else (field or loc or None)
-            raise ConfigError(err["msg"].removeprefix("Value error, "), field=where) from None
+            problem = err["msg"].removeprefix("Value error, ")
+            if err["type"] in _SCALAR_TYPES and isinstance(err.get("input"), str):
+                problem += f", got {err['input']!r} (a quoted string)"
+            raise ConfigError(problem, field=where) from None
+
+
+_SCALAR_TYPES = ("int_type", "float_type", "bool_type")
+
+
+def validate_params(model: type[BaseModel], data: object) -> BaseModel:
+    """``model`` validated from ``data`` as pydantic does, except that a number or boolean
+    written as a quoted string (``"10"``, ``"true"``) is refused, as the scenario's strict
+    models and the policy bundle refuse it: one rule for every YAML file."""
+    try:
+        model.model_validate(data, strict=True)
+    except ValidationError as exc:
+        for e in exc.errors(include_url=False):
+            if e["type"] in _SCALAR_TYPES and isinstance(e.get("input"), str):
+                raise ValidationError.from_exception_data(exc.title, [
+                    {"type": e["type"], "loc": e["loc"], "input": e["input"]}]) from None
+    return model.model_validate(data)
 
 
 def is_builtin(cls: type) -> bool:

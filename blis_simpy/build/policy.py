@@ -39,7 +39,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from blis_simpy.admission import AdmissionPolicy
-from blis_simpy.config.loader import _model_loc, read_yaml, set_dotted, validation_problem
+from blis_simpy.config.loader import error_loc, read_yaml, set_dotted, validation_problem
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.errors import ConfigError
 from blis_simpy.routing import Router
@@ -51,7 +51,8 @@ NonNegFinite = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", defer_build=True)   # built on first --policy-config
+    # strict, as the scenario's models: a quoted number ("10") is a string, not a number
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)   # built on first use
 
 
 class BundleAdmission(_Strict):
@@ -99,7 +100,7 @@ def load_policy_bundle(path: str):
         bundle = PolicyBundle.model_validate(data)
     except pydantic.ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        raise src.error(validation_problem(first), _model_loc(data, tuple(first["loc"]))) from None
+        raise src.error(validation_problem(first), error_loc(data, first)) from None
     fam = _families()
     for loc, family, name in ((("admission", "policy"), "admission", bundle.admission.policy),
                               (("routing", "policy"), "routing", bundle.routing.policy),

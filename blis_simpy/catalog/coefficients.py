@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from functools import lru_cache
 
-import yaml
-
 from blis_simpy.catalog.shipped import read_shipped
 from blis_simpy.errors import ConfigError
+from blis_simpy.yaml_input import load as load_yaml
 
 VLLM_IMAGE_PREFIX = "vllm/vllm-openai:"
 
@@ -165,16 +164,11 @@ BLIS_TOP_KEYS = {"defaults", "workloads", "models", "crossmodel_defaults", "trai
 def read_blis_defaults(path: str, *, field: str = "defaults_filepath") -> CoefficientCatalog:
     """A BLIS ``defaults.yaml`` as a catalog, in memory (its ``workloads`` are not used)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"no such file: {path}", field=field) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read: {exc}", file=path, field=field) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise ConfigError("invalid YAML", file=path, line=mark.line + 1 if mark else None,
-                          field=field) from None
+        raw, _ = load_yaml(path)       # the capped reader: size, nesting, aliases
+    except ConfigError as exc:
+        if exc.problem == "no such file":
+            raise ConfigError(f"no such file: {path}", field=field) from None
+        raise ConfigError(exc.problem, file=exc.file, line=exc.line, field=field) from None
     if not isinstance(raw, dict):
         raise ConfigError("expected a BLIS defaults.yaml mapping", file=path, field=field)
     unknown = sorted(set(raw) - BLIS_TOP_KEYS)

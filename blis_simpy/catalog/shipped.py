@@ -5,8 +5,8 @@ They are parsed with libyaml's C safe loader when PyYAML has it: the same values
 ``yaml.safe_load`` (tests/catalog/test_shipped.py compares them file by file), about seven
 times faster, and the pure-Python parse of these three files was most of a small run's
 configuration time (~60 ms of a 300-request replay; docs/performance.md, "Start-up").
-Without libyaml the pure-Python safe loader reads them. Files a user gives keep
-``yaml.safe_load`` and its error messages.
+Without libyaml the pure-Python safe loader reads them. Files a user gives go through
+the capped reader of :mod:`blis_simpy.yaml_input` instead.
 """
 
 from __future__ import annotations

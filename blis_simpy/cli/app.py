@@ -289,8 +289,10 @@ def validate_cmd(path: Path = typer.Argument(..., metavar="FILE.yaml", help="sce
     setup_logging(None)
     from blis_simpy.cli import runner
     from blis_simpy.config.loader import summary
-    from blis_simpy.config.scenario import TraceWorkload
+    from blis_simpy.config.scenario import SpecWorkload, TraceWorkload
     plan = runner.prepare("validate", {}, str(path))
+    if isinstance(plan.scenario.workload, SpecWorkload):   # the spec as `run` reads it
+        runner.spec_workload(plan, check_only=True)
     lines = []
     if plan.scenario.variants:       # every merged variant must be valid too
         from blis_simpy.cli import variants

@@ -211,13 +211,15 @@ def build_workload(plan: Plan, *, lazy: bool = False) -> tuple[list, int, object
     return reqs, horizon, None, s.seed
 
 
-def spec_workload(plan: Plan) -> tuple[list, int, object | None, int]:
+def spec_workload(plan: Plan, *, check_only: bool = False) -> tuple[list, int, object | None, int]:
     """A workload-spec workload (``--workload-spec`` / ``kind: spec``; docs/workloads.md): the
     spec's ``seed`` unless ``--seed`` (or the scenario's ``seed`` key) is given; its
     ``horizon`` (if > 0) unless ``--horizon`` / ``horizon_us`` is; its ``num_requests``
     unless ``--num-requests`` / ``workload.num_requests`` is. Errors point into the spec
-    file, or at ``workload.spec.…`` of the scenario for an inline spec."""
+    file, or at ``workload.spec.…`` of the scenario for an inline spec. ``check_only``
+    (``validate``): every check, no request generated (returns no requests)."""
     from blis_simpy.workload import _yaml, generate_workload
+    from blis_simpy.workload.generator import check_workload
     from blis_simpy.workload.spec import parse_workload_spec
     s = plan.scenario
     w = s.workload
@@ -248,6 +250,9 @@ def spec_workload(plan: Plan) -> tuple[list, int, object | None, int]:
     seed = s.seed if seed_given else None
     try:
         spec = parse_workload_spec(data, path, node)
+        if check_only:
+            check_workload(spec, horizon=s.horizon_us, max_requests=w.num_requests, base_dir=base)
+            return [], 0, None, 0
         wl = generate_workload(spec, seed=seed, horizon=s.horizon_us, max_requests=w.num_requests,
                                base_dir=base)
     except ConfigError as exc:

@@ -22,10 +22,12 @@ import yaml
 
 from blis_simpy.config.scenario import DistributionWorkload, Scenario, SpecWorkload, TraceWorkload
 from blis_simpy.errors import ConfigError
+from blis_simpy.yaml_input import CappedLoader, parse, read_text
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 floats: ``1e3`` and ``2.5E-4`` are numbers, not strings."""
+class _Loader(CappedLoader):
+    """The capped safe loader (:mod:`blis_simpy.yaml_input`) with YAML 1.2 floats: ``1e3``
+    and ``2.5E-4`` are numbers, not strings."""
 
 
 _Loader.add_implicit_resolver(
@@ -106,35 +108,18 @@ def set_dotted(data: dict, key: str, value) -> bool:
 
 # ---------------------------------------------------------------------------- reading
 def read_yaml(path: str) -> tuple[object, Source]:
-    """Parse one YAML document; returns the data and its :class:`Source`."""
+    """Parse one YAML document through the capped reader (:mod:`blis_simpy.yaml_input`:
+    size, nesting and alias caps); returns the data and its :class:`Source`."""
     path = str(path)
-    try:
-        with open(path, encoding="utf-8-sig") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise ConfigError("no such file", file=path) from None
-    except IsADirectoryError:
-        raise ConfigError("is a directory, expected a YAML file", file=path) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"not valid UTF-8 ({e.reason})", file=path) from None
-    except OSError as e:
-        raise ConfigError(f"cannot read file: {e.strerror or e}", file=path) from None
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        src = Source.from_node(path, node)
-        _check_duplicate_keys(node, src)
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        problem = " ".join(p for p in (e.context, e.problem) if p) or "invalid YAML"
-        raise ConfigError(f"invalid YAML: {problem}", file=path,
-                          line=mark.line + 1 if mark else None) from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"invalid YAML: {e}", file=path) from None
-    finally:
-        loader.dispose()
-    return data, src
+    text = read_text(path)
+    found: list[Source] = []
+
+    def check(node: yaml.Node) -> None:
+        found.append(Source.from_node(path, node))
+        _check_duplicate_keys(node, found[0])
+
+    data, _ = parse(text, path, loader=_Loader, check=check)
+    return data, (found[0] if found else Source(path))
 
 
 def _check_duplicate_keys(node: yaml.Node | None, src: Source) -> None:
@@ -177,6 +162,16 @@ def _model_loc(data: object, loc: Loc) -> Loc:
     return tuple(out)
 
 
+def error_loc(data: object, first: dict) -> Loc:
+    """The key path of one pydantic error in ``data`` (as :class:`Source` knows it)."""
+    loc = _model_loc(data, tuple(first["loc"]))
+    if first["type"].startswith("union_tag"):    # a bad or missing union tag: the kind key
+        loc = loc if loc[-1:] == ("kind",) else loc + ("kind",)
+    if first["type"] == "invalid_key" and loc:   # ``1: x``: a key, not a list index
+        loc = loc[:-1] + (str(loc[-1]),)
+    return loc
+
+
 def validation_problem(first: dict) -> str:
     """A short problem text for one pydantic error."""
     kind = first["type"]
@@ -202,10 +197,7 @@ def validate(data: dict, src: Source, *, semantic: bool = True) -> Scenario:
         scenario = Scenario.model_validate(data)
     except pydantic.ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        loc = _model_loc(data, tuple(first["loc"]))
-        if first["type"].startswith("union_tag"):    # a bad or missing union tag: the kind key
-            loc = loc if loc[-1:] == ("kind",) else loc + ("kind",)
-        raise src.error(validation_problem(first), loc) from None
+        raise src.error(validation_problem(first), error_loc(data, first)) from None
     if not semantic:
         return scenario
     try:

@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from blis_simpy.errors import ConfigError
+from blis_simpy.yaml_input import parse as parse_yaml
 
 _Mult = Field(1.0, ge=0, le=1000, allow_inf_nan=False)
 _Cost = Field(0.0, ge=0, le=1e9, allow_inf_nan=False)
@@ -92,12 +93,7 @@ CoefficientSet = PhysicsCoefficients | AlphaBetaSet
 
 def parse_set(text: str, where: str) -> CoefficientSet:
     """Validate the YAML ``text`` of a set; errors name ``where``, the line and the key."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise ConfigError(f"invalid YAML: {getattr(exc, 'problem', exc)}", file=where,
-                          line=mark.line + 1 if mark else None) from None
+    raw, _ = parse_yaml(text, where)      # the capped reader: size, nesting, aliases
     if not isinstance(raw, dict):
         raise ConfigError("a coefficient set must be a mapping of key: value", file=where)
     backend = raw.get("backend", "physics")

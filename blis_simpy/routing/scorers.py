@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from blis_simpy.plugins import Pluggable
+from blis_simpy.plugins import Pluggable, validate_params
 from blis_simpy.routing.prefix_index import DEFAULT_CAPACITY, PrefixIndex
 from blis_simpy.snapshot import InstanceSnapshot
 
@@ -120,6 +120,15 @@ class ScorerSpec(BaseModel):
     name: str
     weight: float = Field(gt=0, allow_inf_nan=False)
     params: dict = Field(default_factory=dict)
+
+    @field_validator("params")
+    @classmethod
+    def _scorer_params(cls, v: dict, info: ValidationInfo) -> dict:
+        # checked where the scenario is validated, not first when the router is built
+        scorer = Scorer._registry.get(info.data.get("name"))
+        if scorer is not None:
+            validate_params(scorer.Params, v)   # an error is located at scorers[i].params.KEY
+        return v
 
 
 #: llm-d parity default (docs/control-plane.md, "Weighted scoring").

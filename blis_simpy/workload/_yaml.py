@@ -15,13 +15,15 @@ import pydantic
 import yaml
 
 from blis_simpy.errors import ConfigError
+from blis_simpy.yaml_input import CappedLoader, parse, read_text
 
 _SINGULAR = {"clients": "client", "cohorts": "cohort"}
 _PLURAL = {v: k for k, v in _SINGULAR.items()}
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that keeps timestamps as strings (Go's yaml decodes them into strings)."""
+class _Loader(CappedLoader):
+    """The capped safe loader (:mod:`blis_simpy.yaml_input`: size, nesting and alias caps)
+    that keeps timestamps as strings (Go's yaml decodes them into strings)."""
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -33,30 +35,6 @@ _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
     list("-+0123456789."))
-
-
-#: the largest YAML file we parse (a workload spec or trace header is kilobytes; PyYAML
-#: takes minutes on hundreds of megabytes)
-MAX_YAML_BYTES = 16 << 20
-
-
-def read_text(path: str) -> str:
-    """Read a UTF-8 text file of at most :data:`MAX_YAML_BYTES`; a missing/unreadable/
-    undecodable/oversized file is a ConfigError."""
-    try:
-        with open(path, encoding="utf-8-sig") as f:
-            text = f.read(MAX_YAML_BYTES + 1)
-        if len(text) > MAX_YAML_BYTES:
-            raise ConfigError(f"larger than {MAX_YAML_BYTES} bytes", file=str(path))
-        return text
-    except FileNotFoundError:
-        raise ConfigError("no such file", file=str(path)) from None
-    except IsADirectoryError:
-        raise ConfigError("is a directory, expected a file", file=str(path)) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"not valid UTF-8 ({e.reason})", file=str(path)) from None
-    except OSError as e:
-        raise ConfigError(f"cannot read file: {e.strerror or e}", file=str(path)) from None
 
 
 def _check_duplicates(node: yaml.Node | None, path: str) -> None:
@@ -78,28 +56,12 @@ def _check_duplicates(node: yaml.Node | None, path: str) -> None:
 
 
 def load_yaml(path: str, text: str | None = None) -> tuple[Any, yaml.Node | None]:
-    """Parse one YAML document; returns ``(data, root_node)`` (``(None, None)`` if empty)."""
+    """Parse one YAML document through the capped reader; returns ``(data, root_node)``
+    (``(None, None)`` if empty)."""
     path = str(path)
     if text is None:
         text = read_text(path)
-    try:
-        loader = _Loader(text)
-        try:
-            node = loader.get_single_node()
-            _check_duplicates(node, path)
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        problem = " ".join(p for p in (e.context, e.problem) if p) or "invalid YAML"
-        raise ConfigError(f"invalid YAML: {problem}", file=path,
-                          line=mark.line + 1 if mark else None) from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"invalid YAML: {e}", file=path) from None
-    except RecursionError:
-        raise ConfigError("invalid YAML: nested too deeply", file=path) from None
-    return data, node
+    return parse(text, path, loader=_Loader, check=lambda node: _check_duplicates(node, path))
 
 
 def line_of(node: yaml.Node | None, loc: tuple) -> int | None:

@@ -255,17 +255,8 @@ def generate_workload(spec: WorkloadSpecV2, *, seed: int | None = None,
     ``spec.num_requests``; ≤ 0 = unlimited). The CLI passes the explicitly given flags.
     ``base_dir``: folder of the spec file (a relative ServeGen path is tried there second).
     """
-    spec, clients = prepare_spec(spec, base_dir)
+    spec, clients, horizon, max_requests = _prepared(spec, horizon, max_requests, base_dir)
     seed = spec.seed if seed is None else seed
-    if horizon is None:
-        horizon = spec.horizon if spec.horizon > 0 else MAX_INT64
-    elif horizon <= 0:
-        raise ConfigError(f"must be > 0, got {horizon}", field="horizon")
-    if max_requests is None:
-        max_requests = spec.num_requests
-    if max_requests <= 0 and horizon >= MAX_INT64:
-        raise ConfigError("workload requires either num_requests or --horizon to bound generation",
-                          field="num_requests")
     g = numpy_rng(derive_seed(seed, RNG_STREAM))
     rates = client_rates(spec, clients)
     prefixes = draw_prefixes(clients, g)
@@ -291,6 +282,29 @@ def generate_workload(spec: WorkloadSpecV2, *, seed: int | None = None,
         r.id = f"request_{k}"
     blueprints = _blueprints(clients, closed, tagged, prefixes, seed, horizon) if closed else []
     return GeneratedWorkload([r for r, _ in tagged], blueprints, seed, horizon)
+
+
+def check_workload(spec: WorkloadSpecV2, *, horizon: int | None = None,
+                   max_requests: int | None = None, base_dir: str | None = None) -> None:
+    """Every check :func:`generate_workload` makes before drawing a request (the clients it
+    expands to, ServeGen files, the bound on generation), without generating:
+    ``blis-simpy validate`` says what ``run`` would."""
+    _prepared(spec, horizon, max_requests, base_dir)
+
+
+def _prepared(spec: WorkloadSpecV2, horizon: int | None, max_requests: int | None,
+              base_dir: str | None) -> tuple[WorkloadSpecV2, list[ClientSpec], int, int]:
+    spec, clients = prepare_spec(spec, base_dir)
+    if horizon is None:
+        horizon = spec.horizon if spec.horizon > 0 else MAX_INT64
+    elif horizon <= 0:
+        raise ConfigError(f"must be > 0, got {horizon}", field="horizon")
+    if max_requests is None:
+        max_requests = spec.num_requests
+    if max_requests <= 0 and horizon >= MAX_INT64:
+        raise ConfigError("workload requires either num_requests or --horizon to bound generation",
+                          field="num_requests")
+    return spec, clients, horizon, max_requests
 
 
 def _blueprints(clients: list[ClientSpec], closed: set[int], tagged, prefixes, seed: int,

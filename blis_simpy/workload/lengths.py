@@ -178,6 +178,10 @@ def make_length_sampler(dist_type: str, params: Mapping[object, float],
     if dist_type not in _REQUIRED:
         raise ConfigError(f"unknown distribution type {dist_type!r} "
                           f"(valid: {', '.join(LENGTH_TYPES)})", field=f"{field}.type")
+    for k in params:      # BLIS ignores unknown parameters; a misspelt one is refused here
+        if k not in _REQUIRED[dist_type]:
+            raise ConfigError(f"unknown key ({dist_type} takes {', '.join(_REQUIRED[dist_type])})",
+                              field=f"{field}.params.{k}")
     vals: dict[str, float] = {}
     for k in _REQUIRED[dist_type]:
         if k not in params:

@@ -93,7 +93,7 @@ IP_CASES = {
         "stages: [" + ", ".join(["{rate: 1, duration: 1}"] * 10_001) + "]\nshared_prefix: {num_unique_system_prompts: "
         "1, num_users_per_system_prompt: 1}\n",
         ":1: stages: List should have at most 10000 items"),
-    "deeply nested YAML": ("a: " + "[" * 50_000 + "]" * 50_000 + "\n", ": invalid YAML: nested too deeply"),
+    "deeply nested YAML": ("a: " + "[" * 50_000 + "]" * 50_000 + "\n", ":1: nested too deeply (more than 64 levels)"),
     "file over 16 MiB": ("# " + "x" * (16 << 20) + "\n", ": larger than 16777216 bytes"),
 }
 
