@@ -13,6 +13,7 @@ the flag table; the simulator, numpy, pydantic and YAML load inside the commands
 from __future__ import annotations
 
 import enum
+import errno
 import inspect
 import logging
 import os
@@ -95,10 +96,15 @@ class _Guarded(TyperGroup):
         except KeyboardInterrupt:
             _fail("interrupted", 130)
         except BrokenPipeError:  # stdout closed early (e.g. piped into head): not an error
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            raise typer.Exit(141) from None
+            _stdout_closed()
+        except SystemExit as exc:   # rich's console exits 1 on a closed pipe: exit as above
+            if isinstance(exc.__context__, BrokenPipeError):
+                _stdout_closed()
+            raise
         except Exception as exc:
+            if isinstance(exc, OSError) and exc.errno in _WRITE_ERRORS:   # a full disk: no bug
+                where = f"{exc.filename}: " if exc.filename else ""
+                _fail(f"{where}cannot write: {exc.strerror}", 2)
             problem = _input_problem(exc)
             if problem is not None:
                 _fail(problem, 2)
@@ -133,6 +139,19 @@ def _usage_failure(exc: UsageError):
             print(text)
         raise typer.Exit(2)
     _fail(usage.usage_line(exc), exc.exit_code)
+
+
+#: errno values of a failed write (a full disk or device, a quota, an I/O error)
+_WRITE_ERRORS = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO))
+
+
+def _stdout_closed():
+    """The reader of stdout went away (``| head -1``): exit quietly with 141 (128 + SIGPIPE,
+    the status a Unix tool killed by SIGPIPE gives); stdout now points at /dev/null so the
+    final flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise typer.Exit(141) from None
 
 
 def _fail(message: str, code: int):
@@ -176,20 +195,29 @@ def _simulate(command: str, scenario: Path | None, fmt: Format, raw: dict) -> No
         from blis_simpy.cli import variants
         variants.simulate(plan, given, fmt.value, _with_progress if show_progress else runner.execute)
         return
-    if show_progress:
-        out = _with_progress(plan)
-    else:
-        out = runner.execute(plan)
-    trace_output = plan.given.get("--trace-output")
-    if trace_output:
-        runner.export_trace(out, trace_output)
-    results_path = plan.given.get("--results-path")
-    if results_path:
-        runner.write_results_file(out, results_path)
+    from blis_simpy.atomic import Batch
+    outputs = Batch()     # every output file commits together, or none (docs/cli.md)
+    try:
+        run = _with_progress if show_progress else runner.execute
+        out = run(plan, outputs=outputs, interruptible=True)
+        if out.interrupted:     # Ctrl-C: the summary so far, no file, exit 130
+            outputs.abort()
+            _print(out, fmt)
+            _fail(f"interrupted at simulated time {out.result.horizon_us / 1e6:.3f} s: the "
+                  "summary covers the run until then; no output file written", 130)
+        trace_output = plan.given.get("--trace-output")
+        if trace_output:
+            runner.export_trace(out, trace_output, outputs)
+        results_path = plan.given.get("--results-path")
+        if results_path:
+            runner.write_results_file(out, results_path, outputs)
+        outputs.commit()
+    finally:
+        outputs.abort()
     _print(out, fmt)
 
 
-def _with_progress(plan: runner.Plan) -> runner.Outcome:
+def _with_progress(plan: runner.Plan, **kw) -> runner.Outcome:
     """Run with a rich progress bar on stderr, shown only once the run has taken 0.5 s."""
     import time
 
@@ -212,7 +240,7 @@ def _with_progress(plan: runner.Plan) -> runner.Outcome:
         bar.update(task, completed=done, total=offered or None)
 
     try:
-        return runner.execute(plan, progress)
+        return runner.execute(plan, progress, **kw)
     finally:
         if shown:
             bar.stop()
@@ -229,7 +257,7 @@ def _deployment_text(n: int, tp: int, dp: int, gpus: int) -> str:
     return f"{text} = {gpus} GPU{'s' if gpus != 1 else ''}"
 
 
-def _print(out: runner.Outcome, fmt: Format) -> None:
+def _print_summary(out: runner.Outcome, fmt: Format) -> None:
     from blis_simpy.metrics.blis_text import render_blis
     from blis_simpy.metrics.report import render_json
     from blis_simpy.metrics.tables import render_tables
@@ -252,6 +280,17 @@ def _print(out: runner.Outcome, fmt: Format) -> None:
             console.print(out.kv_line, highlight=False, soft_wrap=True)
         render_tables(out.report, console)
     sys.stdout.flush()
+
+
+def _print(out: runner.Outcome, fmt: Format) -> None:
+    """The run's summary on stdout; a write error (a full disk, ``> /dev/full``) is one line
+    naming stdout, exit 2."""
+    try:
+        _print_summary(out, fmt)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise ConfigError(f"cannot write: {exc.strerror or exc}", file="stdout") from None
 
 
 def _command(command: str, doc: str):
@@ -316,5 +355,17 @@ _register_observe(app)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point (``blis-simpy`` and ``python -m blis_simpy``)."""
-    app(args=argv, prog_name="blis-simpy")
+    """Console-script entry point (``blis-simpy`` and ``python -m blis_simpy``). Output left in
+    stdout's buffer is flushed here, so a closed pipe or a full device is reported like one
+    met while printing (exit 141 quietly; one ``error: stdout:`` line, exit 2)."""
+    try:
+        app(args=argv, prog_name="blis-simpy")
+    finally:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(141) from None
+        except OSError as exc:
+            print(f"error: stdout: cannot write: {exc.strerror or exc}", file=sys.stderr)
+            raise SystemExit(2) from None

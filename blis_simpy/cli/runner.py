@@ -13,11 +13,13 @@ a flag (``--flag-name``), see :meth:`Plan.attribute`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from blis_simpy.atomic import Batch
 from blis_simpy.build.pools import resolve_pools
 from blis_simpy.build.resolve import build_latency_model
 from blis_simpy.cli import slo_cost, streaming
@@ -150,6 +152,7 @@ class Outcome:
     sessions: object | None = None        # SessionManager of closed-loop sessions (docs/workloads.md)
     workload_seed: int | None = None      # seed the workload was generated with (None: scenario seed)
     kv_line: str = ""                     # "KV capacity: N blocks (...)" for the run header
+    interrupted: bool = False             # Ctrl-C ended the run: the report covers it so far
 
 
 def trace_paths(plan: Plan) -> tuple[str, str]:
@@ -158,10 +161,11 @@ def trace_paths(plan: Plan) -> tuple[str, str]:
     for key in ("header", "data"):
         path = getattr(plan.scenario.workload, key)
         if not os.path.isfile(path):
+            why = "is a directory, expected a file" if os.path.isdir(path) else "no such file"
             flag = plan.origin.get(f"workload.{key}")
             if flag is not None:
-                raise ConfigError("no such file", file=path, field=flag)
-            raise plan.attribute(ConfigError(f"no such file: {path}", field=f"workload.{key}"))
+                raise ConfigError(why, file=path, field=flag)
+            raise plan.attribute(ConfigError(f"{why}: {path}", field=f"workload.{key}"))
         out.append(path)
     return out[0], out[1]
 
@@ -260,8 +264,14 @@ def spec_workload(plan: Plan, *, check_only: bool = False) -> tuple[list, int, o
     return wl.requests, wl.horizon_us, wl.session_manager(), wl.seed
 
 
-def execute(plan: Plan, progress: Callable[[int, int], None] | None = None) -> Outcome:
-    """Build the requests, run the simulation, and assemble the report."""
+def execute(plan: Plan, progress: Callable[[int, int], None] | None = None, *,
+            outputs: Batch | None = None, interruptible: bool = False) -> Outcome:
+    """Build the requests, run the simulation, and assemble the report.
+
+    ``outputs``: stage the run's files (``--requests-out``, ``--timeline``) in this batch, for
+    the caller to commit with its own (all-or-nothing); None commits them here.
+    ``interruptible``: the first Ctrl-C (SIGINT) during the simulation ends it between two
+    events and returns the partial outcome (``interrupted`` True, no file written)."""
     s = plan.scenario
     load_plugins(s.plugins, source=plan.src.path)
     requests, horizon, sessions, workload_seed = build_workload(plan, lazy=True)
@@ -272,17 +282,84 @@ def execute(plan: Plan, progress: Callable[[int, int], None] | None = None) -> O
     tap = streaming.start(plan, sim)     # --streaming-metrics, --requests-out
     from blis_simpy.cli import timeline_out
     timeline = timeline_out.start(plan, sim)   # --timeline (docs/planning.md, "Reports")
+    batch = Batch() if outputs is None else outputs
     try:
-        return timeline.commit(_run(plan, sim, tap, requests, horizon, sessions, workload_seed,
-                                    progress))
+        out = _run(plan, sim, tap, requests, horizon, sessions, workload_seed, progress,
+                   batch, interruptible)
+        if out.interrupted:
+            tap.abort()
+            return out
+        timeline.commit(out, batch)
+        if outputs is None:
+            batch.commit()
+        return out
     except BaseException:
         tap.abort()
+        batch.abort()
         raise
 
 
-def _run(plan, sim, tap, requests, horizon, sessions, workload_seed, progress) -> Outcome:
+class _Stop(Exception):
+    """Raised by the Ctrl-C event: the simulation stops between two events."""
+
+
+def _raise_stop(_arg) -> None:
+    raise _Stop
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops(sim: Simulation, enabled: bool):
+    """While the simulation runs, the first SIGINT schedules an event at the current time
+    that raises :class:`_Stop` when processed (so the run ends between two events, its state
+    whole); a second SIGINT interrupts at once (KeyboardInterrupt). Yields a list that holds
+    the signal once it came. Off (yields an empty list) unless ``enabled`` and in the main
+    thread with Python's default SIGINT handler."""
+    import signal
+    import threading
+    hit: list[int] = []
+    if (not enabled or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield hit
+        return
+
+    def on_sigint(signum, _frame):
+        hit.append(signum)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        sim.env.call_at(sim.env.now, 0, _raise_stop)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield hit
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _partial_result(sim: Simulation) -> SimulationResult:
+    """The result of a run stopped by Ctrl-C at ``sim.env.now`` (as a horizon there would
+    have stopped it; the end-of-run invariants are not checked)."""
+    from blis_simpy.cluster.pd import finish_pd
+    now = int(sim.env.now)
+    metrics = [inst.finalize() for inst in sim.instances]
+    sessions = (sim.sessions.finalize(stopped_at_horizon=True, end_us=now)
+                if sim.sessions is not None else None)
+    cluster = pd = None
+    if sim.plan.enabled:
+        cluster, pd = finish_pd(sim.cluster, metrics, sim.plan)
+    return SimulationResult(sim.scenario, metrics, sim.cluster.counters, now, 0, 0.0, sim.trace,
+                            sessions, cluster=cluster, pd=pd, gpus=sim.gpus, tp=sim.tp)
+
+
+def _run(plan, sim, tap, requests, horizon, sessions, workload_seed, progress, batch,
+         interruptible) -> Outcome:
     s = plan.scenario
-    result = sim.run(progress=progress)
+    with _ctrl_c_stops(sim, interruptible) as hit:
+        try:
+            result = sim.run(progress=progress)
+        except _Stop:
+            result = _partial_result(sim)
+        except ConfigError as exc:     # a plugin misbehaved: locate its scenario key or flag
+            raise plan.attribute(exc) from None
+    interrupted = bool(hit)
     tap.finish(result.instances)
     c = result.counters
     report = Report(result.instances, cluster=result.cluster, pd=result.pd,
@@ -301,9 +378,10 @@ def _run(plan, sim, tap, requests, horizon, sessions, workload_seed, progress) -
     if result.sessions is not None:
         log.info("closed-loop sessions: %s", result.sessions)
     from blis_simpy.cli.capacity_cmd import run_header_line
-    tap.commit(report)
+    if not interrupted:
+        tap.commit(report, batch)
     return Outcome(plan, result, report, requests, horizon, sessions, workload_seed,
-                   kv_line=run_header_line(sim.plan))
+                   kv_line=run_header_line(sim.plan), interrupted=interrupted)
 
 
 def add_optional_sections(plan: Plan, result: SimulationResult, report: Report) -> None:
@@ -321,21 +399,19 @@ def add_optional_sections(plan: Plan, result: SimulationResult, report: Report) 
 
 
 # ---------------------------------------------------------------------------- files
-def write_results_file(out: Outcome, path: str) -> None:
-    """``--results-path``: run → MetricsOutput + rows; replay → SimResult array (docs/metrics.md)."""
+def write_results_file(out: Outcome, path: str, batch: Batch | None = None) -> None:
+    """``--results-path``: run → MetricsOutput + rows; replay → SimResult array (docs/metrics.md).
+    With ``batch``, staged to commit with the batch's other outputs."""
     if out.plan.command == REPLAY:
         obj = replay_results(out.report.cluster)
     else:
         obj = metrics_output(out.report.cluster, include_requests=True) | planning_part(out.report)
-    try:
-        write_results(path, obj)
-    except OSError as exc:
-        raise ConfigError(f"cannot write results: {exc.strerror or exc}", file=path,
-                          field="--results-path") from None
+    write_results(path, obj, field="--results-path", batch=batch)
 
 
-def export_trace(out: Outcome, prefix: str) -> None:
-    """``--trace-output PREFIX``: the run's workload as TraceV2 (docs/workloads.md, "TraceV2")."""
+def export_trace(out: Outcome, prefix: str, batch: Batch | None = None) -> None:
+    """``--trace-output PREFIX``: the run's workload as TraceV2 (docs/workloads.md, "TraceV2");
+    with ``batch``, staged to commit with the batch's other outputs."""
     from blis_simpy.workload import TraceHeader, TraceRecord, write_trace
     s = out.plan.scenario
     cluster = out.report.cluster
@@ -365,10 +441,7 @@ def export_trace(out: Outcome, prefix: str) -> None:
             first_chunk_time_us=first, last_chunk_time_us=last, status=status))
     seed = out.workload_seed if out.workload_seed is not None else s.seed
     header = TraceHeader(trace_version=2, mode="generated", workload_seed=seed)
-    try:
-        write_trace(prefix, header, rows)
-    except ConfigError as exc:
-        raise ConfigError(exc.problem, file=exc.file, field="--trace-output") from None
+    write_trace(prefix, header, rows, field="--trace-output", batch=batch)
 
 
 def warn_unfinished(n_requests: int, report: Report, horizon_us: int, last_arrival_us: int) -> None:

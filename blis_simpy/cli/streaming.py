@@ -59,15 +59,16 @@ class RunTap:
         if self.collector is not None:
             self.collector.finish(metrics)
 
-    def commit(self, report) -> None:
+    def commit(self, report, batch=None) -> None:
         """Complete the rows file: exact metrics write the cluster's rows now (the results
-        file's order); streamed ones were written as requests left."""
+        file's order); streamed ones were written as requests left. With ``batch`` (a
+        :class:`~blis_simpy.atomic.Batch`) the file commits with the batch."""
         if self.sink is None:
             return
         if not self.streaming:
             for row in request_rows(report.cluster):
                 self.sink.write(row)
-        self.sink.commit()
+        self.sink.commit(batch)
 
     def abort(self) -> None:
         if self.sink is not None:

@@ -26,14 +26,15 @@ class TimelineOut:
         self.path = path
         self.field = field
 
-    def commit(self, outcome):
-        """Write the timeline file (if any); returns ``outcome`` unchanged."""
+    def commit(self, outcome, batch=None):
+        """Write the timeline file (if any; with ``batch``, staged to commit with the batch);
+        returns ``outcome`` unchanged."""
         if self.monitor is not None:
             tl = self.monitor.timeline
             if tl.truncated:
                 log.warning("timeline: stopped at %d samples (t = %.3f s); pass a larger "
                             "--timeline-interval-ms", tl.n_samples, tl.times_us[-1] / 1e6)
-            write_timeline(self.path, tl, field=self.field)
+            write_timeline(self.path, tl, field=self.field, batch=batch)
         return outcome
 
 

@@ -50,13 +50,12 @@ Then, only when asked for (:func:`planning_part`; docs/metrics.md, "SLOs and goo
 Distribution objects are ``{"mean", "p50", "p95", "p99", "min", "max", "count"}`` in µs.
 Numbers are written as Go would (:mod:`blis_simpy.metrics.gojson`).
 
-:func:`write_results` writes a JSON file atomically (temporary file + ``os.replace``).
+:func:`write_results` writes a JSON file all-or-nothing (:mod:`blis_simpy.atomic`).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -322,36 +321,32 @@ def render_json(report: Report) -> str:
 
 
 # ------------------------------------------------------------------------------ files
-def write_results(path, obj) -> None:
-    """Write ``obj`` as Go-style indented JSON to ``path`` atomically.
+def write_results(path, obj, *, field: str | None = "--results-path", batch=None) -> None:
+    """Write ``obj`` as Go-style indented JSON to ``path`` all-or-nothing
+    (:mod:`blis_simpy.atomic`: a temporary file beside it, fsync'ed and renamed over it; a
+    device such as ``/dev/null`` is written through, not replaced).
 
-    The text goes to a new temporary file in the same directory, is flushed and fsync'ed,
-    then renamed over ``path`` (``os.replace``); on any failure the temporary file is removed
-    and ``path`` is untouched. Like Go's ``os.WriteFile(path, MarshalIndent(...), 0644)``, no
-    trailing newline is written and the mode is 0644 minus the umask.
+    With ``batch`` (a :class:`~blis_simpy.atomic.Batch`) the file is staged and commits with
+    the batch; otherwise now. On any failure ``path`` is untouched and no temporary file is
+    left; a write error is a ConfigError naming ``path`` and ``field``. Like Go's
+    ``os.WriteFile(path, MarshalIndent(...), 0644)``, no trailing newline is written and the
+    mode is 0644 minus the umask.
     """
+    from blis_simpy.atomic import Staged
     data = gojson.dumps(obj).encode("utf-8")
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    base = os.path.basename(path)
-    for attempt in range(100):
-        tmp = os.path.join(directory, f".{base}.{os.getpid()}.{attempt}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            continue
-        break
-    else:  # pragma: no cover - 100 stale temp files
-        raise FileExistsError(f"cannot create a temporary file next to {path}")
+    staged = Staged(path, field=field, what="cannot write results", fsync=True)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        staged.file.write(data)
+    except OSError as exc:
+        staged.abort()
+        raise staged.error(exc) from None
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        staged.abort()
         raise
+    if batch is not None:
+        batch.add(staged)
+        return
+    try:
+        staged.commit()
+    finally:
+        staged.abort()

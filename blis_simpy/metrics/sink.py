@@ -12,15 +12,17 @@ A row has the fields and values of a ``--results-path`` ``requests`` row
   ``slo_class``, ``tenant_id``, ``handled_by``, ``model`` (null where the results row omits
   the key) and ``length_capped`` (false where it is omitted).
 
-Writing is atomic: rows go to a temporary file next to ``PATH``, renamed over it by
-:meth:`RequestSink.commit`; :meth:`RequestSink.abort` (any failure) removes it, so ``PATH``
-is either the complete file or untouched.
+Writing is atomic (:mod:`blis_simpy.atomic`): rows go to a temporary file next to ``PATH``,
+renamed over it by :meth:`RequestSink.commit` (with the run's other outputs);
+:meth:`RequestSink.abort` (any failure) removes it, so ``PATH`` is either the complete file or
+untouched. A device path (``/dev/null``) is written through, not replaced.
 """
 
 from __future__ import annotations
 
 import os
 
+from blis_simpy.atomic import Batch, Staged
 from blis_simpy.errors import ConfigError
 from blis_simpy.metrics import gojson
 
@@ -57,24 +59,8 @@ class RequestSink:
             raise ConfigError(f"unknown suffix {suffix or '(none)'!r}: expected .jsonl or .parquet",
                               file=self.path, field=field)
         self.parquet = suffix == ".parquet"
-        directory = os.path.dirname(os.path.abspath(self.path))
-        base = os.path.basename(self.path)
-        if os.path.isdir(self.path):
-            raise ConfigError("is a directory, expected a file", file=self.path, field=field)
-        for attempt in range(100):
-            tmp = os.path.join(directory, f".{base}.{os.getpid()}.{attempt}.tmp")
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                continue
-            except OSError as exc:
-                raise ConfigError(f"cannot write: {exc.strerror or exc}", file=self.path,
-                                  field=field) from None
-            break
-        else:  # pragma: no cover - 100 stale temp files
-            raise ConfigError("cannot create a temporary file next to it", file=self.path, field=field)
-        self.tmp = tmp
-        self._fh = os.fdopen(fd, "wb")
+        self._staged = Staged(self.path, field=field, fsync=True)   # errors: ConfigError
+        self._fh = self._staged.file
         self._writer = None
         self._cols: dict[str, list] = {}      # Parquet: the pending row group, by column
         self._pending = 0
@@ -110,20 +96,21 @@ class RequestSink:
         self._pending = 0
 
     # ------------------------------------------------------------------ ending
-    def commit(self) -> None:
-        """Finish the file and rename it over the path."""
+    def commit(self, batch: Batch | None = None) -> None:
+        """Finish the file and rename it over the path (with ``batch``: stage it there, to
+        commit with the batch's other outputs)."""
         try:
             if self._writer is not None:
                 self._flush_batch()
                 self._writer.close()
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
-            os.replace(self.tmp, self.path)
+                self._writer = None
+            if batch is not None:
+                batch.add(self._staged)
+            else:
+                self._staged.commit()
         except OSError as exc:
             self.abort()
-            raise ConfigError(f"cannot write: {exc.strerror or exc}", file=self.path,
-                              field=self.field) from None
+            raise self._staged.error(exc) from None
         except BaseException:
             self.abort()
             raise
@@ -136,11 +123,4 @@ class RequestSink:
         except Exception:  # noqa: BLE001 - already failing; the file goes anyway
             pass
         self._writer = None
-        try:
-            self._fh.close()
-        except OSError:
-            pass
-        try:
-            os.unlink(self.tmp)
-        except FileNotFoundError:
-            pass
+        self._staged.abort()

@@ -4,8 +4,8 @@ Parquet (docs/planning.md, "Reports").
 One row per (sample time, instance), columns in :data:`COLUMNS` order: ``t_us`` (simulated µs), ``instance``, ``role`` (``prefill``/``decode`` with pools,
 else empty), ``running``, ``waiting``, ``kv_blocks_used``, ``kv_blocks_total``,
 ``preemptions`` (cumulative), ``kv_transfers_in_flight`` (cluster-wide; empty/null without
-pools). The format follows the suffix (``.csv`` or ``.parquet``). Writing is atomic: a
-temporary file next to the path, renamed over it when complete.
+pools). The format follows the suffix (``.csv`` or ``.parquet``). Writing is atomic
+(:mod:`blis_simpy.atomic`): a temporary file next to the path, renamed over it when complete.
 
 :func:`read_timeline` reads either format back as a :class:`pyarrow.Table` and checks the
 columns (the report reads timelines through it).
@@ -47,30 +47,34 @@ def _table(tl):
     return pa.Table.from_pydict({c: tl.cols[c] for c in COLUMNS}, schema=schema)
 
 
-def write_timeline(path: str, tl, *, field: str = "--timeline") -> None:
+def write_timeline(path: str, tl, *, field: str = "--timeline", batch=None) -> None:
     """Write ``tl`` (a :class:`~blis_simpy.cluster.monitor.Timeline`: its ``cols`` by
-    column name) to ``path`` (.csv or .parquet), atomically. Errors: ConfigError."""
+    column name) to ``path`` (.csv or .parquet), all-or-nothing (:mod:`blis_simpy.atomic`;
+    with ``batch``, committed with the batch). Errors: ConfigError."""
+    from blis_simpy.atomic import Staged
     check_timeline_path(path, field)
-    final = os.path.abspath(path)
-    tmp = os.path.join(os.path.dirname(final),
-                       f".{os.path.basename(final)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    parquet = path.lower().endswith(".parquet")
+    staged = Staged(path, field=field, what="cannot write the timeline", binary=parquet,
+                    perm=0o666)
     try:
-        if final.lower().endswith(".parquet"):
+        if parquet:
             import pyarrow.parquet as pq
-            pq.write_table(_table(tl), tmp)
+            pq.write_table(_table(tl), staged.file)
         else:
             import csv
-            with open(tmp, "w", encoding="utf-8", newline="") as fh:
-                w = csv.writer(fh, lineterminator="\n")
-                w.writerow(COLUMNS)
-                w.writerows(zip(*(tl.cols[c] for c in COLUMNS), strict=True))
-        os.replace(tmp, final)
+            w = csv.writer(staged.file, lineterminator="\n")
+            w.writerow(COLUMNS)
+            w.writerows(zip(*(tl.cols[c] for c in COLUMNS), strict=True))
+        if batch is not None:
+            batch.add(staged)
+        else:
+            staged.commit()
     except OSError as exc:
-        raise ConfigError(f"cannot write the timeline: {exc.strerror or exc}", file=path,
-                          field=field) from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        staged.abort()
+        raise staged.error(exc) from None
+    except BaseException:
+        staged.abort()
+        raise
 
 
 def read_timeline(path: str, *, field: str | None = None):

@@ -3,7 +3,8 @@
 The output is byte for byte what BLIS writes: Go ``encoding/csv`` quoting, ``\\n`` line ends,
 ``true``/``false`` booleans, shortest float text, Go yaml's header layout. Our extension
 columns are written only when some record carries them, so a trace without them is BLIS's
-layout. Files go through temporary names renamed into place (never half-written).
+layout. Files are staged (:mod:`blis_simpy.atomic`) and renamed into place together (never
+half-written, never one file of the pair without the other).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel
 
-from blis_simpy.errors import ConfigError
+from blis_simpy.atomic import Batch
 from blis_simpy.workload import _yaml
 from blis_simpy.workload.tracev2 import (
     EXTENSION_COLUMNS,
@@ -148,49 +149,47 @@ def trace_csv_text(records: Iterable[TraceRecord]) -> str:
     return head + "".join(record_to_csv_line(r, extensions=ext) for r in records)
 
 
-def _atomic_write(final: Path, text: str) -> Path:
-    """Write ``text`` to a temporary sibling of ``final`` (respecting the umask)."""
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
-
-
 def write_trace(prefix_path: str | os.PathLike, header: TraceHeader | None,
-                records: Iterable[TraceRecord]) -> tuple[Path, Path]:
+                records: Iterable[TraceRecord], *, field: str | None = None,
+                batch: Batch | None = None) -> tuple[Path, Path]:
     """Write ``<prefix>.yaml`` and ``<prefix>.csv``; returns both paths.
 
     ``header`` None means BLIS's export header (version 2, µs, generated, no warm-up). Both
-    files are written to temporary names first and renamed only when both are complete, so a
-    failure never leaves a half-written file. Errors are ConfigErrors naming the file.
+    files are staged (:mod:`blis_simpy.atomic`) and renamed only when both are complete, so a
+    failure never leaves a half-written file nor one file of the pair. With ``batch`` the pair
+    commits with the batch. Errors are ConfigErrors naming the user's file and ``field``.
     """
     prefix = Path(prefix_path)
     return write_trace_files(prefix.with_name(prefix.name + ".yaml"),
-                             prefix.with_name(prefix.name + ".csv"), header, records)
+                             prefix.with_name(prefix.name + ".csv"), header, records,
+                             field=field, batch=batch)
 
 
 def write_trace_files(header_path: str | os.PathLike, data_path: str | os.PathLike,
-                      header: TraceHeader | None, records: Iterable[TraceRecord]) -> tuple[Path, Path]:
+                      header: TraceHeader | None, records: Iterable[TraceRecord], *,
+                      field: str | None = None, batch: Batch | None = None) -> tuple[Path, Path]:
     """:func:`write_trace` to two explicit paths (``--trace-header`` / ``--trace-data`` of
-    ``observe``): the same content, temporary files and all-or-nothing renames."""
+    ``observe``): the same content, staged files and all-or-nothing renames."""
     yaml_path, csv_path = Path(header_path), Path(data_path)
     if header is None:
         header = TraceHeader(trace_version=2)
     body = trace_csv_text(records)
-    temps: list[Path] = []
+    own = batch is None
+    pair = Batch()
     try:
-        temps.append(_atomic_write(yaml_path, header_to_yaml(header)))
-        temps.append(_atomic_write(csv_path, body))
-        os.replace(temps[0], yaml_path)
-        os.replace(temps[1], csv_path)
-    except OSError as e:
-        for t in temps:
-            t.unlink(missing_ok=True)
-        bad = e.filename or str(yaml_path)
-        raise ConfigError(f"cannot write trace: {e.strerror or e}", file=str(bad)) from None
+        for path, text in ((yaml_path, header_to_yaml(header)), (csv_path, body)):
+            staged = pair.open(path, field=field, what="cannot write trace", binary=False,
+                               perm=0o666)
+            try:
+                staged.file.write(text)
+            except OSError as exc:
+                raise staged.error(exc) from None
+        if own:
+            pair.commit()
+        else:
+            for staged in pair.staged:
+                batch.add(staged)
+            pair.staged.clear()
+    finally:
+        pair.abort()
     return yaml_path, csv_path

@@ -10,6 +10,7 @@ import os
 import pytest
 from rich.console import Console
 
+from blis_simpy.errors import ConfigError
 from blis_simpy.metrics.blis_text import render_blis
 from blis_simpy.metrics.fitness import FitnessResult
 from blis_simpy.metrics.percentile import Distribution
@@ -326,7 +327,7 @@ def test_write_results_failure_during_replace(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ConfigError, match="cannot write results: disk full"):
         write_results(path, [1, 2])
     assert path.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
