@@ -10,9 +10,11 @@ model times steps in integer µs. :func:`with_coefficient_set` applies a coeffic
 from __future__ import annotations
 
 from blis_simpy.config.scenario import Scenario
+from blis_simpy.engine.limits import MAX_STEP_US
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.sizing import KV_DTYPE_BYTES
 from blis_simpy.latency.base import LatencyModel
+from blis_simpy.latency.blackbox import BlackboxModel
 from blis_simpy.latency.coefficient_sets import PhysicsCoefficients, read_set
 from blis_simpy.plugins import build_failure
 
@@ -34,10 +36,32 @@ def is_analytical(backend: str) -> bool:
 
 
 def backend_options(s: Scenario) -> dict:
-    """Deployment facts the parallelism-aware backends take (ignored by BLIS's backends)."""
+    """Deployment facts the parallelism-aware backends take (ignored by BLIS's backends),
+    and the engine's batch limits (``step_limits``) that bound the longest step."""
     return {"dp": s.dp, "expert_parallel": s.enable_expert_parallel,
             "coefficients": s.latency.coefficients,
-            "kv_bytes_per_element": KV_DTYPE_BYTES.get(s.engine.kv_cache_dtype) or 0.0}
+            "kv_bytes_per_element": KV_DTYPE_BYTES.get(s.engine.kv_cache_dtype) or 0.0,
+            "step_limits": (s.engine.max_num_scheduled_tokens, s.engine.max_num_running_reqs)}
+
+
+def check_step_cap(model: LatencyModel, step_limits: tuple[int, int] | None) -> LatencyModel:
+    """Refuse a model whose per-token overheads, or (blackbox) longest possible step under
+    ``step_limits`` = (max scheduled tokens, max running requests), exceed
+    :data:`~blis_simpy.engine.limits.MAX_STEP_US` (docs/scenarios.md, "Limits"); returns it."""
+    for what, us, fld in (("per-output-token overhead", model.output_token_time_us(), "alpha_coeffs"),
+                          ("post-decode overhead", model.post_decode_us(), "alpha_coeffs")):
+        if us > MAX_STEP_US:
+            raise ConfigError(f"the {what} is {us} us, more than the {MAX_STEP_US} us (one hour) "
+                              "an engine step may last", field=f"latency.{fld}")
+    if isinstance(model, BlackboxModel) and step_limits is not None:
+        tokens, reqs = step_limits
+        worst = model.longest_step_us(tokens, reqs)
+        if worst > MAX_STEP_US:
+            raise ConfigError(f"the longest step these coefficients can time is {worst:.6g} us "
+                              f"(beta0 + beta1 x prefill + beta2 x decode tokens, at most {tokens} "
+                              f"tokens and {reqs} requests a step), more than the {MAX_STEP_US} us "
+                              "(one hour) an engine step may last", field="latency.beta_coeffs")
+    return model
 
 
 def build_backend(backend: str, model_cfg, gpu, tp, alpha, beta, compat: str,
@@ -46,6 +70,14 @@ def build_backend(backend: str, model_cfg, gpu, tp, alpha, beta, compat: str,
     ``trained-physics`` only. A plugin (a name outside :data:`BUILTIN_BACKENDS`) is built by
     its :meth:`~blis_simpy.latency.base.LatencyModel.build` from its validated ``params``;
     anything its constructor raises is reported as that plugin's error."""
+    extra = dict(extra or {})
+    step_limits = extra.pop("step_limits", None)
+    model = _build(backend, model_cfg, gpu, tp, alpha, beta, compat, extra, params)
+    return check_step_cap(model, step_limits) if backend in BUILTIN_BACKENDS else model
+
+
+def _build(backend: str, model_cfg, gpu, tp, alpha, beta, compat: str, extra: dict,
+           params) -> LatencyModel:
     cls = LatencyModel.lookup(backend, field="latency.model")
     if backend not in BUILTIN_BACKENDS:
         try:

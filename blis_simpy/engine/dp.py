@@ -47,6 +47,7 @@ from __future__ import annotations
 from simpy.events import Event
 
 from blis_simpy.des import succeed_at
+from blis_simpy.engine.limits import MAX_STEP_US, step_too_long
 from blis_simpy.latency.base import BatchView
 
 
@@ -154,6 +155,8 @@ class LockstepGroup:
         step_us = self.step_time_us(views) + stall
         if step_us < 1:
             step_us = 1
+        elif step_us > MAX_STEP_US:
+            raise step_too_long(self.ranks[0].id, now_us, step_us)
         self.free_at_us = now_us + step_us
         for inst in busy:
             inst.finish_step(now_us, step_us)

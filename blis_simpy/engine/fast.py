@@ -24,6 +24,7 @@ from operator import attrgetter
 
 from blis_simpy.engine.instance import Instance
 from blis_simpy.engine.lazy_ledger import LazyLedger
+from blis_simpy.engine.limits import MAX_STEP_US, step_too_long
 from blis_simpy.engine.vllm_batching import VLLMBatching
 from blis_simpy.kv.cache import KVCache
 from blis_simpy.latency.base import BatchView
@@ -120,6 +121,8 @@ class FastInstance(Instance, name="fast"):
             size=n_run, entries_fn=ledger._entries))
         if step_us < 1:
             step_us = 1
+        elif step_us > MAX_STEP_US:
+            raise step_too_long(self.id, now_us, step_us)
         end = now_us + step_us
         ledger.tick_end.append(end)
         ledger._finished_prefill = []

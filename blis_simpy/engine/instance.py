@@ -41,7 +41,7 @@ from simpy.events import Event
 from blis_simpy.des import QUEUED, STEP, TIMEOUT, SimEnv, instance_key, succeed_at
 from blis_simpy.engine.batching import BatchingPolicy, StepAllocator
 from blis_simpy.engine.ledger import EagerLedger
-from blis_simpy.engine.limits import EngineLimits, enqueue_refusal
+from blis_simpy.engine.limits import MAX_STEP_US, EngineLimits, enqueue_refusal, step_too_long
 from blis_simpy.engine.listener import InstanceListener
 from blis_simpy.engine.scheduling import (
     PriorityPolicy,
@@ -280,6 +280,8 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         step_us = self.step_time_us(view) + self.kv.consume_pending_transfer_latency()
         if step_us < 1:
             step_us = 1
+        elif step_us > MAX_STEP_US:
+            raise step_too_long(self.id, now_us, step_us)
         self.finish_step(now_us, step_us)
         if self.running or self.waitq:
             self.step_pending = True

@@ -9,10 +9,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from blis_simpy.errors import ConfigError
 from blis_simpy.units import ceil_div
 
 #: recompute-preemption models: vLLM v1's (default) and BLIS's (parity); docs/kv-cache.md
 PREEMPTION_MODELS = ("vllm", "blis")
+
+#: The longest engine step, µs: one hour of simulated time (docs/scenarios.md, "Limits").
+#: With every step and delay at most this long the integer-µs clock stays inside int64 for
+#: billions of steps, so both engines end every run the same way.
+MAX_STEP_US = 3_600_000_000
+
+
+def step_too_long(inst_id: str, now_us: int, step_us: int) -> ConfigError:
+    """The error of a step of ``step_us`` µs (beginning at ``now_us``) that exceeds
+    :data:`MAX_STEP_US`: the latency model (or the KV reload costs) are not realistic."""
+    return ConfigError(f"{inst_id}: the step at t={now_us} us lasts {step_us} us, more than the "
+                       f"{MAX_STEP_US} us (one hour) an engine step may last: the latency "
+                       "coefficients or KV transfer costs are not realistic", field="latency")
 
 
 @dataclass(frozen=True, slots=True)

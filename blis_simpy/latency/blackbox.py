@@ -21,6 +21,14 @@ class BlackboxModel(LatencyModel, name="blackbox"):
         t = to_int64(b0 + b1 * batch.prefill_tokens + b2 * batch.decode_tokens)
         return t if t > 1 else 1
 
+    def longest_step_us(self, max_scheduled_tokens: int, max_running_reqs: int) -> float:
+        """The longest step this model can time, µs, under a per-step budget of
+        ``max_scheduled_tokens`` tokens and at most ``max_running_reqs`` decoders (each
+        decodes one token): ``β0`` plus the costlier mix of prefill and decode tokens."""
+        b0, b1, b2 = self.beta[0], self.beta[1], self.beta[2]
+        d = min(max_running_reqs, max_scheduled_tokens) if b2 > b1 else 0
+        return b0 + b1 * (max_scheduled_tokens - d) + b2 * d
+
     def queueing_time_us(self, req) -> int:
         return to_int64(self.alpha[0] + self.alpha[1] * req.input_len)
 

@@ -291,3 +291,43 @@ def test_engine_ranks_are_bounded_in_all(cli, small_scenario):
                                       "--dp", "2"))
     assert line == ("error: --num-instances: 4000 instances x dp 2 = 8000 engine ranks; at most "
                     "4096 can be simulated")
+
+
+# ---------------------------------------------------------------------------- the step cap
+# A step or per-token overhead longer than one hour of simulated time (engine.limits.MAX_STEP_US)
+# is refused before the run, on the coefficients (docs/scenarios.md, "Limits").
+STEP_CAP_CASES = {
+    # beta0 alone pushed simulated time past int64 (the fast engine overflowed, exit 1)
+    "beta0 1e17": ("1e17,0,0", "0,0,0", "--beta-coeffs", "longest step these coefficients can time is 1e+17 us"),
+    # 2048 tokens x 2e6 us: the budget, not the running cap, bounds prefill tokens
+    "beta1 x budget": ("1,2e6,0", "0,0,0", "--beta-coeffs", "4.096e+09 us"),
+    "alpha2": ("1,0,0", "0,0,1e19", "--alpha-coeffs", "per-output-token overhead is 9223372036854775807 us"),
+}
+
+
+@pytest.mark.parametrize("implementation", ["fast", "reference"])
+@pytest.mark.parametrize("case", sorted(STEP_CAP_CASES))
+def test_coefficients_past_the_step_cap(cli, tmp_path, case, implementation):
+    beta, alpha, flag, words = STEP_CAP_CASES[case]
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SMALL_SCENARIO.replace("  max_num_running_reqs: 16\n",
+                                         f"  max_num_running_reqs: 16\n  implementation: {implementation}\n"))
+    out = tmp_path / "r.json"
+    line = _assert_one_line_error(cli("run", "--scenario", sc, "--results-path", out,
+                                      "--beta-coeffs", beta, "--alpha-coeffs", alpha), out)
+    assert line.startswith(f"error: {flag}: ") and words in line and "3600000000 us (one hour)" in line
+
+
+def test_decode_coefficients_below_the_cap_are_accepted(cli, small_scenario):
+    # 2e7 us per decode token x at most 16 running requests = 3.2e8 us < one hour: a valid
+    # (slow) deployment; prefill tokens cost nothing here
+    res = cli("run", "--scenario", small_scenario, "--beta-coeffs", "1,0,2e7", "--alpha-coeffs", "0,0,0",
+              "--num-requests", "1", "--format", "json")
+    assert res.exit_code == 0, res.stderr
+
+
+def test_step_cap_in_a_scenario_names_the_line(cli, tmp_path):
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SMALL_SCENARIO.replace("beta_coeffs: [6472.007648778123,", "beta_coeffs: [1.0e+17,"))
+    got = _located(_assert_one_line_error(cli("run", "--scenario", sc)))
+    assert (got["line"], got["field"]) == ("6", "latency.beta_coeffs")
