@@ -59,7 +59,7 @@ from blis_simpy.catalog.types import GPUSpec, ModelConfig
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.cache import KVCache
-from blis_simpy.kv.tiered import TieredKVCache
+from blis_simpy.kv.tiered import TieredKVCache, offload_threshold_warning
 from blis_simpy.kv.vllm_capacity import KVCapacity
 from blis_simpy.latency.base import LatencyModel
 from blis_simpy.plugins import build_failure, is_builtin
@@ -116,7 +116,11 @@ def _kv_factory(r: Resolution) -> Callable[[int, int], KVCache]:
     raw = dict(given)
     tiered = issubclass(cls, TieredKVCache)
     if tiered:
-        raw = {key: getattr(eng, flat) for key, flat in _TIER_KEYS.items()} | raw
+        # the offload threshold is ignored: not passed on; a warning when the user set it
+        raw = {key: getattr(eng, flat) for key, flat in _TIER_KEYS.items()
+               if key != "offload_threshold"} | raw
+        if "kv_offload_threshold" in eng.model_fields_set and eng.kv_offload_threshold != 0:
+            r.warn(offload_threshold_warning(eng.kv_offload_threshold))
     try:
         params = cls.parse_params(raw, field="engine.kv_cache_params")
     except ConfigError as exc:      # a default taken from an engine key: point at that key

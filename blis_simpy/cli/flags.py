@@ -149,7 +149,7 @@ FLAGS: tuple[Flag, ...] = (
     F("--fitness-weights", fitness_text, "fitness_weights", None, "fitness evaluation 'key:weight,...' (replay: ignored)", panel=OUTPUT),
     # (8, cont.) tiered KV and GPU memory
     F("--kv-cpu-blocks", integer, "engine.kv_cpu_blocks", non_negative, "CPU KV tier blocks, at most 100000000; > 0 enables the tier (default 0)"),
-    F("--kv-offload-threshold", number, "engine.kv_offload_threshold", unit_interval, "deprecated and ignored (warning when the CPU tier is on; default 0.9)"),
+    F("--kv-offload-threshold", number, "engine.kv_offload_threshold", unit_interval, "deprecated and ignored (a warning when given and the CPU tier is on)"),
     F("--kv-transfer-bandwidth", number, "engine.kv_transfer_bandwidth", positive, "CPU->GPU reload bandwidth, blocks/µs, 1e-6 to 1e6 (default 100)"),
     F("--kv-transfer-base-latency", integer, "engine.kv_transfer_base_latency_us", non_negative, "fixed cost per block reloaded CPU->GPU, µs, at most 3600000000 (1 h) (default 0)"),
     F("--gpu-memory-utilization", number, "engine.gpu_memory_utilization", fraction, "fraction of GPU memory for vLLM, used by KV auto-sizing (default 0.9)"),

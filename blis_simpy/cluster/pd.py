@@ -34,6 +34,7 @@ from blis_simpy.disagg.deciders import make_decider
 from blis_simpy.disagg.fabric import KVTransferFabric
 from blis_simpy.disagg.parent import ParentRequest
 from blis_simpy.disagg.projection import correct_and_project, pd_metrics
+from blis_simpy.engine import tally
 from blis_simpy.errors import InvariantError
 from blis_simpy.metrics.summary import aggregate
 from blis_simpy.request import COMPLETED, DROPPED, Request
@@ -192,7 +193,7 @@ class PDCluster(Cluster, name="pd"):
         self.tell_router(self.decode_router, sub, inst.index)
 
     def _drop_at_decode(self, parent: ParentRequest, now_us: int, why: str) -> None:
-        log.warning("dropping %s at decode routing: %s", parent.id, why)
+        tally.note(log, "dropped at decode routing", why, parent.id)   # one line per cause
         self.dropped_at_decode_kv += 1
         parent.completion_us = now_us
         self._parent_failed(parent, now_us, DROPPED)

@@ -38,6 +38,7 @@ from blis_simpy.cluster.policies import build_admission, build_router
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.des import SimEnv
 from blis_simpy.disagg.fabric import KVTransferFabric
+from blis_simpy.engine import tally
 from blis_simpy.engine.batching import BatchingPolicy
 from blis_simpy.engine.dp import DPEngine
 from blis_simpy.engine.fast import FastInstance  # noqa: F401  (registers engine implementation "fast")
@@ -233,6 +234,7 @@ class Simulation:
         """Run to the horizon (or until no event is left), then finalize and check."""
         env = self.env
         t0 = time.perf_counter()
+        tally.reset()       # per-request warnings: one line per cause when the run ends
         self.cluster.start(self.requests)
         limit = self.horizon_us
         peek = env.peek
@@ -257,6 +259,7 @@ class Simulation:
             if type(cause) is type(exc):
                 raise cause from None
             raise
+        tally.flush()
         metrics = [inst.finalize() for inst in self.instances]
         sessions = None
         if self.sessions is not None:   # INV-11; in-flight rounds cut by the horizon end here

@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from blis_simpy.engine import tally
 from blis_simpy.plugins import Pluggable
 from blis_simpy.request import DROPPED, RUNNING
 from blis_simpy.request import QUEUED as ST_QUEUED
@@ -269,9 +270,8 @@ class StepAllocator:
         recomputed forever (BLIS livelocks here). It is dropped as unservable instead, like
         an enqueue-guard drop."""
         inst = self._inst
-        log.warning("dropping request %s: it cannot get the KV blocks it needs on %s "
-                    "(%d KV blocks in all) and would be recomputed forever",
-                    req.id, inst.id, self.kv.total_blocks)
+        tally.note(log, "dropped", f"it cannot get the KV blocks it needs on {inst.id} ({self.kv.total_blocks} "
+                   "KV blocks in all) and would be recomputed forever", req.id)
         req.state = DROPPED
         met = inst.metrics
         met.dropped_unservable += 1

@@ -39,6 +39,7 @@ from collections import deque
 from simpy.events import Event
 
 from blis_simpy.des import QUEUED, STEP, TIMEOUT, SimEnv, instance_key, succeed_at
+from blis_simpy.engine import tally
 from blis_simpy.engine.batching import BatchingPolicy, StepAllocator
 from blis_simpy.engine.ledger import EagerLedger
 from blis_simpy.engine.limits import MAX_STEP_US, EngineLimits, enqueue_refusal, step_too_long
@@ -232,7 +233,7 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
             self.env.call_at(req.deadline_us, self.key_timeout, self._on_timeout, req)
 
     def _drop(self, req, now_us: int, why: str) -> None:
-        log.warning("dropping request %s: %s", req.id, why)
+        tally.note(log, "dropped", why, req.id)    # one line per cause at the end of the run
         req.state = DROPPED
         self.metrics.dropped_unservable += 1
         self.metrics.registry.pop(req.id, None)
@@ -388,12 +389,13 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         met = self.metrics
         for req in done:
             if req.length_capped:
-                log.warning("request %s reached MaxModelLen %d: force-completed", req.id,
-                            self.limits.max_model_len)
+                tally.note(log, "force-completed", f"reached MaxModelLen {self.limits.max_model_len}",
+                           req.id)
                 met.length_capped_requests += 1
             elif req.output_len > 0 and req.pi < req.input_len + req.output_len:
                 if not kv.allocate(req, req.pi, req.pi + 1):
-                    log.error("KV allocation failed for the final token of %s", req.id)
+                    tally.note(log, "KV allocation failed for the final token of",   # non-fatal
+                               "the request completes (counted as KV allocation failures)", req.id)
                     met.kv_allocation_failures += 1
             kv.release(req)
             self._record_completion(req, now_us, step_us)

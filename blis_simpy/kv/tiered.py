@@ -48,6 +48,13 @@ from blis_simpy.units import ceil_div
 log = logging.getLogger("blis_simpy.kv")
 
 
+def offload_threshold_warning(threshold: float) -> str:
+    """BLIS's warning for the deprecated, ignored ``--kv-offload-threshold``."""
+    return ("KVOffloadThreshold is deprecated in vLLM v1 mirror model and will be ignored. GPU "
+            "prefix cache is now preserved on release; the CPU tier mirrors full hashed blocks "
+            f"(threshold {threshold:g})")
+
+
 def check_tier_params(cpu_blocks: int, transfer_bandwidth: float, transfer_base_latency_us: int,
                       offload_threshold: float) -> None:
     """Validate the CPU-tier parameters (docs/kv-cache.md, "CPU tier"); raises ValueError."""
@@ -92,10 +99,6 @@ class TieredKVCache(KVCache, name="tiered"):
             self.params = self.Params(cpu_blocks=cpu_blocks, transfer_bandwidth=transfer_bandwidth,
                                       transfer_base_latency_us=transfer_base_latency_us,
                                       offload_threshold=offload_threshold)
-        if offload_threshold != 0:
-            log.warning("KVOffloadThreshold is deprecated in vLLM v1 mirror model and will be "
-                        "ignored. GPU prefix cache is now preserved on release; the CPU tier "
-                        "mirrors full hashed blocks (threshold %g)", offload_threshold)
         self.cpu_capacity = int(cpu_blocks)
         self.transfer_bandwidth = float(transfer_bandwidth)
         self.transfer_base_latency_us = int(transfer_base_latency_us)
@@ -118,8 +121,12 @@ class TieredKVCache(KVCache, name="tiered"):
     @classmethod
     def factory(cls, *, cpu_blocks: int, transfer_bandwidth: float = 100.0,
                 transfer_base_latency_us: int = 0, offload_threshold: float = 0.0):
-        """A ``kv_factory(total_blocks, block_size)``; the tier parameters are checked now."""
+        """A ``kv_factory(total_blocks, block_size)``; the tier parameters are checked now.
+        A non-zero ``offload_threshold`` (given only when the user set it) is ignored with one
+        warning here, not one per instance."""
         check_tier_params(cpu_blocks, transfer_bandwidth, transfer_base_latency_us, offload_threshold)
+        if offload_threshold != 0:
+            log.warning("%s", offload_threshold_warning(offload_threshold))
         return partial(cls, cpu_blocks=cpu_blocks, transfer_bandwidth=transfer_bandwidth,
                        transfer_base_latency_us=transfer_base_latency_us,
                        offload_threshold=offload_threshold)
