@@ -134,7 +134,10 @@ def test_log_level_controls_engine_warnings(cli, small_scenario):
     args = ("run", "--scenario", small_scenario, "--max-model-len", "100", "--format", "json")
     assert "dropped " in _ok(cli(*args)).stderr                             # default: warn
     assert _ok(cli(*args, "--log", "error")).stderr == ""
-    assert _ok(cli(*args, "--log", "no-such-level")).stderr == ""            # else: error
+    bad = cli(*args, "--log", "no-such-level")                               # refused, not "error"
+    assert (bad.exit_code, bad.stdout) == (2, "")
+    assert bad.stderr == ("error: --log: unknown log level 'no-such-level'; valid: trace, debug, "
+                          "info, warn, error, fatal, panic\n")
     assert "dropped request request_" in _ok(cli(*args, "--log", "debug")).stderr
 
 
