@@ -4,8 +4,14 @@ Reading is strict: unknown header keys, malformed numbers, negative counts, out-
 ratios and deadlines before arrival are :class:`~blis_simpy.errors.ConfigError` naming the
 file, the 1-based line and the column / key. Our extension columns
 (:data:`~blis_simpy.workload.tracev2.EXTENSION_COLUMNS`) are recognised by name after the 27
-BLIS ones; other extra columns are ignored, as BLIS does. Every ``*_us`` column is an
-integer number of µs; token columns are token counts.
+BLIS ones; other extra columns named in the header row are ignored, as BLIS does. Every
+``*_us`` column is an integer number of µs; token columns are token counts.
+
+Caps and CSV rules (docs/workloads.md, "TraceV2"): a token count cell is at most
+:data:`MAX_TRACE_TOKENS` (2^24, the cap of a scenario's token keys); a row may not have more
+cells than the header row has columns; a ``"`` inside an unquoted field (a bare quote) is an
+error, as in Go's ``encoding/csv``; one field may hold up to :data:`MAX_FIELD_CHARS`
+characters (an ``input_token_ids`` cell of a long prompt is long).
 """
 
 from __future__ import annotations
@@ -33,7 +39,12 @@ from blis_simpy.workload.tracev2 import (
     TraceV2,
 )
 
-_MAX_FIELD_CHARS = 12 * MAX_TOKEN_IDS_PER_FILE   # csv field-size limit while reading
+#: the csv field-size limit while reading (characters of one field): room for the most token
+#: IDs a file may carry, each up to 10 digits and a space
+MAX_FIELD_CHARS = 12 * MAX_TOKEN_IDS_PER_FILE
+#: cap on a token count cell (prefix_length, input/output/text/image/audio/video tokens,
+#: server_input_tokens): 2^24, as config.scenario.MAX_TOKENS caps a scenario's token keys
+MAX_TRACE_TOKENS = 1 << 24
 _MAX_TOKEN_ID = (1 << 31) - 1                     # IDs are kept as int32
 
 
@@ -101,6 +112,8 @@ class _RowParser:
         return v
 
 
+_TOKEN_COLS = ("prefix_length", "input_tokens", "output_tokens", "text_tokens", "image_tokens",
+               "audio_tokens", "video_tokens", "server_input_tokens")
 _INT_COLS = (0, 5, 7, 9, 10, 11, 12, 13, 14, 17, 18, 19, 20, 21, 22, 23)
 _plain_ints = itemgetter(*_INT_COLS)
 _INT64_DIGITS = len(str(_INT64_MAX)) - 1   # any number of this many digits fits an int64
@@ -123,6 +136,13 @@ def _parse_row(p: _RowParser) -> TraceRecord:
             i(0), r[1], r[2], r[3], r[4], i(5), r[6], i(7), p.bool(8), i(9), i(10), i(11), i(12),
             i(13), i(14), p.float(15), r[16], i(17), i(18), i(19), i(20), i(21), i(22), i(23),
             r[24], r[25], r[26])
+    if max(rec.prefix_length, rec.input_tokens, rec.output_tokens, rec.text_tokens,
+           rec.image_tokens, rec.audio_tokens, rec.video_tokens,
+           rec.server_input_tokens) > MAX_TRACE_TOKENS:
+        for col in _TOKEN_COLS:
+            if getattr(rec, col) > MAX_TRACE_TOKENS:
+                raise p.err(col, f"{getattr(rec, col)} tokens is more than the cap of "
+                                 f"{MAX_TRACE_TOKENS}")
     if not 0.0 <= rec.reason_ratio <= 1.0:
         raise p.err("reason_ratio", f"must be in [0, 1], got {r[15]}")
     if rec.deadline_us != 0 and rec.deadline_us < rec.arrival_time_us:
@@ -170,6 +190,34 @@ def _parse_scheduled(p: _RowParser, rec: TraceRecord, j: int) -> int:
     return v
 
 
+def _bare_quote_column(text: str) -> int | None:
+    """The 0-based column of the first unquoted field of the raw record ``text`` that holds a
+    ``"`` (Go's ``encoding/csv``: "bare \" in non-quoted field"), else None. Quoted fields
+    were already checked by Python's strict reader."""
+    col, i, n = 0, 0, len(text)
+    start = True
+    while i < n:
+        ch = text[i]
+        if start and ch == '"':               # a quoted field: skip to its closing quote
+            i = text.find('"', i + 1)
+            while i != -1 and text.startswith('""', i):
+                i = text.find('"', i + 2)
+            if i == -1:
+                return None
+            start = False
+        elif ch == ",":
+            col += 1
+            start = True
+        elif ch in "\r\n":
+            start = True
+        elif ch == '"':
+            return col
+        else:
+            start = False
+        i += 1
+    return None
+
+
 def _check_header_row(row: list[str], path: str) -> dict[str, int]:
     """Check the 27 column names; returns our extension columns found after them (name →
     0-based column index), recognised by name in any order; other extra columns are
@@ -213,27 +261,50 @@ def iter_trace_records(path: str | os.PathLike, *, unique_ids: bool = True) -> I
     seen_ids: dict[int, int] = {}
     line = 0
     n_ids = 0
-    old_limit = csv.field_size_limit()
+    raw: list[str] = []                  # the text lines of the current record
+
+    def lines(f):
+        for text in f:
+            raw.append(text)
+            yield text
+
+    # process-wide and only ever raised: a reader suspended in another generator keeps it
+    if csv.field_size_limit() < MAX_FIELD_CHARS:
+        csv.field_size_limit(MAX_FIELD_CHARS)
     try:
-        csv.field_size_limit(max(old_limit, _MAX_FIELD_CHARS))   # one row may hold many IDs
         with open(path, encoding="utf-8-sig", newline="") as f:
-            reader = csv.reader(f, strict=True)
+            reader = csv.reader(lines(f), strict=True)
             header_seen = False
             ids_col = sched_col = -1
+            names: list[str] = []
             for row in reader:
                 start, line = line + 1, reader.line_num
+                text = raw[0] if len(raw) == 1 else "".join(raw)
+                raw.clear()
                 if not row:
                     continue  # blank line (Go's csv reader skips them too)
+                if '"' in text:
+                    k = _bare_quote_column(text)
+                    if k is not None:
+                        cols = names if header_seen else row
+                        col = cols[k].strip() if k < len(cols) else f"column-{k + 1}"
+                        raise ConfigError('bare " in an unquoted field (quote the field and '
+                                          'double its quotes)', file=path, line=start, field=col)
                 if not header_seen:
                     ext = _check_header_row(row, path)
                     ids_col = ext.get(TOKEN_IDS_COLUMN, -1)
                     sched_col = ext.get(SCHEDULED_COLUMN, -1)
+                    names = row
                     header_seen = True
                     continue
                 p.line = start
                 if len(row) < NUM_COLUMNS:
                     raise ConfigError(f"missing: the row has {len(row)} columns, expected {NUM_COLUMNS}",
                                       file=path, line=start, field=TRACE_COLUMNS[len(row)])
+                if len(row) > len(names):
+                    raise ConfigError(f"extra cell: the row has {len(row)} cells, the header row "
+                                      f"names {len(names)} columns", file=path, line=start,
+                                      field=f"column-{len(names) + 1}")
                 p.row = row
                 rec = _parse_row(p)
                 if 0 <= ids_col < len(row):
@@ -261,8 +332,6 @@ def iter_trace_records(path: str | os.PathLike, *, unique_ids: bool = True) -> I
         raise ConfigError(f"not valid UTF-8 ({e.reason})", file=path, line=line + 1) from None
     except OSError as e:
         raise ConfigError(f"cannot read file: {e.strerror or e}", file=path) from None
-    finally:
-        csv.field_size_limit(old_limit)
 
 
 def read_trace(header_path: str | os.PathLike, data_path: str | os.PathLike) -> TraceV2:

@@ -166,6 +166,15 @@ def test_missing_trace_file_from_flag(cli, small_scenario, tmp_path, trace_files
     assert line == f"error: {missing}: --trace-data: no such file"
 
 
+def test_trace_data_is_a_directory(cli, small_scenario, tmp_path, trace_files):
+    header, _ = trace_files
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    line = _assert_one_line_error(cli("replay", "--scenario", small_scenario, "--trace-header", header,
+                                      "--trace-data", folder))
+    assert line == f"error: {folder}: --trace-data: is a directory, expected a file"
+
+
 def test_trace_flags_come_in_pairs(cli, small_scenario, trace_files):
     line = _assert_one_line_error(cli("replay", "--scenario", small_scenario, "--trace-header", trace_files[0]))
     assert line.startswith("error: --trace-header: ") and "--trace-data" in line
@@ -174,6 +183,9 @@ def test_trace_flags_come_in_pairs(cli, small_scenario, trace_files):
 @pytest.mark.parametrize("bad_row, column", [
     ("5,c,,,,0,,0,false,100", None),                                    # wrong column count
     (trace_row(5, 1000, 100, 10).replace(",100,10,", ",1x0,10,", 1), "input_tokens"),  # not an int
+    (trace_row(5, 1000, 2**62, 10), "input_tokens"),                     # above the token cap
+    (trace_row(5, 1000, 100, 10) + ",extra", "column-28"),               # a cell the header lacks
+    (trace_row(5, 1000, 100, 10).replace(",c,", ',c"d,', 1), "client_id"),  # a bare quote
 ])
 def test_malformed_trace_row(cli, small_scenario, tmp_path, bad_row, column):
     rows = [trace_row(i, 1000 * i, 50, 5) for i in range(3)] + [bad_row]

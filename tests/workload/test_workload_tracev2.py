@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 from blis_simpy.errors import ConfigError
 from blis_simpy.workload.tracev2 import TRACE_COLUMNS, TraceHeader, TraceNetwork, TraceRecord, TraceServer
-from blis_simpy.workload.tracev2_read import read_trace, read_trace_header, read_trace_records
+from blis_simpy.workload.tracev2_read import (
+    MAX_FIELD_CHARS,
+    MAX_TRACE_TOKENS,
+    read_trace,
+    read_trace_header,
+    read_trace_records,
+)
 from blis_simpy.workload.tracev2_write import header_to_yaml, record_to_csv_line, write_trace
 
 from .wl_support import conformance_cases
@@ -62,6 +68,7 @@ def test_conformance_values_parsed(conformance_dir):
 _text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
                 max_size=12)
 _count = st.integers(min_value=0, max_value=10**9)
+_tokens = st.integers(min_value=0, max_value=MAX_TRACE_TOKENS)
 _ts = st.integers(min_value=0, max_value=2**62)
 
 
@@ -74,12 +81,12 @@ def _records(draw):
         out.append(TraceRecord(
             request_id=i, client_id=draw(_text), tenant_id=draw(_text), slo_class=draw(_text),
             session_id=draw(_text), round_index=draw(_count), prefix_group=draw(_text),
-            prefix_length=draw(_count), streaming=draw(st.booleans()), input_tokens=draw(_count),
-            output_tokens=draw(_count), text_tokens=draw(_count), image_tokens=draw(_count),
-            audio_tokens=draw(_count), video_tokens=draw(_count),
+            prefix_length=draw(_tokens), streaming=draw(st.booleans()), input_tokens=draw(_tokens),
+            output_tokens=draw(_tokens), text_tokens=draw(_tokens), image_tokens=draw(_tokens),
+            audio_tokens=draw(_tokens), video_tokens=draw(_tokens),
             reason_ratio=draw(st.floats(min_value=0, max_value=1)), model=draw(_text),
             deadline_us=draw(st.sampled_from([0, arrival, arrival + 5])),
-            server_input_tokens=draw(_count), arrival_time_us=arrival, send_time_us=draw(_ts),
+            server_input_tokens=draw(_tokens), arrival_time_us=arrival, send_time_us=draw(_ts),
             first_chunk_time_us=draw(_ts), last_chunk_time_us=draw(_ts), num_chunks=draw(_count),
             status=draw(_text), error_message=draw(_text), finish_reason=draw(_text)))
     return out
@@ -152,7 +159,10 @@ def test_wrong_column_count(tmp_path):
 
 
 def test_extra_columns_tolerated_and_blank_lines_skipped(tmp_path):
-    p = _csv(tmp_path, GOOD_ROW + ",extra,more", "", GOOD_ROW.replace("0,", "1,", 1))
+    # columns the header row names after the 27 are tolerated (as BLIS does)
+    p = tmp_path / "t.csv"
+    p.write_text(HEADER_ROW + ",mine,more\n" + GOOD_ROW + ",extra,more\n\n"
+                 + GOOD_ROW.replace("0,", "1,", 1) + ",,\n")
     recs = read_trace_records(p)
     assert [r.request_id for r in recs] == [0, 1]
 
@@ -172,6 +182,14 @@ def test_extra_columns_tolerated_and_blank_lines_skipped(tmp_path):
     ("deadline_us", "50", "deadline 50 is before arrival_time_us 100"),
     ("deadline_us", "-1", "must be >= 0, got -1"),
     ("request_id", "99999999999999999999", "out of the int64 range: 99999999999999999999"),
+    # token counts are capped (MAX_TRACE_TOKENS = 2^24), every token column
+    *((c, str(2**62), f"{2**62} tokens is more than the cap of 16777216")
+      for c in ("prefix_length", "input_tokens", "output_tokens", "text_tokens", "image_tokens",
+                "audio_tokens", "video_tokens", "server_input_tokens")),
+    ("input_tokens", "16777217", "16777217 tokens is more than the cap of 16777216"),
+    # a bare quote inside an unquoted field (Go's encoding/csv refuses it)
+    ("client_id", 'a"b', 'bare " in an unquoted field (quote the field and double its quotes)'),
+    ("model", ' "m"', 'bare " in an unquoted field (quote the field and double its quotes)'),
 ])
 def test_bad_field_names_file_line_and_column(tmp_path, col, value, problem):
     row = GOOD_ROW.split(",")
@@ -180,6 +198,30 @@ def test_bad_field_names_file_line_and_column(tmp_path, col, value, problem):
     e = _err(read_trace_records, p)
     assert (e.file, e.line, e.field, e.problem) == (str(p), 3, col, problem)
     assert str(e) == f"{p}:3: {col}: {problem}"
+
+
+def test_token_cap_is_admitted(tmp_path):
+    row = GOOD_ROW.split(",")
+    row[TRACE_COLUMNS.index("output_tokens")] = str(MAX_TRACE_TOKENS)
+    assert read_trace_records(_csv(tmp_path, ",".join(row)))[0].output_tokens == MAX_TRACE_TOKENS
+
+
+@pytest.mark.parametrize("extra, cells", [(",x", 28), (",,", 29)])
+def test_cells_beyond_the_header_row_are_refused(tmp_path, extra, cells):
+    p = _csv(tmp_path, GOOD_ROW.replace("0,", "5,", 1), GOOD_ROW + extra)
+    e = _err(read_trace_records, p)
+    assert (e.file, e.line, e.field) == (str(p), 3, "column-28")
+    assert e.problem == f"extra cell: the row has {cells} cells, the header row names 27 columns"
+
+
+def test_quoted_quotes_and_long_fields_are_read(tmp_path):
+    # a doubled quote inside a quoted field is fine; one field of 131,072 characters (the
+    # default csv field-size limit) and of 1M characters is read (MAX_FIELD_CHARS)
+    assert MAX_FIELD_CHARS >= 12 * 10_000_000
+    for n in (131_072, 1_000_000):
+        long = GOOD_ROW.replace(",c,", ',"say ""hi""",', 1).replace(",t,", f",{'x' * n},", 1)
+        recs = read_trace_records(_csv(tmp_path, long))
+        assert (recs[0].client_id, len(recs[0].tenant_id)) == ('say "hi"', n)
 
 
 def test_line_numbers_count_quoted_newlines_and_blank_lines(tmp_path):
