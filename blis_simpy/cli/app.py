@@ -190,6 +190,8 @@ def _simulate(command: str, scenario: Path | None, fmt: Format, raw: dict) -> No
     given = given_flags(command, raw)
     setup_logging(given.get("--log"))
     plan = runner.prepare(command, given, str(scenario) if scenario is not None else None)
+    if plan.given.get("--trace-output-decisions"):   # implies the decision trace
+        plan.scenario.trace.level = "decisions"
     show_progress = fmt is Format.table and sys.stderr.isatty()
     if plan.scenario.variants:       # one run per variant, side by side (docs/disaggregation.md)
         from blis_simpy.cli import variants
@@ -211,6 +213,10 @@ def _simulate(command: str, scenario: Path | None, fmt: Format, raw: dict) -> No
         results_path = plan.given.get("--results-path")
         if results_path:
             runner.write_results_file(out, results_path, outputs)
+        decisions = plan.given.get("--trace-output-decisions")
+        if decisions:
+            from blis_simpy.trace.jsonl import write_jsonl
+            write_jsonl(out.result.trace, decisions, outputs)
         outputs.commit()
     finally:
         outputs.abort()

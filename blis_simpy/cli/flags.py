@@ -140,7 +140,7 @@ FLAGS: tuple[Flag, ...] = (
     F("--scheduler", text, "engine.scheduler", registered("scheduler"), "wait-queue scheduler (default fcfs)"),
     F("--trace-level", text, "trace.level", trace_level, "decision trace: none | decisions (default none)"),
     F("--counterfactual-k", integer, "trace.counterfactual_k", non_negative, "counterfactual candidates per routing record, at most 4096 (default 0)"),
-    F("--summarize-trace", boolean, "trace.summarize", None, "print the Trace Summary (with --trace-level decisions)", panel=OUTPUT),
+    F("--summarize-trace", boolean, "trace.summarize", None, "print the Trace Summary (implies --trace-level decisions)", panel=OUTPUT),
     F("--snapshot-refresh-interval", integer, "cluster.snapshot_refresh_interval_us", non_negative, "router snapshot refresh, µs, at most 3600000000 (1 h); 0 = always fresh (default 0)"),
     F("--admission-latency", integer, "cluster.admission_latency_us", non_negative, "admission delay, µs, at most 3600000000 (1 h) (default 0)"),
     F("--routing-latency", integer, "cluster.routing_latency_us", non_negative, "routing delay, µs, at most 3600000000 (1 h) (default 0)"),
@@ -187,6 +187,7 @@ FLAGS: tuple[Flag, ...] = (
     # outputs
     F("--results-path", text, None, None, "write results JSON here (run: metrics + per-request rows; replay: SimResult array)", panel=OUTPUT),
     F("--trace-output", text, None, None, "export the workload as PREFIX.yaml + PREFIX.csv (TraceV2)", (RUN,), OUTPUT),
+    F("--trace-output-decisions", text, None, None, "write the decision trace to FILE as JSON Lines, one record per line (implies --trace-level decisions)", panel=OUTPUT),
     F("--streaming-metrics", boolean, "metrics.streaming", None, "very long runs: percentiles from DDSketch sketches (relative accuracy 0.01), requests dropped as they complete", panel=OUTPUT),
     F("--requests-out", text, None, None, "write one row per request to PATH (.jsonl or .parquet), streamed as requests complete under --streaming-metrics", panel=OUTPUT),
     F("--timeline", text, "output.timeline", None, "write a per-instance timeline to PATH (.csv or .parquet): running, waiting, KV blocks, preemptions, PD transfers in flight (docs/planning.md, Reports)", panel=OUTPUT),

@@ -375,8 +375,7 @@ def _run(plan, sim, tap, requests, horizon, sessions, workload_seed, progress, b
     report.total_kv_blocks = blocks[0] if len(set(blocks)) == 1 else blocks
     cap = sim.plan.global_deployment.kv_capacity
     report.kv_capacity = cap.to_dict() if cap is not None else None
-    if result.sessions is not None:
-        log.info("closed-loop sessions: %s", result.sessions)
+    report.sessions = result.sessions    # how the closed-loop sessions ended (tables, JSON)
     from blis_simpy.cli.capacity_cmd import run_header_line
     if not interrupted:
         tap.commit(report, batch)

@@ -42,7 +42,7 @@ from blis_simpy.metrics.report import report_dict, write_results
 from blis_simpy.metrics.summary import metrics_output, replay_results
 
 #: width of the table output when stdout is not a terminal (files, pipes)
-TABLE_WIDTH = 140
+TABLE_WIDTH = 160
 #: top-level keys a variant cannot override: they define the (shared) workload
 FIXED_KEYS = ("seed", "workload", "horizon_us", "plugins", "variants")
 
@@ -201,13 +201,13 @@ def comparison_row(vp: VariantPlan, out: runner.Outcome) -> dict:
     p50 = percentile_ms(sorted(r.cluster.ttft.values()), 50) if c["completed_requests"] else 0.0
     xfer = r.pd.transfer_duration.mean / 1000 if r.pd is not None and r.pd.transfer_duration.count else None
     return {"variant": vp.name, "deployment": deployment(vp.plan.scenario),
-            "instances": vp.plan.scenario.cluster.num_instances,
+            "instances": vp.plan.scenario.cluster.num_instances, "gpus": out.result.gpus,
             "completed": c["completed_requests"], "injected": c["injected_requests"],
             "throughput_rps": c["responses_per_sec"], "tokens_per_sec": c["tokens_per_sec"],
             "ttft_mean_ms": c["ttft_mean_ms"], "ttft_p50_ms": p50, "ttft_p99_ms": c["ttft_p99_ms"],
             "itl_mean_ms": c["itl_mean_ms"], "itl_p99_ms": c["itl_p99_ms"],
             "e2e_mean_ms": c["e2e_mean_ms"], "e2e_p99_ms": c["e2e_p99_ms"],
-            "transfer_mean_ms": xfer}
+            "transfer_mean_ms": xfer, "cache_hit_rate": r.kv_rates[1]}
 
 
 def render(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome], fmt: str) -> str | None:
@@ -249,16 +249,17 @@ def _tables(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome
             t.add_column(h, justify="left" if k < left else "right")
         return t
 
-    t = table("Variants (times in ms)", ("Variant", "Instances", "Done", "req/s", "tok/s", "TTFT\nmean",
-              "TTFT\np50", "TTFT\np99", "ITL\nmean", "ITL\np99", "E2E\nmean", "E2E\np99",
-              "KV xfer\nmean"), 2)
+    t = table("Variants (times in ms)", ("Variant", "Instances", "GPUs", "Done", "req/s", "tok/s",
+              "TTFT\nmean", "TTFT\np50", "TTFT\np99", "ITL\nmean", "ITL\np99", "E2E\nmean", "E2E\np99",
+              "KV xfer\nmean", "KV hit\nrate"), 2)
     for vp, o in zip(vps, outs, strict=True):
         r = comparison_row(vp, o)
-        t.add_row(vp.name, r["deployment"], f"{r['completed']:,}", f(r["throughput_rps"], 2),
+        t.add_row(vp.name, r["deployment"], f"{r['gpus']:,}", f"{r['completed']:,}", f(r["throughput_rps"], 2),
                   f(r["tokens_per_sec"], 0), f(r["ttft_mean_ms"]), f(r["ttft_p50_ms"]),
                   f(r["ttft_p99_ms"]), f(r["itl_mean_ms"], 2), f(r["itl_p99_ms"], 2),
                   f(r["e2e_mean_ms"]), f(r["e2e_p99_ms"]),
-                  "-" if r["transfer_mean_ms"] is None else f(r["transfer_mean_ms"]))
+                  "-" if r["transfer_mean_ms"] is None else f(r["transfer_mean_ms"]),
+                  f"{r['cache_hit_rate']:.1%}")
     console.print(t)
     t = table("Counters", ("Variant", "Injected", "Still\nqueued", "Still\nrunning", "Timed\nout",
               "Dropped", "Rejected", "Preemp-\ntions", "Peak KV\nblocks", "Duration\n(s)"), 1)
@@ -269,6 +270,15 @@ def _tables(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome
                   f"{a.rejected_requests_admission + a.rejected_requests_routing:,}",
                   f"{c.preemption_count:,}", f"{c.peak_kv_blocks:,}", f(c.sim_ended_time / 1e6, 3))
     console.print(t)
+    if any(o.report.sessions is not None for o in outs):
+        t = table("Closed-loop sessions", ("Variant", "Sessions", "Completed", "Cancelled", "Cut by\nhorizon",
+                  "Follow-up\nrequests"), 1)
+        for vp, o in zip(vps, outs, strict=True):
+            s = o.report.sessions
+            if s is not None:
+                t.add_row(vp.name, f"{s.sessions:,}", f"{s.completed:,}", f"{s.cancelled:,}",
+                          f"{s.horizon_interrupted + s.in_flight_at_horizon:,}", f"{s.followups:,}")
+        console.print(t)
     for vp, o in zip(vps, outs, strict=True):
         if o.report.pd is not None:
             console.print(pd_table(o.report.pd, title=f"Prefill/decode disaggregation: {vp.name}"))
@@ -295,6 +305,10 @@ def simulate(base: runner.Plan, given: dict[str, str], fmt: str,
     if base.given.get("--trace-output"):
         raise ConfigError("not supported with scenario variants (each variant would export its "
                           "own timings); drop the variants or the flag", field="--trace-output")
+    if base.given.get("--trace-output-decisions"):
+        raise ConfigError("not supported with scenario variants (each variant has its own "
+                          "decision trace); drop the variants or the flag",
+                          field="--trace-output-decisions")
     if base.scenario.output.timeline:
         raise base.attribute(ConfigError("not supported with scenario variants (each variant "
                                          "has its own timeline); drop the variants or the flag",

@@ -208,12 +208,12 @@ class Simulation:
         self.admission = build_admission(scenario)
         self.router = build_router(scenario, self.rng, dep.block_size)
         tr = scenario.trace
-        self.trace = DecisionTrace(tr.counterfactual_k) if tr.level == "decisions" else None
+        # the summary implies the trace (docs/metrics.md, "Decision trace")
+        self.trace = (DecisionTrace(tr.counterfactual_k) if tr.level == "decisions" or tr.summarize
+                      else None)
         if self.trace is None and tr.counterfactual_k > 0:
             log.warning("counterfactual k = %d has no effect without trace level decisions",
                         tr.counterfactual_k)
-        if self.trace is None and tr.summarize:
-            log.warning("summarize trace has no effect without trace level decisions")
         common = dict(admission_latency_us=cl.admission_latency_us,
                       routing_latency_us=cl.routing_latency_us,
                       snapshot_refresh_interval_us=cl.snapshot_refresh_interval_us,

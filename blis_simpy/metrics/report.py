@@ -39,6 +39,9 @@ Renderers:
       "kv_capacity": {KVCapacity pieces} | null     # the auto-sized capacity of the deployment
     }
 
+With closed-loop sessions one more key follows: ``"sessions": {"total", "completed",
+"cancelled_timeout", "cancelled_dropped", "cancelled_rejected", "horizon_interrupted",
+"in_flight_at_horizon", "followup_requests"}`` (how the sessions ended; absent without sessions).
 With ``--streaming-metrics`` one more key follows: ``"streaming_metrics": {"relative_accuracy":
 0.01, "note": "..."}`` (the percentiles are DDSketch estimates, docs/metrics.md).
 
@@ -150,6 +153,9 @@ class TraceSummary:
     disaggregated_count: int = 0
     kv_transfer_count: int = 0
     mean_transfer_duration: float = 0.0
+    #: PD: the instances the prefill and decode pools' routing chose ({"prefill": {instance:
+    #: n}, "decode": {...}}); BLIS's text counts standard routing only (``unique_targets``)
+    pool_target_distribution: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -233,6 +239,9 @@ class Report:
     #: (None: not computed); see :func:`planning_part`
     slo: SLOReport | None = None
     deployment: DeploymentCost | None = None
+    #: how the closed-loop sessions ended (:class:`~blis_simpy.workload.sessions.SessionCounters`;
+    #: None without sessions); see :func:`sessions_part`
+    sessions: object | None = None
 
     def __post_init__(self) -> None:
         self.instances = list(self.instances)
@@ -293,7 +302,19 @@ def report_dict(report: Report) -> dict:
                           if report.trace_summary is not None else None),
         "total_kv_blocks": report.total_kv_blocks,
         "kv_capacity": report.kv_capacity,
-    } | _streaming_part(report) | planning_part(report)
+    } | sessions_part(report) | _streaming_part(report) | planning_part(report)
+
+
+def sessions_part(report: Report) -> dict:
+    """``"sessions"`` when the run had closed-loop sessions (absent otherwise)."""
+    s = report.sessions
+    if s is None:
+        return {}
+    return {"sessions": {"total": s.sessions, "completed": s.completed,
+                         "cancelled_timeout": s.cancelled_timeout, "cancelled_dropped": s.cancelled_dropped,
+                         "cancelled_rejected": s.cancelled_rejected,
+                         "horizon_interrupted": s.horizon_interrupted,
+                         "in_flight_at_horizon": s.in_flight_at_horizon, "followup_requests": s.followups}}
 
 
 def _streaming_part(report: Report) -> dict:

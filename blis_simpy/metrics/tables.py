@@ -6,7 +6,7 @@ from blis_simpy.metrics.report import PDMetrics, Report, is_idle_ratio
 from blis_simpy.metrics.slo import SLOReport
 from blis_simpy.metrics.summary import metrics_output
 
-__all__ = ["pd_table", "render_tables", "slo_tables"]
+__all__ = ["pd_table", "render_tables", "sessions_table", "slo_tables"]
 
 
 def _f(x: float, nd: int = 2) -> str:
@@ -114,11 +114,20 @@ def render_tables(report: Report, console) -> None:
         t.add_column("Value", justify="right")
         t.add_row("Decisions (admitted / rejected)",
                   f"{ts.total_decisions:,} ({ts.admitted_count:,} / {ts.rejected_count:,})")
-        t.add_row("Unique targets", f"{ts.unique_targets:,}")
+        pools = ts.pool_target_distribution      # PD: the pools' routing, apart
+        targets = set(ts.target_distribution).union(*pools.values())
+        t.add_row("Unique targets", f"{len(targets):,}")
         for k in sorted(ts.target_distribution):
             t.add_row(f"  {k}", f"{ts.target_distribution[k]:,}")
+        for pool, dist in pools.items():
+            t.add_row(f"{pool.capitalize()} pool targets", f"{len(dist):,}")
+            for k in sorted(dist):
+                t.add_row(f"  {k}", f"{dist[k]:,}")
         t.add_row("Mean / max regret", f"{ts.mean_regret:.6f} / {ts.max_regret:.6f}")
         console.print(t)
+
+    if report.sessions is not None:
+        console.print(sessions_table(report.sessions))
 
     if report.fitness is not None:
         t = Table(title="Fitness", title_justify="left")
@@ -132,6 +141,23 @@ def render_tables(report: Report, console) -> None:
     if report.cluster.streaming is not None:     # --streaming-metrics
         from blis_simpy.metrics.streaming import accuracy_note
         console.print(accuracy_note(), highlight=False, soft_wrap=True)
+
+
+def sessions_table(s, title: str = "Closed-loop sessions"):
+    """How the sessions ended (:class:`~blis_simpy.workload.sessions.SessionCounters`)."""
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    t.add_column("Sessions")
+    t.add_column("n", justify="right")
+    for label, v in (("Total", s.sessions), ("Completed", s.completed),
+                     ("Cancelled (timeout)", s.cancelled_timeout), ("Cancelled (dropped)", s.cancelled_dropped),
+                     ("Cancelled (rejected)", s.cancelled_rejected),
+                     ("Cut by the horizon (next round)", s.horizon_interrupted),
+                     ("Cut by the horizon (round in flight)", s.in_flight_at_horizon),
+                     ("Follow-up requests", s.followups)):
+        t.add_row(label, f"{v:,}")
+    return t
 
 
 def _pct(x: float | None) -> str:

@@ -10,7 +10,8 @@ from blis_simpy.trace.records import TraceRecords
 
 
 def summarize(records: TraceRecords) -> TraceSummary:
-    """Counts, target distribution and regret over the standard routing records.
+    """Counts, target distribution and regret over the standard routing records; the PD
+    pools' routing targets apart (``pool_target_distribution``).
 
     ``total_decisions`` = admission records; mean/max regret over standard routing records
     (0 when there are none); PD fields from the disaggregation and KV-transfer records.
@@ -24,6 +25,9 @@ def summarize(records: TraceRecords) -> TraceSummary:
         if r.regret > max_regret:
             max_regret = r.regret
     n = len(records.routings)
+    pools = {pool: Counter(r.chosen_instance for r in recs)
+             for pool, recs in (("prefill", records.prefill_routings), ("decode", records.decode_routings))
+             if recs}
     transfers = records.kv_transfers
     dur = 0.0
     for t in transfers:
@@ -40,4 +44,5 @@ def summarize(records: TraceRecords) -> TraceSummary:
         disaggregated_count=sum(1 for r in records.disaggregations if r.disaggregate),
         kv_transfer_count=len(transfers),
         mean_transfer_duration=dur / len(transfers) if transfers else 0.0,
+        pool_target_distribution={pool: {k: c[k] for k in sorted(c)} for pool, c in pools.items()},
     )
