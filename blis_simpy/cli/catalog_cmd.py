@@ -58,10 +58,12 @@ def gpus_data(cat: GPUCatalog) -> dict:
     return out
 
 
-def models_data(cat: ModelCatalog, coeffs: CoefficientCatalog) -> dict:
+def models_data(cat: ModelCatalog, coeffs: CoefficientCatalog, model: str | None = None) -> dict:
     from blis_simpy.catalog.hfconfig import derive_max_model_len
     out = {}
     for name, e in cat.entries.items():
+        if model is not None and name != model:
+            continue
         c = asdict(e.config)
         c.pop("name")
         c.pop("moe_count_missing")
@@ -79,6 +81,16 @@ def coefficients_data(cat: CoefficientCatalog, model: str | None = None) -> dict
              (("crossmodel", cat.crossmodel), ("trained_roofline", cat.trained_roofline))}
     defaults = {m: asdict(d) for m, d in cat.defaults.items() if model is None or m == model}
     return {"defaults": defaults, "blackbox": rows, **gsets}
+
+
+def coefficient_coverage(cat: CoefficientCatalog) -> list[str]:
+    """``model: GPU, GPU`` for every model with blackbox coefficient rows (catalog order)."""
+    out = []
+    for m, rs in cat.blackbox.items():
+        gpus = sorted({r.gpu for r in rs})
+        if gpus:
+            out.append(f"{m}: {', '.join(gpus)}")
+    return out
 
 
 # ---------------------------------------------------------------------------- tables
@@ -113,11 +125,17 @@ def print_tables(what: What, gpus: GPUCatalog, models: ModelCatalog, coeffs: Coe
             con.print(f"  {name}: {e.spec.source}", highlight=False)
     if what in (What.all, What.models):
         from blis_simpy.catalog.hfconfig import derive_max_model_len
-        t = Table(title=f"Models ({len(models.entries)}) — --model ID (offline shapes)")
+        shown = {n: e for n, e in models.entries.items() if model is None or n == model}
+        if model is not None and not shown:
+            con.print(f"{model} is not in the model catalog ({len(models.entries)} models: "
+                      "`blis-simpy catalog models`); --model-config-folder reads any HuggingFace "
+                      "config.json", highlight=False)
+        t = Table(title=f"Models ({len(shown)}{'' if model is None else f' of {len(models.entries)}'})"
+                        " — --model ID (offline shapes)")
         for col in ("model", "layers", "hidden", "heads/kv", "head dim", "FFN", "experts", "dtype / weights",
                     "max len", "default GPU/TP/vLLM"):
             t.add_column(col, overflow="fold", no_wrap=col == "model")
-        for name, e in models.entries.items():
+        for name, e in shown.items():
             c = e.config
             experts = (f"{c.num_local_experts} top-{c.num_experts_per_tok}" if c.is_moe else "-")
             if c.is_moe and c.num_moe_layers != c.num_layers:
@@ -132,7 +150,8 @@ def print_tables(what: What, gpus: GPUCatalog, models: ModelCatalog, coeffs: Coe
             d = coeffs.deployment_defaults(name)
             t.add_row(name, str(c.num_layers), str(c.hidden_size), f"{c.num_heads}/{c.num_kv_heads}", head, ffn,
                       experts, w, str(derive_max_model_len(c)), f"{d.gpu} / {d.tp} / {d.vllm}" if d else "-")
-        con.print(t)
+        if shown:
+            con.print(t)
     if what in (What.all, What.coefficients):
         rows = [r for m, rs in coeffs.blackbox.items() for r in rs if model is None or m == model]
         t = Table(title=f"Blackbox coefficients ({len(rows)} rows; first match of model, GPU, TP, vLLM wins)")
@@ -140,7 +159,15 @@ def print_tables(what: What, gpus: GPUCatalog, models: ModelCatalog, coeffs: Coe
             t.add_column(col, overflow="fold")
         for r in rows:
             t.add_row(r.model, r.gpu, str(r.tp), r.vllm, str(r.kv_blocks), _coeffs(r.alpha), _coeffs(r.beta))
-        con.print(t)
+        if rows or model is None:
+            con.print(t)
+        else:           # say where coefficients are, rather than an empty table
+            con.print(f"No blackbox coefficients for {model}. Models and GPUs that have them:",
+                      highlight=False)
+            for line in coefficient_coverage(coeffs):
+                con.print(f"  {line}", highlight=False)
+            con.print("Without them: --latency-model physics (the default), roofline or "
+                      "trained-physics need only the model's shape and the GPU.", highlight=False)
         t = Table(title="Global coefficient sets (crossmodel, trained-roofline)")
         for col in ("backend", "alpha", "beta"):
             t.add_column(col, overflow="fold")
@@ -157,7 +184,8 @@ def register(app: typer.Typer) -> None:
         what: What = typer.Argument(What.all, help="which catalog to list"),
         fmt: CatalogFormat = typer.Option(CatalogFormat.table, "--format", case_sensitive=False,
                                           help="rich tables or one JSON document"),
-        model: str = typer.Option(None, "--model", help="only this model's coefficient rows and defaults"),
+        model: str = typer.Option(None, "--model", help="only this model: its shape, coefficient rows "
+                                  "and defaults (the GPU list stays whole)"),
         hardware_config: str = typer.Option("", "--hardware-config", metavar="FILE",
                                             help="BLIS hardware_config.json to add"),
         defaults_filepath: str = typer.Option("", "--defaults-filepath", metavar="FILE",
@@ -206,7 +234,7 @@ def register(app: typer.Typer) -> None:
             if what in (What.all, What.gpus):
                 doc["gpus"] = gpus_data(gpus)
             if what in (What.all, What.models):
-                doc["models"] = models_data(models, coeffs)
+                doc["models"] = models_data(models, coeffs, model)
             if what in (What.all, What.coefficients):
                 doc["coefficients"] = coefficients_data(coeffs, model)
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")

@@ -150,3 +150,32 @@ def test_catalog_models_show_head_dim(cli, offline):
     mav = doc["meta-llama/llama-4-maverick-17b-128e-instruct-fp8"]
     assert (mav["interleave_moe_layer_step"], mav["dense_intermediate_size"], mav["num_moe_layers"]) == (2, 16384, 24)
     assert doc["deepseek-ai/deepseek-v3"]["kv_lora_rank"] == 512
+
+
+def test_catalog_model_filter_applies_to_the_models_too(cli, offline):
+    doc = json.loads(_ok(cli("catalog", "--model", "Qwen/Qwen3-14B", "--format", "json")).stdout)
+    assert list(doc["models"]) == ["qwen/qwen3-14b"]
+    assert {r["model"] for r in doc["coefficients"]["blackbox"]} == {"qwen/qwen3-14b"}
+    assert len(doc["gpus"]) == len(builtin_gpus().entries)       # GPUs are not per model
+    out = _ok(cli("catalog", "models", "--model", "qwen/qwen3-14b")).stdout
+    assert "Models (1 of " in out and "qwen/qwen3-32b" not in out
+
+
+def test_catalog_unknown_model_says_so(cli, offline):
+    out = _ok(cli("catalog", "models", "--model", "nope/x")).stdout
+    assert out.startswith("nope/x is not in the model catalog (")
+    assert "Models (" not in out                                    # no empty table
+
+
+def test_catalog_coefficients_without_rows_name_where_they_are(cli):
+    from blis_simpy.catalog.coefficients import builtin_coefficients
+    cat = builtin_coefficients()
+    assert "meta-llama/llama-3.1-70b" not in cat.blackbox            # the case: a catalog model, no rows
+    out = _ok(cli("catalog", "coefficients", "--model", "meta-llama/llama-3.1-70b")).stdout
+    lines = out.splitlines()
+    assert lines[0] == "No blackbox coefficients for meta-llama/llama-3.1-70b. Models and GPUs that have them:"
+    listed = [ln.strip() for ln in lines[1:1 + len(cat.blackbox)]]
+    assert "qwen/qwen3-14b: H100" in listed
+    assert "meta-llama/llama-3.1-8b-instruct: A100-80, H100" in listed
+    assert {ln.split(":")[0] for ln in listed} == set(cat.blackbox)
+    assert "Blackbox coefficients (0 rows" not in out
