@@ -64,6 +64,15 @@ def check_step_cap(model: LatencyModel, step_limits: tuple[int, int] | None) -> 
     return model
 
 
+def check_heads_split(model_cfg, tp: int, *, field: str = "tp") -> None:
+    """vLLM's topology rule: TP must divide the model's attention heads (a TP of 128 on a
+    40-head model is no deployment); a :class:`ConfigError` on ``field`` otherwise."""
+    heads = getattr(model_cfg, "num_heads", 0) or 0
+    if heads > 0 and tp > 0 and heads % tp:
+        raise ConfigError(f"{model_cfg.name or 'the model'} has {heads} attention heads: TP {tp} does "
+                          "not divide them (vLLM needs it to)", field=field)
+
+
 def build_backend(backend: str, model_cfg, gpu, tp, alpha, beta, compat: str,
                   extra: dict | None = None, params=None) -> LatencyModel:
     """Build one latency model; ``extra`` (:func:`backend_options`) goes to ``physics`` and
@@ -87,6 +96,8 @@ def _build(backend: str, model_cfg, gpu, tp, alpha, beta, compat: str, extra: di
             raise
         except Exception as exc:
             raise build_failure(cls, exc, field="latency.model") from None
+    if backend in ANALYTICAL:
+        check_heads_split(model_cfg, int(tp or 0))
     try:
         if backend == "blackbox":
             return cls(alpha, beta)

@@ -2,16 +2,21 @@
 
 KV blocks (of ``engine.block_size`` tokens each): explicit > catalog row > auto-calculation
 (analytical backends, or blackbox with a model config) by ``engine.kv_capacity_model`` >
-:data:`DEFAULT_TOTAL_KV_BLOCKS`. MaxModelLen (tokens): explicit, else derived from the model
-config (analytical backends), then capped to what the KV blocks hold, with a warning.
+:data:`DEFAULT_TOTAL_KV_BLOCKS`. A deployment the auto-calculation refuses (the model does
+not fit: the error says by how many GiB; a TP that does not divide the attention heads; more
+than :data:`~blis_simpy.config.scenario.MAX_KV_BLOCKS` blocks) is a :class:`ConfigError`
+under both capacity models: there is no silent fallback. MaxModelLen (tokens): explicit,
+else derived from the model config (analytical backends), then capped to what the KV blocks
+hold, with a warning.
 """
 
 from __future__ import annotations
 
-from blis_simpy.build.backends import is_analytical
+from blis_simpy.build.backends import check_heads_split, is_analytical
 from blis_simpy.build.resolution import Resolution
 from blis_simpy.catalog.hfconfig import cap_max_model_len, derive_max_model_len
 from blis_simpy.catalog.types import GPUSpec, ModelConfig
+from blis_simpy.config.scenario import MAX_KV_BLOCKS
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.capacity import KVCapacityError
 from blis_simpy.kv.sizing import kv_capacity
@@ -36,12 +41,7 @@ def resolve_kv_blocks(r: Resolution, cat, backend, hw, tp, vllm, model_cfg, gpu)
     if model_cfg is None and not is_analytical(backend) and gpu is not None and tp > 0 and s.model:
         model_cfg = r.model_config(s.model)[0]      # blackbox: only a config available offline
     if model_cfg is not None and gpu is not None and tp > 0:
-        cap = auto_kv_capacity(r, model_cfg, gpu, tp, field="hardware",
-                               fallback=f"using the default {DEFAULT_TOTAL_KV_BLOCKS} blocks")
-        if cap is not None:
-            return cap.blocks
-        r.kv_source = "default"
-        return DEFAULT_TOTAL_KV_BLOCKS
+        return auto_kv_capacity(r, model_cfg, gpu, tp, field="hardware").blocks
     r.kv_source = "default"
     if is_analytical(backend):
         r.warn(f"no KV capacity could be resolved; using the default {DEFAULT_TOTAL_KV_BLOCKS} blocks")
@@ -51,13 +51,15 @@ def resolve_kv_blocks(r: Resolution, cat, backend, hw, tp, vllm, model_cfg, gpu)
 
 
 def auto_kv_capacity(r: Resolution, model_cfg: ModelConfig, gpu: GPUSpec, tp: int, *,
-                     field: str, fallback: str, what: str = "") -> KVCapacity | None:
+                     field: str, what: str = "") -> KVCapacity:
     """KV blocks of ``r.s`` auto-calculated by ``engine.kv_capacity_model`` (noted, and kept in
-    ``r.kv_capacity``). ``vllm``: a model that does not fit is a :class:`ConfigError` on
-    ``field`` (one line with the GiB shortfall). ``blis``: a failure is warned (``what`` names
-    the deployment, ``fallback`` says what happens instead) and gives None."""
+    ``r.kv_capacity``). A deployment it refuses is a :class:`ConfigError` on ``field``, one
+    line, under either model: a model that does not fit (by how many GiB), a TP that does not
+    divide the attention heads (vLLM's rule), more than ``MAX_KV_BLOCKS`` blocks. ``what``
+    names the deployment (a pool)."""
     s, eng = r.s, r.s.engine
     name = eng.kv_capacity_model
+    check_heads_split(model_cfg, tp, field=field.rsplit(".", 1)[0] + ".tp" if "." in field else "tp")
     try:
         cap = kv_capacity(name, model_cfg, gpu, tp=tp, dp=s.dp, expert_parallel=s.enable_expert_parallel,
                           block_size=eng.block_size, gpu_memory_utilization=eng.gpu_memory_utilization,
@@ -65,10 +67,12 @@ def auto_kv_capacity(r: Resolution, model_cfg: ModelConfig, gpu: GPUSpec, tp: in
                           max_num_seqs=eng.max_num_running_reqs,
                           kv_cache_dtype=eng.kv_cache_dtype)
     except KVCapacityError as exc:
-        if name == "vllm":
-            raise ConfigError(f"KV capacity: {exc}", field=field) from None
-        r.warn(f"KV capacity auto-calculation{what} failed ({exc}); {fallback}")
-        return None
+        problem = str(exc) if name == "vllm" else f"{s.model} on {tp} x {gpu.name}: {exc}"
+        raise ConfigError(f"KV capacity{what}: {problem}", field=field) from None
+    if cap.blocks > MAX_KV_BLOCKS:
+        raise ConfigError(f"KV capacity{what}: {cap.blocks} blocks auto-calculated for {tp} x {gpu.name}, "
+                          f"more than the {MAX_KV_BLOCKS} a run can hold; set engine.total_kv_blocks "
+                          "(or a larger block size)", field=field)
     if name == "blis":
         r.note(f"total_kv_blocks {cap.blocks}: auto-calculated for {tp} x {gpu.name}, gpu memory "
                f"utilization {eng.gpu_memory_utilization}, block size {eng.block_size}")

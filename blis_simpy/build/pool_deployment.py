@@ -36,8 +36,8 @@ def resolve_pool_deployment(s: Scenario, glob: Deployment, ov: PoolOverrides, ro
     backends whose TP or GPU differs from the global one — the auto-calculation by the
     scenario's ``engine.kv_capacity_model`` with the pool's TP and GPU; the pool's MaxModelLen
     (if not given) is then lowered to ``pool_blocks × block_size`` when that is below the global
-    one. ``vllm``: a model that does not fit the pool is a ConfigError; ``blis`` (kv-capacity.md): a
-    failed auto-calculation is a warning and the pool keeps the global KV blocks and MaxModelLen.
+    one. A model that does not fit the pool is a ConfigError on the pool's key, under both
+    capacity models (kv-capacity.md).
     """
     given = {k: getattr(ov, k) for k in OVERRIDE_FIELDS if getattr(ov, k) is not None}
     if not given:
@@ -105,13 +105,8 @@ def resolve_pool_deployment(s: Scenario, glob: Deployment, ov: PoolOverrides, ro
         total, kv_cap, kv_source = ov.total_kv_blocks, None, "explicit"
     elif analytical and changed:
         cap = auto_kv_capacity(r, model_cfg, gpu, tp, field=f"{key}.{'hardware' if ov.hardware else 'tp'}",
-                               what=f" for {tp} x {gpu.name}",
-                               fallback=f"the pool keeps the global {glob.total_kv_blocks} KV blocks and "
-                                        f"max_model_len {glob.max_model_len}")
-        if cap is not None:
-            total, kv_cap, kv_source = cap.blocks, cap, r.kv_source
-        else:
-            total, max_len = glob.total_kv_blocks, glob.max_model_len
+                               what=f" for {tp} x {gpu.name}")
+        total, kv_cap, kv_source = cap.blocks, cap, r.kv_source
     bs = eng.block_size
     if ov.max_model_len is not None:
         max_len = ov.max_model_len

@@ -17,8 +17,9 @@ from the offline catalogs (:mod:`blis_simpy.catalog`). :func:`resolve` applies B
    catalog + ``hardware_config`` (BLIS JSON) + the scenario's ``gpus:``;
 5. KV blocks: explicit > catalog row > auto-calculation (analytical backends, or blackbox
    with a model config) by ``engine.kv_capacity_model``: ``vllm`` (default, per GPU as vLLM
-   profiles it; a model that does not fit is an error) or ``blis`` (BLIS's formula; a failure
-   is a warning and falls back) > 1,000,000. ``Deployment.kv_capacity`` keeps the pieces;
+   profiles it) or ``blis`` (BLIS's formula); under both a model that does not fit is an
+   error (BLIS's blis fallback to 1,000,000 blocks is not kept) > 1,000,000.
+   ``Deployment.kv_capacity`` keeps the pieces;
 6. MaxModelLen: explicit, else derived from the model config (analytical backends), then
    capped to the KV capacity with a warning;
 7. KV store: a CPU tier (``TieredKVCache``) when ``engine.kv_cpu_blocks > 0``.

@@ -120,9 +120,10 @@ def kv_capacity_blocks(model: ModelConfig, gpu: GPUSpec, tp: int, block_size: in
     overhead = weights_gib + activation_gib + non_torch_gib
     if overhead >= avail_gib:
         raise KVCapacityError(
-            f"the model does not fit: weights {weights_gib:.2f} GiB + activations {activation_gib} GiB + "
-            f"non-torch {non_torch_gib:.2f} GiB >= {avail_gib:.2f} GiB usable on {tp} x {gpu.name} "
-            f"(gpu memory utilization {gpu_memory_utilization})")
+            f"the model does not fit: short by {overhead - avail_gib:.2f} GiB (weights "
+            f"{weights_gib:.2f} GiB + activations {activation_gib} GiB + non-torch {non_torch_gib:.2f} "
+            f"GiB = {overhead:.2f} GiB needed >= {avail_gib:.2f} GiB usable on {tp} x {gpu.name}, gpu "
+            f"memory utilization {gpu_memory_utilization}), with no room left for KV blocks")
     blocks = int((avail_gib - overhead) * float(GIB)) // bb
     if blocks <= 0:
         raise KVCapacityError(f"no room for a single KV block ({avail_gib - overhead:.3f} GiB free)")

@@ -343,3 +343,28 @@ def test_step_cap_in_a_scenario_names_the_line(cli, tmp_path):
     sc.write_text(SMALL_SCENARIO.replace("beta_coeffs: [6472.007648778123,", "beta_coeffs: [1.0e+17,"))
     got = _located(_assert_one_line_error(cli("run", "--scenario", sc)))
     assert (got["line"], got["field"]) == ("6", "latency.beta_coeffs")
+
+
+# ---------------------------------------------------------------------------- impossible deployments
+# A model that does not fit its GPUs, or a TP that cannot split its attention heads, is refused
+# (exit 2, one line saying by how much) under both KV capacity models; BLIS's formula once
+# warned and ran with 1,000,000 KV blocks (docs/kv-capacity.md).
+DEPLOYMENT_CASES = [
+    (["--model", "deepseek-ai/deepseek-v3", "--tp", "8", "--kv-capacity-model", "blis"], "--hardware",
+     "KV capacity: deepseek-ai/deepseek-v3 on 8 x H100: the model does not fit: short by 93.31 GiB"),
+    (["--model", "deepseek-ai/deepseek-v3", "--tp", "8", "--kv-capacity-model", "vllm"], "--hardware",
+     "KV capacity: deepseek-ai/deepseek-v3 does not fit on H100 at TP 8: short by 8.54 GiB per GPU"),
+    (["--model", "qwen/qwen3-14b", "--tp", "128", "--kv-capacity-model", "blis"], "--tp",
+     "qwen/qwen3-14b has 40 attention heads: TP 128 does not divide them"),
+    (["--model", "qwen/qwen3-14b", "--tp", "16", "--total-kv-blocks", "1000"], "--tp",
+     "qwen/qwen3-14b has 40 attention heads: TP 16 does not divide them"),
+]
+
+
+@pytest.mark.parametrize("backend", ["roofline", "physics"])
+@pytest.mark.parametrize("args, flag, words", DEPLOYMENT_CASES, ids=lambda v: " ".join(v)[:60] if isinstance(v, list) else None)
+def test_an_impossible_deployment_is_refused(cli, tmp_path, backend, args, flag, words):
+    out = tmp_path / "r.json"
+    line = _assert_one_line_error(cli("run", "--latency-model", backend, "--hardware", "H100",
+                                      "--num-requests", "1", "--results-path", out, *args), out)
+    assert line.startswith(f"error: {flag}: {words}"), line

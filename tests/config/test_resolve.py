@@ -78,20 +78,23 @@ def test_kv_blocks_auto_calculated_without_a_catalog_row_b18b():
     assert 0 < half.total_kv_blocks < 15_909
 
 
-def test_kv_auto_calculation_failure_falls_back_with_a_warning(caplog):
-    s = sc(model="meta-llama/llama-3.1-70b", hardware="H100", tp=1, engine=BLIS_KV)   # 131 GiB on 80
-    with caplog.at_level(logging.WARNING, logger="blis_simpy"):
-        d = resolve(s)
-    assert d.total_kv_blocks == DEFAULT_TOTAL_KV_BLOCKS
-    assert any("does not fit" in w for w in d.warnings)
-    assert any("does not fit" in r.getMessage() for r in caplog.records)
+def test_a_model_that_does_not_fit_is_refused_by_how_much_under_blis_too():
+    # BLIS's formula: 131.56 GiB of weights + 5.5 activations + 0.15 non-torch on 80 x 0.9 = 72 GiB;
+    # the run once fell back to 1,000,000 blocks with a warning
+    s = sc(model="meta-llama/llama-3.1-70b", hardware="H100", tp=1, engine=BLIS_KV)
+    with pytest.raises(ConfigError) as e:
+        resolve(s, quiet=True)
+    assert e.value.field == "hardware"
+    assert e.value.problem.startswith("KV capacity: meta-llama/llama-3.1-70b on 1 x H100: the model does "
+                                      "not fit: short by ")
+    assert "GiB needed >= 72.00 GiB usable on 1 x H100" in e.value.problem
 
 
 def test_quiet_resolution_logs_nothing(caplog):
-    s = sc(model="meta-llama/llama-3.1-70b", hardware="H100", tp=1, engine=BLIS_KV)
+    s = sc(model="qwen/qwen3-14b", hardware="A100-SXM", tp=1, engine=BLIS_KV)
     with caplog.at_level(logging.DEBUG, logger="blis_simpy"):
         d = resolve(s, quiet=True)
-    assert d.warnings and not caplog.records
+    assert d.notes and not caplog.records
 
 
 def test_blackbox_auto_sizes_kv_only_with_a_model_config():

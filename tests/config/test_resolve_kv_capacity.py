@@ -57,12 +57,31 @@ def test_a_model_that_does_not_fit_is_a_config_error_not_a_fallback():
     assert "short by 111.42 GiB per GPU" in e.value.problem and "\n" not in str(e.value)
 
 
-def test_blis_keeps_its_formula_and_its_fallback():
+def test_blis_keeps_its_formula_but_not_its_fallback():
     d = resolve(sc(model="qwen/qwen3-14b", hardware="A100-SXM", engine={"kv_capacity_model": "blis"}),
                 quiet=True)
     assert d.total_kv_blocks == 15_909 and d.kv_source == "blis" and d.kv_capacity.capacity_model == "blis"
-    d = resolve(sc(model="meta-llama/llama-3.1-70b", engine={"kv_capacity_model": "blis"}), quiet=True)
-    assert d.total_kv_blocks == 1_000_000 and d.kv_capacity is None and d.kv_source == "default"
+    # a model that does not fit is refused (BLIS falls back to 1,000,000 blocks and runs anyway)
+    with pytest.raises(ConfigError, match="the model does not fit: short by"):
+        resolve(sc(model="meta-llama/llama-3.1-70b", engine={"kv_capacity_model": "blis"}), quiet=True)
+
+
+@pytest.mark.parametrize("capacity_model", ["vllm", "blis"])
+def test_a_tp_that_does_not_divide_the_heads_is_refused(capacity_model):
+    # Qwen3-14B has 40 attention heads; TP 16 was accepted by BLIS's formula (8 KV heads < 16)
+    with pytest.raises(ConfigError) as e:
+        resolve(sc(model="qwen/qwen3-14b", hardware="H100", tp=16,
+                   engine={"kv_capacity_model": capacity_model}), quiet=True)
+    assert e.value.field == "tp"
+    assert e.value.problem == "qwen/qwen3-14b has 40 attention heads: TP 16 does not divide them (vLLM needs it to)"
+
+
+def test_an_auto_capacity_past_the_block_cap_is_refused():
+    # TP 40 x 80 GiB at one token a block: 740,030,389 blocks, over MAX_KV_BLOCKS (100,000,000)
+    with pytest.raises(ConfigError, match="740030389 blocks auto-calculated for 40 x H100, more than the "
+                                          "100000000 a run can hold"):
+        resolve(sc(model="qwen/qwen3-14b", hardware="H100", tp=40,
+                   engine={"kv_capacity_model": "blis", "block_size": 1}), quiet=True)
 
 
 def test_explicit_blocks_and_catalog_rows_still_win():

@@ -187,16 +187,15 @@ def test_given_pool_max_model_len_is_kept_unless_the_analytical_pool_kv_cannot_h
     assert any("capped to 1600" in w for w in plan.warnings)
 
 
-def test_failed_pool_kv_auto_calculation_warns_and_keeps_the_global_values(logs):
+def test_a_pool_whose_model_does_not_fit_is_refused_on_its_key():
+    # BLIS's formula once warned and kept the global 17,600 blocks for the pool
     gpus = {"TINY": {"tflops_peak": 100, "bw_peak_tbs": 1, "mfu_prefill": 0.5, "mfu_decode": 0.3,
                      "memory_gib": 8}}
-    plan = resolve_pools(sc(pools({"prefill_pool": {"hardware": "TINY"}}), gpus=gpus, engine=BLIS_KV))
-    pf = plan.deployments["prefill"]
-    assert (pf.total_kv_blocks, pf.max_model_len) == (17_600, 40_960)
-    assert pf.new_latency_model().gpu.name == "TINY"
-    assert any(w.startswith("prefill pool: KV capacity auto-calculation") and "does not fit" in w
-               for w in plan.warnings)
-    assert warned(logs, "does not fit")
+    with pytest.raises(ConfigError) as e:
+        resolve_pools(sc(pools({"prefill_pool": {"hardware": "TINY"}}), gpus=gpus, engine=BLIS_KV))
+    assert e.value.field == "disaggregation.prefill_pool.hardware"
+    assert e.value.problem.startswith("KV capacity for 1 x TINY: qwen/qwen3-14b on 1 x TINY: the model "
+                                      "does not fit: short by ")
 
 
 def test_unknown_pool_gpu_is_an_error_naming_the_pool_key():
