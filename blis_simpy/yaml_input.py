@@ -12,7 +12,7 @@ safe loader) refuses, while composing and before anything is built from the docu
   alias counts the nodes of what it names, its own aliases expanded), and an alias to an
   enclosing node;
 * a mapping key that YAML reads as a boolean or null (``yes:``, ``on:``, ``~:``): no key
-  of ours is one, and quoted (``'yes':``) it is the string.
+  of ours is one, and quoted (``'yes':``) it is the string (reported as the key's field).
 
 Each refusal, and every syntax error, is one :class:`~blis_simpy.errors.ConfigError`
 naming the file and line (``error: FILE:LINE: problem``; the CLI exits 2).
@@ -82,17 +82,21 @@ class CappedLoader(yaml.SafeLoader):
         for key, _ in node.value:
             if isinstance(key, yaml.ScalarNode) and key.tag in (_BOOL, _NULL) and not key.style:
                 what = "a boolean" if key.tag == _BOOL else "null"
-                raise _refuse(f"key {key.value!r} reads as {what} in YAML; quote it "
-                              f"('{key.value}') to mean the text", key)
+                raise _refuse(f"reads as {what} in YAML; quote it ('{key.value}') to mean the text",
+                              key, field=key.value)
         return node
 
 
 class _Refused(yaml.MarkedYAMLError):
     """A cap of this module was hit (located by the event or node that hit it)."""
 
+    field: str | None = None
 
-def _refuse(problem: str, at) -> _Refused:
-    return _Refused(problem=problem, problem_mark=at.start_mark)
+
+def _refuse(problem: str, at, field: str | None = None) -> _Refused:
+    e = _Refused(problem=problem, problem_mark=at.start_mark)
+    e.field = field
+    return e
 
 
 def read_text(path: str, *, max_bytes: int = MAX_YAML_BYTES) -> str:
@@ -139,7 +143,8 @@ def parse(text: str, path: str | None, *, loader: type[CappedLoader] = CappedLoa
         mark = e.problem_mark or e.context_mark
         problem = " ".join(p for p in (e.context, e.problem) if p) or "invalid YAML"
         prefix = "" if isinstance(e, _Refused) else "invalid YAML: "
-        raise ConfigError(prefix + problem, file=path, line=mark.line + 1 if mark else None) from None
+        raise ConfigError(prefix + problem, file=path, line=mark.line + 1 if mark else None,
+                          field=getattr(e, "field", None)) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"invalid YAML: {e}".replace("<unicode string>", path or "YAML"),
                           file=path) from None

@@ -168,7 +168,7 @@ def read_blis_defaults(path: str, *, field: str = "defaults_filepath") -> Coeffi
     except ConfigError as exc:
         if exc.problem == "no such file":
             raise ConfigError(f"no such file: {path}", field=field) from None
-        raise ConfigError(exc.problem, file=exc.file, line=exc.line, field=field) from None
+        raise ConfigError(exc.problem, file=exc.file, line=exc.line, field=exc.field or field) from None
     if not isinstance(raw, dict):
         raise ConfigError("expected a BLIS defaults.yaml mapping", file=path, field=field)
     unknown = sorted(set(raw) - BLIS_TOP_KEYS)

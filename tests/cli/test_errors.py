@@ -45,6 +45,13 @@ SCENARIO_CASES = {
                                      "    params: 5\n", 8, "cluster.routing.params", "valid dictionary"),
     "admission params not a mapping": (BLACKBOX + "cluster:\n  admission:\n    params: 'oops'\n", 7,
                                        "cluster.admission.params", "valid dictionary, got 'oops'"),
+    # keys YAML does not read as strings (blis_simpy/yaml_input.py; tests/config/test_yaml_input.py)
+    "boolean key": ("seed: 1\nengine:\n  on: 3\n", 3, "on", "reads as a boolean in YAML; quote it ('on')"),
+    "number key": ("seed: 1\nengine:\n  16: 3\n", 3, "engine.16", "keys should be strings, got 16"),
+    # quoted numbers: one strict rule for every file (tests/config/test_validate_agrees.py)
+    "quoted number in policy params": (BLACKBOX + "cluster:\n  admission:\n    policy: token-bucket\n"
+                                       "    params: {capacity: '10', refill_rate: 5}\n", 8,
+                                       "cluster.admission.params.capacity", "got '10' (a quoted string)"),
 }
 
 

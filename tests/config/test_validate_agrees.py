@@ -1,0 +1,203 @@
+"""``validate`` says what ``run`` says: one rule for both (issue 13, "Validation gaps").
+
+A table of the gaps found by fuzzing (keys inside an inline workload spec, a length
+distribution's params, scorer params; quoted numbers in the policy bundle and in policy
+params), then a Hypothesis fuzzer: random scenarios from a small grammar of valid and
+invalid keys and values (5 requests each), each checked by ``validate`` and by ``run``;
+both must accept or both refuse (exit 2, one line, no traceback).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from blis_simpy.cli.app import app
+
+MODEL = "meta-llama/llama-3.1-8b-instruct"
+BASE = {
+    "seed": 7,
+    "model": MODEL,
+    "latency": {"model": "blackbox", "alpha_coeffs": [100.0, 0.0, 0.0], "beta_coeffs": [1000.0, 2.0, 30.0]},
+    "engine": {"total_kv_blocks": 500, "max_num_running_reqs": 8},
+    "workload": {"kind": "distribution", "rate": 50.0, "num_requests": 5,
+                 "prompt_tokens": {"mean": 40, "stdev": 10, "min": 2, "max": 100},
+                 "output_tokens": {"mean": 8, "stdev": 2, "min": 2, "max": 20}},
+}
+CLIENT = {"id": "c", "rate_fraction": 1.0, "arrival": {"process": "poisson"},
+          "input_distribution": {"type": "constant", "params": {"value": 30}},
+          "output_distribution": {"type": "exponential", "params": {"mean": 8}}}
+SPEC = {"version": "2", "seed": 3, "aggregate_rate": 20.0, "num_requests": 5, "clients": [CLIENT]}
+
+
+def _invoke(*args) -> tuple[int, str]:
+    res = CliRunner().invoke(app, [str(a) for a in args], prog_name="blis-simpy")
+    return res.exit_code, res.stderr
+
+
+def _check_both(path) -> tuple[int, str, int, str]:
+    v = _invoke("validate", path)
+    r = _invoke("run", "--scenario", path, "--format", "json")     # 5 requests: the files' own cap
+    for code, err in (v, r):
+        assert code in (0, 2), err
+        assert "Traceback" not in err and "internal error" not in err, err
+        if code == 2:
+            assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return (*v, *r)
+
+
+def _with(data: dict, path: tuple, value) -> dict:
+    out = copy.deepcopy(data)
+    cur = out
+    for p in path[:-1]:
+        cur = cur[p]
+    cur[path[-1]] = value
+    return out
+
+
+def _spec_scenario(spec: dict) -> dict:
+    return _with(BASE, ("workload",), {"kind": "spec", "spec": spec})
+
+
+def _routing(params: dict) -> dict:
+    return _with(BASE, ("cluster",), {"routing": {"policy": "weighted", "params": params}})
+
+
+# (scenario dict, field, words in the problem): each was "ok" in validate, or ignored by both
+GAPS = {
+    "unknown key in an inline spec client": (
+        _spec_scenario(_with(SPEC, ("clients", 0, "bogus"), 1)), "workload.spec.client[0].bogus", "unknown key"),
+    "unknown key in an inline spec arrival": (
+        _spec_scenario(_with(SPEC, ("clients", 0, "arrival", "bogus"), 1)),
+        "workload.spec.client[0].arrival.bogus", "unknown key"),
+    "unknown key in a length distribution's params": (
+        _spec_scenario(_with(SPEC, ("clients", 0, "output_distribution", "params", "bogus"), 3)),
+        "workload.spec.client[0].output_distribution.params.bogus", "unknown key (exponential takes mean)"),
+    "spec that cannot be bounded": (
+        _with(_spec_scenario(_with(SPEC, ("num_requests",), 0)), ("workload", "num_requests"), 0),
+        "workload.spec.num_requests", "requires either num_requests or --horizon"),
+    "unknown key in scorer params": (
+        _routing({"scorers": [{"name": "prefix-affinity", "weight": 1, "params": {"bogus": 1}}]}),
+        "cluster.routing.params.scorers[0].params.bogus", "Extra inputs are not permitted"),
+    "quoted number in scorer params": (
+        _routing({"scorers": [{"name": "prefix-affinity", "weight": 1, "params": {"lru_capacity": "5"}}]}),
+        "cluster.routing.params.scorers[0].params.lru_capacity", "got '5' (a quoted string)"),
+    "quoted scorer weight": (
+        _routing({"scorers": [{"name": "queue-depth", "weight": "2"}]}),
+        "cluster.routing.params.scorers[0].weight", "valid number, got '2' (a quoted string)"),
+    "quoted number in admission params": (
+        _with(BASE, ("cluster",), {"admission": {"policy": "token-bucket",
+                                                 "params": {"capacity": "10", "refill_rate": 5}}}),
+        "cluster.admission.params.capacity", "valid number, got '10' (a quoted string)"),
+    "number key in policy params": (
+        _routing({1: 2}), "cluster.routing.params.1", "Keys should be strings"),
+}
+
+
+@pytest.mark.parametrize("case", list(GAPS))
+def test_validate_refuses_what_run_refuses(tmp_path, case):
+    data, field, words = GAPS[case]
+    sc = tmp_path / "s.yaml"
+    sc.write_text(yaml.safe_dump(data, sort_keys=False))
+    vcode, verr, rcode, rerr = _check_both(sc)
+    assert (vcode, rcode) == (2, 2)
+    assert verr == rerr                      # the same line from both
+    assert verr.startswith(f"error: {sc}:") and f": {field}: " in verr and words in verr, verr
+
+
+def test_quoted_number_refused_in_the_policy_bundle_as_in_a_scenario(tmp_path):
+    """One rule (strict): a quoted number is a string in --policy-config as in a scenario."""
+    pc = tmp_path / "p.yaml"
+    pc.write_text("admission:\n  policy: token-bucket\n  token_bucket_capacity: \"10\"\n")
+    code, err = _invoke("run", "--model", MODEL, "--num-requests", "5", "--policy-config", pc)
+    assert code == 2
+    assert err == f"error: {pc}:3: admission.token_bucket_capacity: input should be a valid number, got '10'\n"
+    pc.write_text("admission:\n  policy: token-bucket\n  token_bucket_capacity: 10\n")   # unquoted: fine
+    assert _invoke("run", "--model", MODEL, "--num-requests", "5", "--policy-config", pc)[0] == 0
+
+
+def test_the_valid_base_and_spec_run():
+    assert yaml.safe_load(yaml.safe_dump(BASE)) == BASE
+
+
+# ---------------------------------------------------------------------------- the fuzzer
+#: (key path, candidate values): valid and invalid values side by side
+EDITS = [
+    (("engine", "block_size"), [16, 32, 0, -1, "16", 2 ** 70, 1.5]),
+    (("engine", "total_kv_blocks"), [500, 3, 0, "500"]),
+    (("engine", "max_num_running_reqs"), [8, 0, True]),
+    (("engine", "scheduler"), ["fcfs", "sjf", "nope", 3]),
+    (("engine", "bogus"), [1]),
+    (("cluster",), [{"num_instances": 2}, {"num_instances": 0}, {"num_instances": "2"},
+                    {"routing": {"policy": "least-loaded"}}, {"routing": {"policy": "nope"}},
+                    {"routing": {"policy": "weighted", "params": {"scorers": "queue-depth:1"}}},
+                    {"routing": {"policy": "weighted", "params": {"scorers": [{"name": "queue-depth", "weight": 1,
+                                                                               "params": {"x": 1}}]}}},
+                    {"routing": {"policy": "weighted", "params": {"scorers": [{"name": "nope", "weight": 1}]}}},
+                    {"routing": {"policy": "round-robin", "params": 5}},
+                    {"admission": {"policy": "token-bucket", "params": {"capacity": 10, "refill_rate": 5}}},
+                    {"admission": {"policy": "token-bucket", "params": {"capacity": "10"}}},
+                    {"admission": {"policy": "token-bucket", "params": {"capacity": -1}}},
+                    {"admission": {"policy": "always-admit", "params": {"bogus": 1}}}]),
+    (("workload", "rate"), [50.0, 0, -3, "5", float("nan")]),
+    (("workload", "prompt_tokens", "stdev"), [10, 500, -1]),
+    (("workload", "bogus"), [1]),
+    (("seed",), [1, "x", -5]),
+    (("horizon_us",), [10_000_000, 0, -1, "10"]),
+    (("bogus_top",), [1]),
+]
+SPEC_EDITS = [
+    (("clients", 0, "arrival"), [{"process": "poisson"}, {"process": "gamma", "cv": 2.0}, {"process": "nope"},
+                                 {"process": "poisson", "x": 1}, {"process": "weibull", "cv": 50.0}]),
+    (("clients", 0, "input_distribution"), [
+        {"type": "constant", "params": {"value": 30}}, {"type": "gaussian", "params": {"mean": 30}},
+        {"type": "gaussian", "params": {"mean": 30, "std_dev": 5, "min": 1, "max": 60}},
+        {"type": "constant", "params": {"value": 30, "extra": 1}}, {"type": "nope", "params": {}},
+        {"type": "empirical", "params": {10: 0.5, 20: 0.5}}, {"type": "constant", "params": {"value": "30"}}]),
+    (("clients", 0, "rate_fraction"), [1.0, 0, -1, "1"]),
+    (("clients", 0, "slo_class"), ["standard", "nope"]),
+    (("clients", 0, "mystery"), [1]),
+    (("aggregate_rate",), [20.0, 0, "20"]),
+    (("version",), ["2", "3", 2]),
+    (("num_requests",), [5, 0, -1]),
+]
+
+
+def _edit(data: dict, path: tuple, value) -> None:
+    cur = data
+    for p in path[:-1]:
+        cur = cur[p]
+    cur[path[-1]] = value
+
+
+@st.composite
+def scenarios(draw) -> dict:
+    data = copy.deepcopy(BASE)
+    if draw(st.booleans()):
+        spec = copy.deepcopy(SPEC)
+        for i in draw(st.lists(st.integers(0, len(SPEC_EDITS) - 1), max_size=2, unique=True)):
+            path, values = SPEC_EDITS[i]
+            _edit(spec, path, draw(st.sampled_from(values)))
+        data["workload"] = {"kind": "spec", "spec": spec}
+    for i in draw(st.lists(st.integers(0, len(EDITS) - 1), max_size=2, unique=True)):
+        path, values = EDITS[i]
+        if path[0] == "workload" and data["workload"].get("kind") == "spec":
+            continue
+        _edit(data, path, draw(st.sampled_from(values)))
+    return data
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=scenarios())
+def test_fuzz_validate_and_run_agree(tmp_path, data):
+    sc = tmp_path / "fuzz.yaml"
+    sc.write_text(yaml.safe_dump(data, sort_keys=False))
+    vcode, verr, rcode, rerr = _check_both(sc)
+    assert vcode == rcode, (data, verr, rerr)
+    if vcode == 2:
+        assert verr == rerr, (data, verr, rerr)
