@@ -367,6 +367,8 @@ def _run(plan, sim, tap, requests, horizon, sessions, workload_seed, progress, b
                     rejected_by_admission=c.rejected_by_admission,
                     rejected_at_routing=c.rejected_at_routing, shed_by_tier=dict(c.shed_by_tier),
                     priority_policy=s.engine.priority_policy, is_replay=plan.command == REPLAY)
+    if result.end_states is not None:      # where every offered request ended (the balance)
+        report.request_accounting = result.end_states.to_dict()
     add_optional_sections(plan, result, report)
     slo_cost.attach(plan.scenario, sim, result, report)   # SLOs, GPUs and cost (docs/metrics.md)
     if plan.command == REPLAY and s.horizon_us is None:

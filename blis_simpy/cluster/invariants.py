@@ -6,7 +6,49 @@ naming the instance and request, so a broken run never prints plausible numbers.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 from blis_simpy.errors import InvariantError
+
+
+@dataclass(frozen=True, slots=True)
+class RequestEndStates:
+    """Where every offered request is when the run ends (requests; PD runs count parents).
+
+    The states are disjoint and, with ``offered``, balance (:func:`check_end_states`):
+    ``completed`` + ``still_queued`` + ``still_running`` + ``still_in_control_plane``
+    (arrived, inside the admission or routing latency) + ``still_in_queueing_delay`` (routed
+    to an instance, inside its latency model's queueing delay) + ``not_arrived`` (arriving
+    after the horizon) + ``dropped_unservable`` + ``timed_out`` + ``rejected_admission`` +
+    ``rejected_routing`` = ``offered``.
+    """
+
+    offered: int
+    completed: int
+    still_queued: int
+    still_running: int
+    still_in_control_plane: int
+    still_in_queueing_delay: int
+    not_arrived: int
+    dropped_unservable: int
+    timed_out: int
+    rejected_admission: int
+    rejected_routing: int
+
+    def accounted(self) -> int:
+        """The sum of every end state (``offered`` when the balance holds)."""
+        return sum(v for k, v in asdict(self).items() if k != "offered")
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def check_end_states(end: RequestEndStates) -> None:
+    """INV-1 as reported: every offered request is in exactly one end state."""
+    if end.accounted() != end.offered:
+        parts = " + ".join(f"{k.replace('_', ' ')} {v}" for k, v in asdict(end).items()
+                           if k != "offered")
+        raise InvariantError(f"request conservation broken: offered {end.offered} != {parts}")
 
 
 def check_instance_conservation(inst) -> None:

@@ -29,7 +29,9 @@ from blis_simpy.build.pools import resolve_pools
 from blis_simpy.build.resolve import Deployment, resolve
 from blis_simpy.cluster.cluster import Cluster, ControlPlaneCounters
 from blis_simpy.cluster.invariants import (
+    RequestEndStates,
     check_causality,
+    check_end_states,
     check_instance_conservation,
     check_pipeline_conservation,
 )
@@ -73,6 +75,8 @@ class SimulationResult:
     pd: object | None = None
     gpus: int = 0        # GPUs the deployment uses: instances x TP x DP (pools summed)
     tp: int = 0          # TP of every instance (0 when prefill/decode pools differ)
+    #: where every offered request is at the end (a balance checked at the end of every run)
+    end_states: RequestEndStates | None = None
 
 
 def component_classes(scenario: Scenario, pools: bool, *, instance_class: type[Instance] | None = None,
@@ -270,18 +274,44 @@ class Simulation:
         cluster_metrics = pd = None
         if self.plan.enabled:
             cluster_metrics, pd = finish_pd(self.cluster, metrics, self.plan)
+        end = self.end_states(metrics, cluster_metrics)
+        check_end_states(end)
         return SimulationResult(self.scenario, metrics, self.cluster.counters, limit, n,
                                 time.perf_counter() - t0, self.trace, sessions,
-                                cluster=cluster_metrics, pd=pd, gpus=self.gpus, tp=self.tp)
+                                cluster=cluster_metrics, pd=pd, gpus=self.gpus, tp=self.tp,
+                                end_states=end)
+
+    def end_states(self, metrics: list[InstanceMetrics],
+                   cluster: InstanceMetrics | None = None) -> RequestEndStates:
+        """Where every offered request is now, from the finalized instance ``metrics`` (or,
+        with PD pools, the corrected parent-level ``cluster`` record of
+        :func:`~blis_simpy.cluster.pd.finish_pd`); see :class:`RequestEndStates`."""
+        c = self.cluster.counters
+        recs = [cluster] if cluster is not None else metrics
+        pipeline = self.cluster.prefill_routed + c.routed + c.rejected_by_admission + c.rejected_at_routing
+        return RequestEndStates(
+            offered=c.offered,
+            completed=sum(m.completed_requests for m in recs),
+            still_queued=sum(m.still_queued for m in recs),
+            still_running=sum(m.still_running for m in recs),
+            still_in_control_plane=c.arrived - pipeline,
+            still_in_queueing_delay=sum(inst.in_queueing_delay for inst in self.instances),
+            not_arrived=c.offered - c.arrived,
+            dropped_unservable=sum(m.dropped_unservable for m in recs),
+            timed_out=sum(m.timed_out_requests for m in recs),
+            rejected_admission=c.rejected_by_admission,
+            rejected_routing=c.rejected_at_routing)
 
     def _check_inflight(self, metrics) -> None:
-        """In-flight ≠ still queued + running is only a warning (docs/control-plane.md) (requests still in
-        the arrival/queueing pipeline at the horizon)."""
+        """In flight (routed, not yet done) ≠ still queued + running + in the queueing delay
+        is only a warning (docs/control-plane.md)."""
         for inst, m in zip(self.instances, metrics, strict=True):
             left = self.cluster.inflight[inst.index]
-            if left != m.still_queued + m.still_running:
-                log.warning("%s: %d requests in flight at the end, but %d queued + %d running",
-                            inst.id, left, m.still_queued, m.still_running)
+            delayed = inst.in_queueing_delay
+            if left != m.still_queued + m.still_running + delayed:
+                log.warning("%s: %d requests in flight at the end, but %d queued + %d running + "
+                            "%d in the queueing delay", inst.id, left, m.still_queued,
+                            m.still_running, delayed)
 
     def _done_requests(self) -> int:
         c = self.cluster.counters

@@ -36,7 +36,12 @@ Renderers:
       "trace_summary": {TraceSummary fields} | null,
       "total_kv_blocks": int | [int, ...] | null,   # GPU KV blocks of every instance (DP rank);
                                                     # a list in instance order where they differ
-      "kv_capacity": {KVCapacity pieces} | null     # the auto-sized capacity of the deployment
+      "kv_capacity": {KVCapacity pieces} | null,    # the auto-sized capacity of the deployment
+      "request_accounting": {"offered", "completed", "still_queued", "still_running",
+                             "still_in_control_plane", "still_in_queueing_delay", "not_arrived",
+                             "dropped_unservable", "timed_out", "rejected_admission",
+                             "rejected_routing"} | null   # where every offered request ended;
+                                                          # all but "offered" add up to it
     }
 
 With closed-loop sessions one more key follows: ``"sessions": {"total", "completed",
@@ -242,6 +247,9 @@ class Report:
     #: how the closed-loop sessions ended (:class:`~blis_simpy.workload.sessions.SessionCounters`;
     #: None without sessions); see :func:`sessions_part`
     sessions: object | None = None
+    #: where every offered request is at the end of the run (the balance the simulation
+    #: checks, :class:`~blis_simpy.cluster.invariants.RequestEndStates` as a dict); None: unknown
+    request_accounting: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         self.instances = list(self.instances)
@@ -302,6 +310,7 @@ def report_dict(report: Report) -> dict:
                           if report.trace_summary is not None else None),
         "total_kv_blocks": report.total_kv_blocks,
         "kv_capacity": report.kv_capacity,
+        "request_accounting": report.request_accounting,
     } | sessions_part(report) | _streaming_part(report) | planning_part(report)
 
 

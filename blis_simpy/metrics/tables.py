@@ -58,12 +58,18 @@ def render_tables(report: Report, console) -> None:
     cnt = Table(title="Counters", title_justify="left")
     cnt.add_column("Counter")
     cnt.add_column("Value", justify="right")
-    rows = [("Still queued", c["still_queued"]), ("Still running", c["still_running"]),
-            ("Timed out", c["timed_out_requests"]), ("Preemptions", c["preemption_count"]),
-            ("KV allocation failures", report.cluster.kv_allocation_failures),
-            ("Dropped unservable", a.dropped_unservable),
-            ("Length-capped", a.length_capped_requests),
-            ("Rejected (admission)", a.rejected_requests_admission)]
+    rows = [("Still queued", c["still_queued"]), ("Still running", c["still_running"])]
+    acc = report.request_accounting
+    if acc is not None:     # the rest of the unfinished requests (the balance of the run)
+        rows += [("Still in control plane", acc["still_in_control_plane"]),
+                 ("Still in queueing delay", acc["still_in_queueing_delay"])]
+        if acc["not_arrived"]:
+            rows.append(("Not arrived (after the horizon)", acc["not_arrived"]))
+    rows += [("Timed out", c["timed_out_requests"]), ("Preemptions", c["preemption_count"]),
+             ("KV allocation failures", report.cluster.kv_allocation_failures),
+             ("Dropped unservable", a.dropped_unservable),
+             ("Length-capped", a.length_capped_requests),
+             ("Rejected (admission)", a.rejected_requests_admission)]
     rows += [(f"  shed ({k})", a.shed_by_tier[k]) for k in sorted(a.shed_by_tier)]
     rows += [("Rejected (routing)", a.rejected_requests_routing),
              ("Priority inversions", a.priority_inversions),

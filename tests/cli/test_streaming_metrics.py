@@ -172,7 +172,10 @@ def test_no_rows_file_when_the_run_fails(cli, tmp_path, failing_router):
     old.write_text("an earlier file\n")
     for target, mode in ((tmp_path / "rows.parquet", "--streaming-metrics"), (old, "--log=warn")):
         res = cli("replay", "--scenario", sc, *BLACKBOX, "--requests-out", target, mode)
-        assert res.exit_code == 1 and "router broke" in res.stderr
+        assert res.exit_code == 2       # the plugin's error, located at the key that chose it
+        assert res.stderr.startswith(f"error: {sc}:4: cluster.routing.policy: routing policy "
+                                     "'test-fails-mid-run' (")
+        assert res.stderr.endswith("failed: route() raised RuntimeError: router broke\n")
     assert not (tmp_path / "rows.parquet").exists()
     assert old.read_text() == "an earlier file\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.jsonl", "sc.yaml", "tr.csv", "tr.yaml"]

@@ -278,7 +278,8 @@ def test_render_json_document():
     doc = json.loads(render_json(report))
     assert list(doc) == ["command", "num_instances", "cluster", "instances", "anomaly_counters",
                          "kv_cache", "per_slo", "per_model", "fitness", "pd", "trace_summary",
-                         "total_kv_blocks", "kv_capacity"]
+                         "total_kv_blocks", "kv_capacity", "request_accounting"]
+    assert doc["request_accounting"] is None          # not given: unknown
     assert doc["command"] == "run" and doc["num_instances"] == 2
     assert doc["cluster"]["instance_id"] == "cluster" and doc["cluster"]["completed_requests"] == 2
     assert [b["instance_id"] for b in doc["instances"]] == ["instance_0", "instance_1"]
