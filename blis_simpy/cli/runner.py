@@ -346,7 +346,8 @@ def _partial_result(sim: Simulation) -> SimulationResult:
     if sim.plan.enabled:
         cluster, pd = finish_pd(sim.cluster, metrics, sim.plan)
     return SimulationResult(sim.scenario, metrics, sim.cluster.counters, now, 0, 0.0, sim.trace,
-                            sessions, cluster=cluster, pd=pd, gpus=sim.gpus, tp=sim.tp)
+                            sessions, cluster=cluster, pd=pd, gpus=sim.gpus, tp=sim.tp,
+                            end_states=sim.end_states(metrics, cluster))
 
 
 def _run(plan, sim, tap, requests, horizon, sessions, workload_seed, progress, batch,
