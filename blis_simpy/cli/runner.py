@@ -372,7 +372,7 @@ def _run(plan, sim, tap, requests, horizon, sessions, workload_seed, progress, b
         report.request_accounting = result.end_states.to_dict()
     add_optional_sections(plan, result, report)
     slo_cost.attach(plan.scenario, sim, result, report)   # SLOs, GPUs and cost (docs/metrics.md)
-    if plan.command == REPLAY and s.horizon_us is None:
+    if plan.command == REPLAY and s.horizon_us is None and not interrupted:
         warn_unfinished(len(requests), report, horizon, streaming.last_arrival_us(requests))
     blocks = [inst.kv.total_blocks for inst in sim.instances]
     report.total_kv_blocks = blocks[0] if len(set(blocks)) == 1 else blocks
