@@ -175,7 +175,7 @@ def test_unreachable_server_exits_2_without_a_trace(tmp_path: Path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--num-requests", "20000000"], "--num-requests: 20,000,000 requests is more than observe sends (10,000,000)"),
+    (["--num-requests", "20000000"], "--num-requests: input should be less than or equal to 10000000, got 20000000"),
     (["--trace-header", "x.yaml"], "--trace-header: must be given together with --trace-data"),
     (["--max-concurrency", "0"], "--max-concurrency: must be in [1, 10000], got 0"),
     (["--rtt-ms", "-1"], "--rtt-ms: must be finite and >= 0, got -1.0"),
