@@ -184,13 +184,25 @@ class Batch:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, **kw) -> Iterator:
+def atomic_write(path: str | os.PathLike, *, batch: Batch | None = None, **kw) -> Iterator:
     """``with atomic_write(path, field=..., what=...) as f:`` — write ``f`` (binary unless
-    ``binary=False``); the path is replaced when the block ends without an exception.
-    Keyword arguments as :class:`Staged`."""
+    ``binary=False``). When the block ends without an exception the path is replaced now, or,
+    with ``batch``, staged to commit with the batch's other outputs. On any exception nothing
+    is left behind; an OSError while writing becomes the output's ConfigError (naming
+    ``path`` and ``field``). Keyword arguments as :class:`Staged`."""
     s = Staged(path, **kw)
     try:
         yield s.file
+    except OSError as exc:
+        s.abort()
+        raise s.error(exc) from None
+    except BaseException:
+        s.abort()
+        raise
+    if batch is not None:
+        batch.add(s)
+        return
+    try:
         s.commit()
     except BaseException:
         s.abort()

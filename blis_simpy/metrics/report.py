@@ -362,21 +362,8 @@ def write_results(path, obj, *, field: str | None = "--results-path", batch=None
     ``os.WriteFile(path, MarshalIndent(...), 0644)``, no trailing newline is written and the
     mode is 0644 minus the umask.
     """
-    from blis_simpy.atomic import Staged
+    from blis_simpy.atomic import atomic_write
     data = gojson.dumps(obj).encode("utf-8")
-    staged = Staged(path, field=field, what="cannot write results", fsync=True)
-    try:
-        staged.file.write(data)
-    except OSError as exc:
-        staged.abort()
-        raise staged.error(exc) from None
-    except BaseException:
-        staged.abort()
-        raise
-    if batch is not None:
-        batch.add(staged)
-        return
-    try:
-        staged.commit()
-    finally:
-        staged.abort()
+    with atomic_write(path, batch=batch, field=field, what="cannot write results",
+                      fsync=True) as f:
+        f.write(data)

@@ -51,30 +51,19 @@ def write_timeline(path: str, tl, *, field: str = "--timeline", batch=None) -> N
     """Write ``tl`` (a :class:`~blis_simpy.cluster.monitor.Timeline`: its ``cols`` by
     column name) to ``path`` (.csv or .parquet), all-or-nothing (:mod:`blis_simpy.atomic`;
     with ``batch``, committed with the batch). Errors: ConfigError."""
-    from blis_simpy.atomic import Staged
+    from blis_simpy.atomic import atomic_write
     check_timeline_path(path, field)
     parquet = path.lower().endswith(".parquet")
-    staged = Staged(path, field=field, what="cannot write the timeline", binary=parquet,
-                    perm=0o666)
-    try:
+    with atomic_write(path, batch=batch, field=field, what="cannot write the timeline",
+                      binary=parquet, perm=0o666) as f:
         if parquet:
             import pyarrow.parquet as pq
-            pq.write_table(_table(tl), staged.file)
+            pq.write_table(_table(tl), f)
         else:
             import csv
-            w = csv.writer(staged.file, lineterminator="\n")
+            w = csv.writer(f, lineterminator="\n")
             w.writerow(COLUMNS)
             w.writerows(zip(*(tl.cols[c] for c in COLUMNS), strict=True))
-        if batch is not None:
-            batch.add(staged)
-        else:
-            staged.commit()
-    except OSError as exc:
-        staged.abort()
-        raise staged.error(exc) from None
-    except BaseException:
-        staged.abort()
-        raise
 
 
 def read_timeline(path: str, *, field: str | None = None):

@@ -36,17 +36,8 @@ def record_lines(records: TraceRecords) -> Iterator[str]:
 def write_jsonl(records: TraceRecords, path: str | os.PathLike, batch=None) -> None:
     """Write ``records`` to ``path``; with ``batch`` (:class:`blis_simpy.atomic.Batch`) the
     file commits with the batch's other outputs, else now."""
-    from blis_simpy.atomic import Staged
-    kw = dict(field=FIELD, what="cannot write the decision trace", binary=False)
-    staged = batch.open(path, **kw) if batch is not None else Staged(path, **kw)
-    try:
+    from blis_simpy.atomic import atomic_write
+    with atomic_write(path, batch=batch, field=FIELD, what="cannot write the decision trace",
+                      binary=False) as f:
         for line in record_lines(records):
-            staged.file.write(line + "\n")
-    except OSError as exc:
-        staged.abort()
-        raise staged.error(exc) from None
-    except BaseException:
-        staged.abort()
-        raise
-    if batch is None:
-        staged.commit()
+            f.write(line + "\n")
