@@ -47,7 +47,7 @@ from __future__ import annotations
 from simpy.events import Event
 
 from blis_simpy.des import succeed_at
-from blis_simpy.engine.limits import MAX_STEP_US, step_too_long
+from blis_simpy.engine.limits import checked_step_us
 from blis_simpy.latency.base import BatchView
 
 
@@ -153,10 +153,7 @@ class LockstepGroup:
         self.dummy_rank_steps += sum(1 for v in views if v.size == 0)
         stall = max(inst.kv.consume_pending_transfer_latency() for inst in self.ranks)
         step_us = self.step_time_us(views) + stall
-        if step_us < 1:
-            step_us = 1
-        elif step_us > MAX_STEP_US:
-            raise step_too_long(self.ranks[0].id, now_us, step_us)
+        step_us = checked_step_us(step_us, self.ranks[0].id, now_us)
         self.free_at_us = now_us + step_us
         for inst in busy:
             inst.finish_step(now_us, step_us)

@@ -20,19 +20,15 @@ it); any other step runs the ordinary way.
 
 from __future__ import annotations
 
-from operator import attrgetter
-
 from blis_simpy.engine.instance import Instance
 from blis_simpy.engine.lazy_ledger import LazyLedger
-from blis_simpy.engine.limits import MAX_STEP_US, step_too_long
+from blis_simpy.engine.limits import checked_step_us
 from blis_simpy.engine.vllm_batching import VLLMBatching
 from blis_simpy.kv.cache import KVCache
 from blis_simpy.latency.base import BatchView
 
-_by_pos = attrgetter("batch_pos")
-
-#: the step hooks a decode window stands in for: a subclass overriding any of them keeps
-#: the ordinary step (its hook must run)
+#: the step hooks the pure-decode short path stands in for: a subclass overriding any of
+#: them keeps the ordinary step (its hook must run)
 _WINDOW_HOOKS = ("step", "begin_step", "finish_step", "form_batch", "reorder_queue",
                  "batch_view", "step_time_us", "execute", "complete", "on_step_end")
 
@@ -92,49 +88,16 @@ class FastInstance(Instance, name="fast"):
         self.step_count += 1
         self.decode_ticks += 1
         ledger = self.ledger
-        kv = self.kv
         met = self.metrics
-        classes = ledger.classes
-        bs = kv.block_size
-        T = ledger.T
-        ledger._skipped = []
-        ledger._literal = False
-        ledger._uniform = True
-        items = list(classes[T % bs])
-        if bs > 1:
-            fill = classes[(T + 1) % bs]
-            if fill:
-                items.extend(fill)
-        if len(items) > 1:
-            items.sort(key=_by_pos)
-        append_token = kv.append_token
-        for r in items:
-            d = T - r.g0
-            if not append_token(r, r.pi + d, r.kv_len + d):  # pragma: no cover - checked
-                raise AssertionError(f"decode tick found no free block for {r.id}")
+        ledger.serve_decoders()
         u = ledger.u_count
         n_run = len(self.running)
         met.running_len_sum += n_run
         met.step_samples += 1
-        step_us = self.latency.step_time_us(BatchView(
-            decode_count=u, decode_tokens=u, decode_pi_sum=ledger.u_pi_off + u * T,
-            size=n_run, entries_fn=ledger._entries))
-        if step_us < 1:
-            step_us = 1
-        elif step_us > MAX_STEP_US:
-            raise step_too_long(self.id, now_us, step_us)
-        end = now_us + step_us
-        ledger.tick_end.append(end)
-        ledger._finished_prefill = []
-        met.total_output_tokens += u
-        ledger.T = T + 1
-        cum = ledger.tick_cum
-        cum.append(cum[-1] + step_us + self.otpt_us)
-        ledger.cov.append(0)
-        used = kv.used
-        if used > met.peak_kv_blocks:
-            met.peak_kv_blocks = used
-        met.kv_blocks_integral += used * step_us
-        ledger._joiners = []
+        step_us = checked_step_us(self.latency.step_time_us(BatchView(
+            decode_count=u, decode_tokens=u, decode_pi_sum=ledger.u_pi_off + u * ledger.T,
+            size=n_run, entries_fn=ledger._entries)), self.id, now_us)
+        ledger.finish_decoders(now_us, step_us)
+        self._record_kv(step_us)
         self.step_pending = True
-        return end
+        return now_us + step_us

@@ -42,7 +42,7 @@ from blis_simpy.des import QUEUED, STEP, TIMEOUT, SimEnv, instance_key, succeed_
 from blis_simpy.engine import tally
 from blis_simpy.engine.batching import BatchingPolicy, StepAllocator
 from blis_simpy.engine.ledger import EagerLedger
-from blis_simpy.engine.limits import MAX_STEP_US, EngineLimits, enqueue_refusal, step_too_long
+from blis_simpy.engine.limits import EngineLimits, checked_step_us, enqueue_refusal
 from blis_simpy.engine.listener import InstanceListener
 from blis_simpy.engine.scheduling import (
     PriorityPolicy,
@@ -279,10 +279,7 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
             return None
         view = self.begin_step(now_us)
         step_us = self.step_time_us(view) + self.kv.consume_pending_transfer_latency()
-        if step_us < 1:
-            step_us = 1
-        elif step_us > MAX_STEP_US:
-            raise step_too_long(self.id, now_us, step_us)
+        step_us = checked_step_us(step_us, self.id, now_us)
         self.finish_step(now_us, step_us)
         if self.running or self.waitq:
             self.step_pending = True
@@ -315,19 +312,23 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         """Second half of a step begun at ``now_us`` that lasts ``step_us`` µs (≥ 1): execute the
         batch, record KV statistics, complete requests, call :meth:`on_step_end`. Returns
         the requests that completed."""
-        met = self.metrics
         running = self.running
         self.execute(now_us, step_us)
-        used = self.kv.used
-        if used > met.peak_kv_blocks:
-            met.peak_kv_blocks = used
-        met.kv_blocks_integral += used * step_us
+        self._record_kv(step_us)
         self.kv.mirror_to_cpu(running)
         completed = self.complete(now_us, step_us)
         self.on_step_end(now_us, step_us, completed)
         if completed:
             self.ledger.forget(completed)
         return completed
+
+    def _record_kv(self, step_us: int) -> None:
+        """KV statistics of a step that lasted ``step_us`` µs: peak blocks, block-µs."""
+        met = self.metrics
+        used = self.kv.used
+        if used > met.peak_kv_blocks:
+            met.peak_kv_blocks = used
+        met.kv_blocks_integral += used * step_us
 
     @property
     def observed(self) -> bool:

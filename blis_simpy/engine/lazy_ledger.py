@@ -150,13 +150,9 @@ class LazyLedger(Ledger):
         self._uniform = True
         for r, n in zip(self.prefilling, chunks, strict=True):
             r.num_new_tokens = n
-        items = list(self.prefilling)
-        if fresh:
-            items.extend(fresh)
-        if bs > 1:
-            fill = self.classes[(T + 1) % bs]
-            if fill:
-                items.extend(fill)
+        items = self._boundary(T)
+        if self.prefilling:
+            items.extend(self.prefilling)
         if len(items) > 1:
             items.sort(key=_by_pos)
         for r in items:
@@ -166,10 +162,55 @@ class LazyLedger(Ledger):
                     raise AssertionError(f"uniform step could not allocate {n} slots for {r.id}")
                 r.computed_tokens += n
             else:
-                d = T - r.g0
-                if not kv.append_token(r, r.pi + d, r.kv_len + d):  # pragma: no cover
-                    raise AssertionError(f"uniform step found no free block for {r.id}")
+                self._take_slot(r, T)
         return budget_tokens - demand
+
+    def _boundary(self, T: int) -> list:
+        """The decoders whose slot at tick ``T`` opens a fresh block or fills their last one
+        (the only ones that touch the KV cache in a uniform step), unordered."""
+        classes = self.classes
+        bs = self.kv.block_size
+        items = list(classes[T % bs])
+        if bs > 1:
+            fill = classes[(T + 1) % bs]
+            if fill:
+                items.extend(fill)
+        return items
+
+    def _take_slot(self, r, T: int) -> None:
+        """Decoder ``r``'s KV slot at tick ``T`` (its lazy position made true for the call)."""
+        d = T - r.g0
+        if not self.kv.append_token(r, r.pi + d, r.kv_len + d):  # pragma: no cover - checked
+            raise AssertionError(f"uniform step found no free block for {r.id}")
+
+    def serve_decoders(self) -> None:
+        """Batch formation of a *pure-decode* step (every running request decoding, all of
+        them served; the caller has checked that the budget and the free blocks allow it):
+        what :meth:`serve_all` does when nothing prefills."""
+        self._skipped = []
+        self._literal = False
+        self._uniform = True
+        T = self.T
+        items = self._boundary(T)
+        if len(items) > 1:
+            items.sort(key=_by_pos)
+        for r in items:
+            self._take_slot(r, T)
+
+    def finish_decoders(self, now_us: int, step_us: int) -> None:
+        """:meth:`execute` and :meth:`complete` of a pure-decode step that completes nobody:
+        one token for every decoder, the tick recorded."""
+        self.tick_end.append(now_us + step_us)
+        self._finished_prefill = []
+        self.metrics.total_output_tokens += self.u_count
+        self._next_tick(step_us)
+        self._joiners = []
+
+    def _next_tick(self, step_us: int) -> None:
+        """Close tick ``T`` that lasted ``step_us`` µs: its ITL value, its coverage slot."""
+        self.T += 1
+        self.tick_cum.append(self.tick_cum[-1] + step_us + self.otpt_us)
+        self.cov.append(0)
 
     def batch(self) -> list:
         order = list(self.running)
@@ -264,9 +305,7 @@ class LazyLedger(Ledger):
             if r.pi == r.input_len:
                 self._first_token(r, first_tok)
                 r.last_emit_tick = T
-        self.T = T + 1
-        self.tick_cum.append(self.tick_cum[-1] + step_us + self.otpt_us)
-        self.cov.append(0)
+        self._next_tick(step_us)
         bs = self.kv.block_size
         for r in skipped:            # no token this tick: shift its lazy clock by one
             self._close_segment(r, T)

@@ -21,12 +21,17 @@ PREEMPTION_MODELS = ("vllm", "blis")
 MAX_STEP_US = 3_600_000_000
 
 
-def step_too_long(inst_id: str, now_us: int, step_us: int) -> ConfigError:
-    """The error of a step of ``step_us`` µs (beginning at ``now_us``) that exceeds
-    :data:`MAX_STEP_US`: the latency model (or the KV reload costs) are not realistic."""
-    return ConfigError(f"{inst_id}: the step at t={now_us} us lasts {step_us} us, more than the "
-                       f"{MAX_STEP_US} us (one hour) an engine step may last: the latency "
-                       "coefficients or KV transfer costs are not realistic", field="latency")
+def checked_step_us(step_us: int, inst_id: str, now_us: int) -> int:
+    """A step's duration as the engine uses it: at least 1 µs, and refused (ConfigError)
+    above :data:`MAX_STEP_US` — the latency model (or the KV reload costs) are then not
+    realistic. ``inst_id`` and ``now_us`` (the step's start) name it in the error."""
+    if step_us < 1:
+        return 1
+    if step_us > MAX_STEP_US:
+        raise ConfigError(f"{inst_id}: the step at t={now_us} us lasts {step_us} us, more than the "
+                          f"{MAX_STEP_US} us (one hour) an engine step may last: the latency "
+                          "coefficients or KV transfer costs are not realistic", field="latency")
+    return step_us
 
 
 @dataclass(frozen=True, slots=True)
