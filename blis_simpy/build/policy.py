@@ -39,7 +39,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from blis_simpy.admission import AdmissionPolicy
-from blis_simpy.config.loader import error_loc, read_yaml, set_dotted, validation_problem
+from blis_simpy.config.loader import error_loc, read_mapping, set_dotted, validation_problem
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.errors import ConfigError
 from blis_simpy.routing import Router
@@ -90,12 +90,7 @@ class PolicyBundle(_Strict):
 def load_policy_bundle(path: str):
     """Read and validate a bundle. Returns ``(PolicyBundle, Source)``."""
 
-    data, src = read_yaml(path)
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"a policy bundle must be a mapping of keys, got {type(data).__name__}",
-                          file=src.path, line=1)
+    data, src = read_mapping(path, "a policy bundle")
     try:
         bundle = PolicyBundle.model_validate(data)
     except pydantic.ValidationError as exc:

@@ -17,6 +17,7 @@ from typing import Any
 
 from blis_simpy.build import policy as P
 from blis_simpy.cli.flags import BY_NAME, DIST_FLAGS, Flag, flags_for
+from blis_simpy.config.loader import mapping_at
 from blis_simpy.config.scenario import DistributionWorkload
 from blis_simpy.errors import ConfigError
 
@@ -173,17 +174,6 @@ def _trace_source(ov: Overrides, data: dict, presets) -> None:
         data["workload"] = {"kind": "trace", "header": vals["--trace-header"], "data": vals["--trace-data"]}
 
 
-def _mapping(data: dict, *path: str) -> dict | None:
-    """The nested mapping at ``path`` (created when missing); None if something else is there."""
-    cur = data
-    for p in path:
-        nxt = cur.setdefault(p, {})
-        if not isinstance(nxt, dict):
-            return None
-        cur = nxt
-    return cur
-
-
 def _pd_rule(ov: Overrides, data: dict, presets) -> None:
     """The PD flags that are not one key each (docs/cli.md, docs/disaggregation.md).
 
@@ -211,7 +201,7 @@ def _pd_rule(ov: Overrides, data: dict, presets) -> None:
         if decider != name:
             log.warning("%s is ignored: the decider is %s, not %s", flag, decider, name)
             continue
-        params = _mapping(data, "disaggregation", "decider", "params")
+        params = mapping_at(data, "disaggregation", "decider", "params")
         if params is not None:
             params["threshold"] = vals[flag]
             ov.origin["disaggregation.decider.params.threshold"] = flag
@@ -224,7 +214,7 @@ def _pd_rule(ov: Overrides, data: dict, presets) -> None:
                 raise ConfigError(f"--pd-transfer-contention={'true' if on else 'false'} contradicts "
                                   f"--pd-contention-mode {mode}", field="--pd-transfer-contention")
         else:
-            transfer = _mapping(data, "disaggregation", "transfer")
+            transfer = mapping_at(data, "disaggregation", "transfer")
             if transfer is not None:
                 transfer["contention"] = ("snapshot" if compat == "checkout" else "fair-share") if on else "none"
                 ov.origin["disaggregation.transfer.contention"] = "--pd-transfer-contention"
@@ -232,7 +222,7 @@ def _pd_rule(ov: Overrides, data: dict, presets) -> None:
         scorers = vals.get(flag)
         if not scorers:              # "" means not given (BLIS: an empty flag value)
             continue
-        pool = _mapping(data, "disaggregation", f"{role}_pool")
+        pool = mapping_at(data, "disaggregation", f"{role}_pool")
         if pool is not None:
             pool["routing"] = {"policy": "weighted", "params": {"scorers": scorers}}
             ov.origin[f"disaggregation.{role}_pool.routing"] = flag

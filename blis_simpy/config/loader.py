@@ -92,16 +92,25 @@ def undotted(path: str) -> Loc:
     return tuple(int(m[1]) if m[1] else m[2] for m in re.finditer(r"\[(\d+)\]|([^.\[\]]+)", path))
 
 
+def mapping_at(data: dict, *path: str) -> dict | None:
+    """The nested mapping at ``path`` in a raw dict (created when missing); None if
+    something else is there (left to validation to report)."""
+    cur = data
+    for p in path:
+        nxt = cur.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            return None
+        cur = nxt
+    return cur
+
+
 def set_dotted(data: dict, key: str, value) -> bool:
     """Set the dotted key ``a.b.c`` in a raw scenario dict, creating mappings on the way;
     False (nothing set) when an ancestor is not a mapping (left to validation to report)."""
     *parents, last = key.split(".")
-    cur = data
-    for p in parents:
-        nxt = cur.setdefault(p, {})
-        if not isinstance(nxt, dict):
-            return False
-        cur = nxt
+    cur = mapping_at(data, *parents)
+    if cur is None:
+        return False
     cur[last] = value
     return True
 
@@ -274,14 +283,21 @@ def resolve_paths(data: dict, base_dir: str) -> None:
                 w[key] = os.path.normpath(os.path.join(base_dir, p))
 
 
-def load_raw(path: str) -> tuple[dict, Source]:
-    """Read a scenario file into a plain dict (paths resolved) and its :class:`Source`."""
+def read_mapping(path: str, what: str) -> tuple[dict, Source]:
+    """Read a YAML file that must hold a mapping (an empty file is ``{}``); ``what`` names
+    the document in the error ("a scenario", "a policy bundle")."""
     data, src = read_yaml(path)
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"a scenario must be a mapping of keys, got {type(data).__name__}",
+        raise ConfigError(f"{what} must be a mapping of keys, got {type(data).__name__}",
                           file=src.path, line=1)
+    return data, src
+
+
+def load_raw(path: str) -> tuple[dict, Source]:
+    """Read a scenario file into a plain dict (paths resolved) and its :class:`Source`."""
+    data, src = read_mapping(path, "a scenario")
     w = data.get("workload")
     if isinstance(w, dict) and "kind" not in w:
         w["kind"] = "distribution"
