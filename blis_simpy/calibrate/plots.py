@@ -5,7 +5,8 @@
 * ``<run>-timeline.png`` — running, waiting and KV use over time, real and sim (only when
   the run has a timeseries).
 
-Files are written to a temporary name and renamed, so a failed run leaves no partial PNG.
+Files are staged (:mod:`blis_simpy.atomic`) and renamed into place, so a failed run leaves no
+partial PNG; ``calibrate`` commits them with its ``--report`` file.
 Uses the non-interactive Agg backend (no display needed).
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from blis_simpy.atomic import Batch, atomic_write
 from blis_simpy.calibrate.compare import LABELS, real_values, sim_values
 from blis_simpy.calibrate.twin import SimRun
 from blis_simpy.errors import ConfigError
@@ -24,19 +26,16 @@ from blis_simpy.observed.run import ObservedRun
 PLOT_METRICS = ("ttft", "tpot", "e2e")
 
 
-def _save(fig, path: Path) -> Path:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
-    try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight", metadata={"Software": None})
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+def _save(fig, path: Path, batch: Batch | None) -> Path:
+    with atomic_write(path, batch=batch, field="--plot", what="cannot write the plot") as f:
+        fig.savefig(f, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
     return path
 
 
 def write_plots(out_dir: str | os.PathLike, run: ObservedRun, sim: SimRun,
-                timeline: list[dict] | None = None) -> list[Path]:
-    """Write the PNGs for one run into ``out_dir`` (created if missing); returns their paths."""
+                timeline: list[dict] | None = None, *, batch: Batch | None = None) -> list[Path]:
+    """Write the PNGs for one run into ``out_dir`` (created if missing); returns their paths.
+    With ``batch`` they are staged there, to commit with the batch's other outputs."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -62,7 +61,7 @@ def write_plots(out_dir: str | os.PathLike, run: ObservedRun, sim: SimRun,
         ax.set_xlabel("ms")
         ax.set_ylabel("fraction of requests")
         ax.legend()
-    written.append(_save(fig, d / f"{stem}-cdf.png"))
+    written.append(_save(fig, d / f"{stem}-cdf.png", batch))
     plt.close(fig)
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
@@ -80,7 +79,7 @@ def write_plots(out_dir: str | os.PathLike, run: ObservedRun, sim: SimRun,
         ax.set_title(f"{LABELS[m]} per request")
         ax.set_xlabel("real (ms)")
         ax.set_ylabel("sim (ms)")
-    written.append(_save(fig, d / f"{stem}-scatter.png"))
+    written.append(_save(fig, d / f"{stem}-scatter.png", batch))
     plt.close(fig)
 
     if timeline:
@@ -94,6 +93,6 @@ def write_plots(out_dir: str | os.PathLike, run: ObservedRun, sim: SimRun,
             ax.set_ylabel(label)
             ax.legend()
         axes[-1].set_xlabel("time (s)")
-        written.append(_save(fig, d / f"{stem}-timeline.png"))
+        written.append(_save(fig, d / f"{stem}-timeline.png", batch))
         plt.close(fig)
     return written

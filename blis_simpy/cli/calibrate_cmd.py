@@ -13,13 +13,13 @@ from __future__ import annotations
 import enum
 import inspect
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
+from blis_simpy.atomic import Batch, atomic_write
 from blis_simpy.cli import flags as F
 from blis_simpy.cli.logs import setup_logging
 from blis_simpy.cli.options import flag_parameters, given_flags
@@ -91,13 +91,20 @@ def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat
             doc["timeline_errors"] = timeline_errors(rows)
         docs.append(doc)
         outputs.append((run, sim, c, rows))
-    if report_path:
-        _write_json(report_path, clean({"runs": docs}))
-    if plot_dir:
-        from blis_simpy.calibrate.plots import write_plots
-        for run, sim, _c, rows in outputs:
-            for p in write_plots(plot_dir, run, sim, rows):
-                print(f"wrote {p}", file=sys.stderr)
+    files = Batch()          # the report and every plot land together, or none (docs/cli.md)
+    plots: list[Path] = []
+    try:
+        if report_path:
+            _write_json(report_path, clean({"runs": docs}), files)
+        if plot_dir:
+            from blis_simpy.calibrate.plots import write_plots
+            for run, sim, _c, rows in outputs:
+                plots += write_plots(plot_dir, run, sim, rows, batch=files)
+        files.commit()
+    finally:
+        files.abort()
+    for p in plots:
+        print(f"wrote {p}", file=sys.stderr)
     if fmt is CalFormat.json:
         sys.stdout.write(json.dumps(clean({"runs": docs}), indent=2, sort_keys=False) + "\n")
         return
@@ -117,15 +124,10 @@ def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat
                           highlight=False)
 
 
-def _write_json(path: str, obj) -> None:
-    final = Path(path)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, final)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise ConfigError(f"cannot write: {exc.strerror or exc}", file=path, field="--report") from None
+def _write_json(path: str, obj, batch: Batch) -> None:
+    """Stage ``obj`` as indented JSON at ``path`` in ``batch`` (committed with the plots)."""
+    with atomic_write(path, batch=batch, field="--report", what="cannot write", binary=False) as f:
+        f.write(json.dumps(obj, indent=2) + "\n")
 
 
 def register(app: typer.Typer) -> None:

@@ -107,7 +107,7 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
         "name": name or f"{first.hardware}-{space.backend}-fitted", "gpu": first.hardware,
         "description": f"{space.backend} coefficients fitted to {len(cases)} measured run(s) on {first.hardware}",
         "fit": provenance})
-    write_set(out_path, cs, comment=f"written by: {provenance['command']}")
+    write_set(out_path, cs, comment=f"written by: {provenance['command']}", field="--output")
     con = Console(file=sys.stdout, width=max(Console().width, 120))
     t = Table(title=f"fit: {space.backend} on {first.hardware} ({res.evaluations} simulations, "
                     f"{res.seconds:.0f} s, {res.stopped})", title_justify="left")

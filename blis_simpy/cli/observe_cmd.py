@@ -27,6 +27,7 @@ from pathlib import Path
 
 import typer
 
+from blis_simpy.atomic import Batch
 from blis_simpy.cli import flags as F
 from blis_simpy.cli.logs import setup_logging
 from blis_simpy.errors import ConfigError
@@ -295,6 +296,7 @@ def run_observe(*, server_url: str, model: str | None, trace_header: Path | None
     finally:
         stop()
     outputs = []
+    files = Batch()          # the trace pair and --results land together, or none (docs/cli.md)
     if trace_header is not None:
         header = make_trace_header(cfg, started_at=run.started_at, warmup=warmup_requests,
                                    seed=wl.seed, spec_path=wl.spec_path, rtt_ms=rtt_ms)
@@ -304,8 +306,10 @@ def run_observe(*, server_url: str, model: str | None, trace_header: Path | None
                 log.warning("the trace leaves out input_token_ids: more prompt tokens than a "
                             "TraceV2 file may carry")
             rows = trace_records(run.observations, streaming=streaming, token_ids=ids)
-            write_trace_files(trace_header, trace_data, header, rows)
+            write_trace_files(trace_header, trace_data, header, rows, field="--trace-header",
+                              batch=files)
         except ConfigError as exc:
+            files.abort()   # nothing staged is left behind
             raise ConfigError(exc.problem, file=exc.file, field="--trace-header") from None
         outputs.append(f"trace: {trace_header} + {trace_data}")
     url = endpoint_url(server_url, api_format)
@@ -314,7 +318,13 @@ def run_observe(*, server_url: str, model: str | None, trace_header: Path | None
                 "streaming": streaming, "server_type": server_type, "max_concurrency": max_concurrency,
                 "timeout_s": timeout_s, "unconstrained_output": unconstrained_output,
                 "started_at": run.started_at, "duration_us": run.duration_us, "workload_seed": wl.seed}
-        write_json(results, results_document(run.observations, warmup_requests=warmup_requests, run=info))
+        try:
+            write_json(results, results_document(run.observations, warmup_requests=warmup_requests,
+                                                 run=info), batch=files)
+        except BaseException:
+            files.abort()
+            raise
         outputs.append(f"results: {results}")
+    files.commit()
     print_summary(run, cfg, url, summarize(run.observations, warmup_requests), outputs)
 

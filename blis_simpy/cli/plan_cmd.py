@@ -20,7 +20,6 @@ import enum
 import json
 import logging
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -48,18 +47,11 @@ def to_json(doc: dict) -> str:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace``."""
-    import tempfile
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``text`` to ``path`` all-or-nothing (:mod:`blis_simpy.atomic`); errors name
+    ``path`` and ``--out``."""
+    from blis_simpy.atomic import atomic_write
+    with atomic_write(path, field="--out", what="cannot write the plan", binary=False) as fh:
+        fh.write(text)
 
 
 def precheck(plan) -> None:

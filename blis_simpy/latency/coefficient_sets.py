@@ -27,6 +27,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from blis_simpy.atomic import atomic_write
 from blis_simpy.errors import ConfigError
 from blis_simpy.yaml_input import parse as parse_yaml
 
@@ -183,18 +184,12 @@ def render_set(cs: CoefficientSet, comment: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_set(path: str | os.PathLike, cs: CoefficientSet, comment: str = "") -> None:
-    """Write a set atomically (temporary sibling, then rename); re-reads it to check."""
+def write_set(path: str | os.PathLike, cs: CoefficientSet, comment: str = "", *,
+              field: str | None = None) -> None:
+    """Write a set all-or-nothing (:mod:`blis_simpy.atomic`); re-reads it to check first.
+    Errors name ``path`` and ``field`` (the flag that named it)."""
     final = Path(path)
     text = render_set(cs, comment)
     parse_set(text, str(final))           # what we write must load
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, final)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise ConfigError(f"cannot write: {exc.strerror or exc}", file=str(final)) from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_write(final, field=field, what="cannot write", binary=False) as f:
+        f.write(text)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from blis_simpy.errors import ConfigError
+from blis_simpy.atomic import Batch, atomic_write
 from blis_simpy.metrics.percentile import mean_ms, percentile_ms
 from blis_simpy.workload.tracev2 import MAX_TOKEN_IDS_PER_FILE, TraceRecord
 
@@ -205,16 +205,14 @@ def results_document(observations: list[Observation], *, warmup_requests: int = 
     }
 
 
-def write_json(path: str | os.PathLike, doc: dict, *, flag: str = "--results") -> Path:
-    """Write ``doc`` as indented JSON through a temporary file renamed into place."""
+def write_json(path: str | os.PathLike, doc: dict, *, flag: str = "--results",
+               batch: Batch | None = None) -> Path:
+    """Write ``doc`` as indented JSON all-or-nothing (:mod:`blis_simpy.atomic`); with
+    ``batch``, staged to commit with the batch's other outputs. Errors name ``path`` and
+    ``flag``."""
     final = Path(path)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, final)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise ConfigError(f"cannot write results: {e.strerror or e}", file=str(final), field=flag) from None
+    with atomic_write(final, batch=batch, field=flag, what="cannot write results",
+                      binary=False) as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
     return final

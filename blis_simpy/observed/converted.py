@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from blis_simpy.atomic import Batch, atomic_write
 from blis_simpy.config.loader import load_scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.observed.files import read_ticks
@@ -121,20 +122,14 @@ def write_files(files: dict[Path, str]) -> list[Path]:
     for final in files:                 # a rename that would fail: refuse before writing
         if final.is_dir():
             raise ConfigError("is a directory, expected a file path", file=str(final))
-    temps: list[tuple[Path, Path]] = []
-    final = next(iter(files), None)
+    batch = Batch()
     try:
         for final, text in files.items():
-            tmp = final.with_name(f".{final.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-            temps.append((tmp, final))
-            with open(tmp, "x", encoding="utf-8", newline="") as f:
+            with atomic_write(final, batch=batch, what="cannot write", binary=False) as f:
                 f.write(text)
-        for tmp, final in temps:
-            os.replace(tmp, final)
-    except OSError as e:
-        for tmp, _ in temps:
-            tmp.unlink(missing_ok=True)
-        raise ConfigError(f"cannot write: {e.strerror or e}", file=str(final)) from None
+        batch.commit()
+    finally:
+        batch.abort()
     return list(files)
 
 

@@ -4,7 +4,7 @@ Layout (docs/planning.md, "Sweeps")::
 
     DIR/part-<ns timestamp>-<random>.parquet     # rows of the points finished in one flush
 
-A part file is written to a temporary name and renamed (``os.replace``), so a file is either
+A part file is staged and renamed into place (:mod:`blis_simpy.atomic`), so a file is either
 whole or absent: an interrupted sweep keeps every point flushed before the interruption (the
 writer flushes every :data:`FLUSH_S` seconds and when it closes, also on Ctrl-C). Read the
 directory with any Parquet reader (``pyarrow.dataset.dataset(DIR)``, pandas, DuckDB, Spark).
@@ -32,6 +32,7 @@ import time
 import uuid
 from collections.abc import Iterable
 
+from blis_simpy.atomic import atomic_write
 from blis_simpy.errors import ConfigError
 from blis_simpy.planner.points import Point, canonical_json
 
@@ -130,25 +131,10 @@ class DatasetWriter:
         table = pa.table({c: pa.array([r.get(c) for r in self.rows]) for c in cols})
         name = f"{PART_GLOB_PREFIX}{time.time_ns():020d}-{uuid.uuid4().hex[:8]}{PART_SUFFIX}"
         final = os.path.join(self.out_dir, name)
-        tmp = os.path.join(self.out_dir, f".{name}.tmp")
-        try:
-            pq.write_table(table, tmp)
-            os.replace(tmp, final)
-        except OSError as exc:
-            _unlink(tmp)
-            raise ConfigError(f"cannot write the dataset: {exc.strerror or exc}", file=final) from None
-        except BaseException:
-            _unlink(tmp)
-            raise
+        with atomic_write(final, what="cannot write the dataset") as f:
+            pq.write_table(table, f)
         self.written += len(self.rows)
         self.rows = []
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def ensure_dir(path: str) -> None:

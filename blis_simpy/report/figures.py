@@ -21,7 +21,6 @@ in the PNG.
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
+from blis_simpy.atomic import Batch, atomic_write  # noqa: E402
 from blis_simpy.report.inputs import Input  # noqa: E402
 from blis_simpy.report.knee import DEFAULT_FACTOR, knee  # noqa: E402
 
@@ -404,13 +404,9 @@ def build_figures(inputs: list[Input], factor: float = DEFAULT_FACTOR) -> list[F
     return [s for s in specs if has_data(s.fig)]
 
 
-def save_png(fig: Figure, path: str) -> None:
-    """Write ``fig`` as a PNG (no software/date metadata), atomically."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with plt.rc_context(_STYLE):
-            fig.savefig(tmp, format="png", dpi=DPI, metadata={"Software": None})
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+def save_png(fig: Figure, path: str, *, batch: Batch | None = None) -> None:
+    """Write ``fig`` as a PNG (no software/date metadata), all-or-nothing; with ``batch``,
+    staged to commit with the batch's other outputs (:mod:`blis_simpy.atomic`)."""
+    with atomic_write(path, batch=batch, field="--out", what="cannot write the report") as f, \
+            plt.rc_context(_STYLE):
+        fig.savefig(f, format="png", dpi=DPI, metadata={"Software": None})

@@ -14,9 +14,11 @@ the same inputs give the same bytes. Every file is written to a temporary name a
 
 from __future__ import annotations
 
+import contextlib
 import os
 from html import escape
 
+from blis_simpy.atomic import Batch, atomic_write
 from blis_simpy.report.figures import FigureSpec, save_png
 from blis_simpy.report.inputs import Input
 
@@ -63,16 +65,21 @@ def _page(inputs: list[Input], specs: list[FigureSpec]) -> str:
 def write_report(out_dir: str, inputs: list[Input], specs: list[FigureSpec]) -> str:
     """Write the figures and the page into ``out_dir`` (created); returns the page's path."""
     fig_dir = os.path.join(out_dir, FIGURES)
+    made = [d for d in (fig_dir, out_dir) if not os.path.isdir(d)]
     os.makedirs(fig_dir, exist_ok=True)
-    for s in specs:
-        save_png(s.fig, os.path.join(fig_dir, f"{s.name}.png"))
     page = os.path.join(out_dir, PAGE)
-    tmp = f"{page}.{os.getpid()}.tmp"
+    files = Batch()          # the page and its figures land together, or none
     try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
+        for s in specs:
+            save_png(s.fig, os.path.join(fig_dir, f"{s.name}.png"), batch=files)
+        with atomic_write(page, batch=files, field="--out", what="cannot write the report",
+                          binary=False, newline="\n") as fh:
             fh.write(_page(inputs, specs))
-        os.replace(tmp, page)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        files.commit()
+    except BaseException:
+        files.abort()
+        for d in made:       # the folders this call created, left empty by the failure
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        raise
     return page

@@ -224,6 +224,11 @@ ERRORS = [
     ("  - name: b\n    overrides:\n      workload: {rate: 2.0}\n", 3, "variants[1].overrides.workload",
      "cannot vary"),
     ("  - name: b\n    overrides:\n      seed: 7\n", 3, "variants[1].overrides.seed", "cannot vary"),
+    # a bad workload spec in a variant: refused by validate as by run (workload cannot vary, so
+    # the base's spec, which validate checks with check_workload, is every variant's)
+    ("  - name: b\n    overrides:\n      workload:\n        kind: spec\n"
+     "        spec: {clients: [{id: c, bogus: 1}]}\n", 3, "variants[1].overrides.workload",
+     "cannot vary"),
     ("  - name: a\n    overrides: {}\n", 1, "variants[1].name", "duplicate variant name"),
     ("  - name: b\n    overrides: {}\n    extra: 1\n", 3, "variants[1].extra", "unknown key"),
     ("  - overrides: {}\n", 1, "variants[1].name", "required"),
