@@ -66,7 +66,7 @@ class RunTap:
         if self.sink is None:
             return
         if not self.streaming:
-            for row in request_rows(report.cluster):
+            for row in request_rows(report.cluster, absent=None):   # absent latency: null
                 self.sink.write(row)
         self.sink.commit(batch)
 

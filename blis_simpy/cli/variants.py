@@ -37,9 +37,8 @@ from blis_simpy.cli.flags import REPLAY
 from blis_simpy.config.loader import Source, check_scenario, dotted, load_raw, undotted, validate
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import BlisError, ConfigError, SimulationError
-from blis_simpy.metrics.percentile import percentile_ms
 from blis_simpy.metrics.report import report_dict, write_results
-from blis_simpy.metrics.summary import metrics_output, replay_results
+from blis_simpy.metrics.summary import metrics_output, replay_results, scope_output
 
 #: width of the table output when stdout is not a terminal (files, pipes)
 TABLE_WIDTH = 160
@@ -195,16 +194,16 @@ def deployment(s: Scenario) -> str:
 
 
 def comparison_row(vp: VariantPlan, out: runner.Outcome) -> dict:
-    """The comparison-table values of one variant (times in ms)."""
+    """The comparison-table values of one variant (times in ms; ``None`` where no request has
+    the latency, as in the JSON document's scope objects)."""
     r = out.report
-    c = metrics_output(r.cluster, include_requests=False)
-    p50 = percentile_ms(sorted(r.cluster.ttft.values()), 50) if c["completed_requests"] else 0.0
+    c = scope_output(r.cluster)
     xfer = r.pd.transfer_duration.mean / 1000 if r.pd is not None and r.pd.transfer_duration.count else None
     return {"variant": vp.name, "deployment": deployment(vp.plan.scenario),
             "instances": vp.plan.scenario.cluster.num_instances, "gpus": out.result.gpus,
             "completed": c["completed_requests"], "injected": c["injected_requests"],
             "throughput_rps": c["responses_per_sec"], "tokens_per_sec": c["tokens_per_sec"],
-            "ttft_mean_ms": c["ttft_mean_ms"], "ttft_p50_ms": p50, "ttft_p99_ms": c["ttft_p99_ms"],
+            "ttft_mean_ms": c["ttft_mean_ms"], "ttft_p50_ms": c["ttft_p50_ms"], "ttft_p99_ms": c["ttft_p99_ms"],
             "itl_mean_ms": c["itl_mean_ms"], "itl_p99_ms": c["itl_p99_ms"],
             "e2e_mean_ms": c["e2e_mean_ms"], "e2e_p99_ms": c["e2e_p99_ms"],
             "transfer_mean_ms": xfer, "cache_hit_rate": r.kv_rates[1]}
@@ -241,7 +240,7 @@ def _tables(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome
     title = f"{base.scenario.name}: " if base.scenario.name else ""
     console.print(f"[bold]{base.command}[/bold]: {title}{len(o0.requests)} requests{extra}, the same "
                   f"for each of {len(vps)} variants, horizon {runner.horizon_text(o0.horizon_us)}")
-    f = lambda x, nd=1: f"{x:,.{nd}f}"  # noqa: E731
+    f = lambda x, nd=1: "-" if x is None else f"{x:,.{nd}f}"  # noqa: E731
 
     def table(title: str, heads: tuple[str, ...], left: int) -> Table:
         t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -258,7 +257,7 @@ def _tables(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome
                   f(r["tokens_per_sec"], 0), f(r["ttft_mean_ms"]), f(r["ttft_p50_ms"]),
                   f(r["ttft_p99_ms"]), f(r["itl_mean_ms"], 2), f(r["itl_p99_ms"], 2),
                   f(r["e2e_mean_ms"]), f(r["e2e_p99_ms"]),
-                  "-" if r["transfer_mean_ms"] is None else f(r["transfer_mean_ms"]),
+                  f(r["transfer_mean_ms"]),
                   f"{r['cache_hit_rate']:.1%}")
     console.print(t)
     t = table("Counters", ("Variant", "Injected", "Still\nqueued", "Still\nrunning", "Timed\nout",

@@ -116,7 +116,7 @@ class RequestCollector:
         if e2e is not None and self.slo is not None:
             met.streaming.slo_tally.add(self.slo, cls, ttft, itl, e2e)
         if req is not None and self.sink is not None:
-            self.sink.write(request_row(rid, req, ttft or 0, itl or 0, e2e or 0, sched or 0))
+            self.sink.write(request_row(rid, req, ttft, itl, e2e, sched))   # absent: null
 
     def finish(self, metrics) -> None:
         """End of run: take the requests still in the finalized instance records ``metrics``."""

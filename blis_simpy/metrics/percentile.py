@@ -221,7 +221,11 @@ class Distribution:
         """Summarise the values of a map, gathered in sorted-key order."""
         return cls.from_values(values_by_key[k] for k in sorted(values_by_key))
 
-    def to_dict(self) -> dict:
-        """JSON form; keys in field order."""
-        return {"mean": self.mean, "p50": self.p50, "p95": self.p95, "p99": self.p99,
-                "min": self.min, "max": self.max, "count": self.count}
+    def to_dict_ms(self) -> dict:
+        """Our JSON form, in ms: ``{"mean_ms", "p50_ms", "p95_ms", "p99_ms", "min_ms",
+        "max_ms", "count"}``; the statistics are ``null`` when there are no values."""
+        empty = self.count == 0
+        out: dict = {f"{k}_ms": None if empty else float(getattr(self, k)) / 1000
+                     for k in ("mean", "p50", "p95", "p99", "min", "max")}
+        out["count"] = self.count
+        return out

@@ -42,7 +42,8 @@ class SLOMetrics:
     e2e: Distribution
 
     def to_dict(self) -> dict:
-        return {"ttft": self.ttft.to_dict(), "e2e": self.e2e.to_dict()}
+        """Our JSON form (ms, :meth:`Distribution.to_dict_ms`)."""
+        return {"ttft": self.ttft.to_dict_ms(), "e2e": self.e2e.to_dict_ms()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,8 @@ class ModelMetrics:
     total_requests: int
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "ttft": self.ttft.to_dict(), "e2e": self.e2e.to_dict(),
+        """Our JSON form (latencies in ms, :meth:`Distribution.to_dict_ms`)."""
+        return {"model": self.model, "ttft": self.ttft.to_dict_ms(), "e2e": self.e2e.to_dict_ms(),
                 "throughput_rps": self.throughput_rps, "tokens_per_sec": self.tokens_per_sec,
                 "total_requests": self.total_requests}
 

@@ -21,8 +21,8 @@ Renderers:
     {
       "command": "run" | "replay",
       "num_instances": int,
-      "cluster": MetricsOutput,              # without "requests"
-      "instances": [MetricsOutput, ...],     # every instance, index order
+      "cluster": Scope,                      # summary.scope_output: latencies in ms
+      "instances": [Scope, ...],             # every instance, index order
       "anomaly_counters": {"priority_inversions", "hol_blocking_events",
                            "rejected_requests_admission", "shed_by_tier": {class: n},
                            "rejected_requests_routing", "dropped_unservable",
@@ -55,7 +55,11 @@ Then, only when asked for (:func:`planning_part`; docs/metrics.md, "SLOs and goo
 ``"deployment"`` (``{"total_gpus", "gpu_hour_usd", "cost_per_hour_usd",
 "cost_per_million_output_tokens_usd"}``) when an SLO target or a GPU-hour price is known.
 
-Distribution objects are ``{"mean", "p50", "p95", "p99", "min", "max", "count"}`` in µs.
+Every latency is in ms with the unit in its key (docs/metrics.md, "The JSON document").
+Distribution objects are ``{"mean_ms", "p50_ms", "p95_ms", "p99_ms", "min_ms", "max_ms",
+"count"}`` (:meth:`~blis_simpy.metrics.percentile.Distribution.to_dict_ms`; ``null``
+statistics when empty); ``pd`` has ``prefill_throughput_rps``/``decode_throughput_rps`` and
+``trace_summary`` ``mean_transfer_duration_ms``.
 Numbers are written as Go would (:mod:`blis_simpy.metrics.gojson`).
 
 :func:`write_results` writes a JSON file all-or-nothing (:mod:`blis_simpy.atomic`).
@@ -85,7 +89,7 @@ from blis_simpy.metrics.raw import (
 from blis_simpy.metrics.records import InstanceMetrics
 from blis_simpy.metrics.slo import SLOReport
 from blis_simpy.metrics.streaming import RELATIVE_ACCURACY, accuracy_note
-from blis_simpy.metrics.summary import aggregate, metrics_output
+from blis_simpy.metrics.summary import aggregate, scope_output
 
 __all__ = [
     "AnomalyCounters",
@@ -127,15 +131,16 @@ class PDMetrics:
     mean_transfer_queue_depth: float = 0.0
 
     def to_dict(self) -> dict:
+        """Our JSON form: throughputs ``_rps`` (sub-requests/s), times in ms."""
         ratio = self.load_imbalance_ratio
         return {
             "disaggregated_count": self.disaggregated_count,
             "dropped_at_decode_kv": self.dropped_at_decode_kv,
-            "prefill_throughput": self.prefill_throughput,
-            "decode_throughput": self.decode_throughput,
+            "prefill_throughput_rps": self.prefill_throughput,
+            "decode_throughput_rps": self.decode_throughput,
             "load_imbalance_ratio": FLOAT_MAX if math.isinf(ratio) else ratio,
-            "parent_ttft": self.parent_ttft.to_dict(),
-            "transfer_duration": self.transfer_duration.to_dict(),
+            "parent_ttft": self.parent_ttft.to_dict_ms(),
+            "transfer_duration": self.transfer_duration.to_dict_ms(),
             "contention": self.contention,
             "peak_concurrent_transfers": self.peak_concurrent_transfers,
             "mean_transfer_queue_depth": self.mean_transfer_queue_depth,
@@ -163,10 +168,12 @@ class TraceSummary:
     pool_target_distribution: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
+        """Our JSON form: the fields in order, ``mean_transfer_duration_ms`` in ms."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["target_distribution"] = {k: self.target_distribution[k]
                                     for k in sorted(self.target_distribution)}
-        return d
+        return {("mean_transfer_duration_ms" if k == "mean_transfer_duration" else k):
+                (v / 1000 if k == "mean_transfer_duration" else v) for k, v in d.items()}
 
 
 @dataclass(frozen=True)
@@ -298,8 +305,8 @@ def report_dict(report: Report) -> dict:
     return {
         "command": "replay" if report.is_replay else "run",
         "num_instances": report.num_instances,
-        "cluster": metrics_output(report.cluster, include_requests=False),
-        "instances": [metrics_output(m, include_requests=False) for m in report.instances],
+        "cluster": scope_output(report.cluster),
+        "instances": [scope_output(m) for m in report.instances],
         "anomaly_counters": report.anomalies.to_dict(),
         "kv_cache": {"preemption_rate": pr, "cache_hit_rate": hit, "kv_thrashing_rate": thr},
         "per_slo": {k: v.to_dict() for k, v in report.per_slo.items()},

@@ -4,6 +4,8 @@
   "End-of-run accounting", done by the PD code on the returned record).
 * :func:`metrics_output` — the ``MetricsOutput`` JSON object, keys in BLIS's order;
   :func:`request_rows` — its per-request rows.
+* :func:`scope_output` — our own ``--format json`` object for one scope: every latency in ms
+  with p50, its count, ``null`` where no request has it (docs/metrics.md, "JSON document").
 * :func:`replay_results` — the ``blis replay --results-path`` array.
 
 Raw metrics live in :mod:`blis_simpy.metrics.raw` and fitness in
@@ -31,6 +33,7 @@ __all__ = [
     "replay_results",
     "request_row",
     "request_rows",
+    "scope_output",
 ]
 
 log = logging.getLogger("blis_simpy.metrics")
@@ -96,27 +99,29 @@ def aggregate(instances: Sequence[InstanceMetrics], *,
 
 
 # ---------------------------------------------------------------------- MetricsOutput
-def _ms(x) -> float:
-    return float(x) / 1000
+def _ms(x) -> float | None:
+    return None if x is None else float(x) / 1000
 
 
-def request_rows(m: InstanceMetrics) -> list[dict]:
+def request_rows(m: InstanceMetrics, *, absent: int | None = 0) -> list[dict]:
     """Per-request rows of the results file, in BLIS's order.
 
-    One row per registry entry. Missing map entries give 0; ``slo_class``, ``tenant_id``,
+    One row per registry entry. A latency the request does not have is ``absent``: 0 in
+    BLIS's results file, ``None`` (null) in our ``--requests-out`` file; ``slo_class``, ``tenant_id``,
     ``handled_by`` and ``model`` are omitted when empty, ``length_capped`` when false.
     Sorted by request ID (string order), then stably by ``arrived_at``.
     """
     ttft, itl, e2e, sched = m.ttft, m.itl, m.e2e, m.scheduling_delay
-    rows = [request_row(rid, m.registry[rid], ttft.get(rid, 0), itl.get(rid, 0), e2e.get(rid, 0),
-                        sched.get(rid, 0))
+    rows = [request_row(rid, m.registry[rid], ttft.get(rid, absent), itl.get(rid, absent),
+                        e2e.get(rid, absent), sched.get(rid, absent))
             for rid in sorted(m.registry)]
     rows.sort(key=lambda r: r["arrived_at"])  # stable: ties keep ID order
     return rows
 
 
 def request_row(rid: str, req, ttft_us, itl_us, e2e_us, sched_us) -> dict:
-    """One results-file row: ``req`` is the registry row, the latencies are µs (0 if absent)."""
+    """One results-file row: ``req`` is the registry row, the latencies are µs (0, or None for
+    null, when the request does not have them)."""
     row = {
         "arrived_at": float(req.arrival_us) / 1e6,
         "requestID": rid,
@@ -204,6 +209,83 @@ def metrics_output(m: InstanceMetrics, *, include_requests: bool) -> dict:
         rows = request_rows(m)
         if rows:
             out["requests"] = rows
+    return out
+
+
+#: the latencies of a scope object, in its key order
+SCOPE_LATENCIES = ("e2e", "ttft", "itl", "scheduling_delay")
+#: the statistics of each latency, ms (``<latency>_<stat>_ms``), then ``<latency>_count``
+SCOPE_STATS = ("mean", "p50", "p90", "p95", "p99")
+_BLIS_LATENCY = re.compile(r"(e2e|ttft|itl|scheduling_delay)_(mean|p\d+)_ms")
+
+
+def _latency_sources(m: InstanceMetrics) -> dict:
+    """``{latency: source}``: a source has ``n`` values (µs), ``mean_ms()`` and
+    ``percentile_ms(p)`` computed exactly as :func:`metrics_output` computes BLIS's fields."""
+    st = m.streaming
+    itl = SortedHistogram(m.all_itls)
+    if st is not None:     # --streaming-metrics: exact counts and means, sketched percentiles
+        return {"e2e": _Streamed(st.e2e), "ttft": _Streamed(st.ttft), "itl": itl,
+                "scheduling_delay": _Streamed(st.sched)}
+    return {"e2e": _Sorted(m.e2e.values()), "ttft": _Sorted(m.ttft.values()), "itl": itl,
+            "scheduling_delay": _Sorted(m.scheduling_delay.values())}
+
+
+class _Sorted:
+    __slots__ = ("v", "n")
+
+    def __init__(self, values) -> None:
+        self.v = sorted(values)
+        self.n = len(self.v)
+
+    def mean_ms(self) -> float:
+        return mean_ms(self.v)
+
+    def percentile_ms(self, p: float) -> float:
+        return percentile_ms(self.v, p)
+
+
+class _Streamed:
+    __slots__ = ("d", "n")
+
+    def __init__(self, d) -> None:
+        self.d = d
+        self.n = d.count
+
+    def mean_ms(self) -> float:
+        return self.d.mean_ms()
+
+    def percentile_ms(self, p: float) -> float:
+        return self.d.percentile_ms(p)
+
+
+def scope_output(m: InstanceMetrics) -> dict:
+    """Our ``--format json`` object for one scope (an instance or the cluster).
+
+    BLIS's :func:`metrics_output` counters, throughputs and key order, with
+    ``unfinished_requests`` (``injected_requests − completed_requests``) after
+    ``injected_requests``, and for each latency of :data:`SCOPE_LATENCIES` the statistics
+    ``<latency>_{mean,p50,p90,p95,p99}_ms`` and ``<latency>_count`` (how many requests have
+    it). A latency no request has is ``null``, never 0: an unfinished request has no TTFT or
+    E2E and is left out of the statistics, not counted as 0 ms. Values equal BLIS's fields
+    wherever BLIS reports them (same arithmetic).
+    """
+    blis = metrics_output(m, include_requests=False)
+    sources = _latency_sources(m)
+    out: dict = {}
+    for key, value in blis.items():
+        if _BLIS_LATENCY.fullmatch(key):
+            continue
+        out[key] = value
+        if key == "injected_requests":
+            out["unfinished_requests"] = m.injected_requests - m.completed_requests
+        elif key == "tokens_per_sec":
+            for lat in SCOPE_LATENCIES:
+                src = sources[lat]
+                for stat in SCOPE_STATS:
+                    out[f"{lat}_{stat}_ms"] = (None if src.n == 0 else src.mean_ms() if stat == "mean"
+                                               else src.percentile_ms(float(stat[1:])))
+                out[f"{lat}_count"] = src.n
     return out
 
 

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from blis_simpy.metrics.report import PDMetrics, Report, is_idle_ratio
 from blis_simpy.metrics.slo import SLOReport
-from blis_simpy.metrics.summary import metrics_output
+from blis_simpy.metrics.summary import SCOPE_STATS, scope_output
 
 __all__ = ["pd_table", "render_tables", "sessions_table", "slo_tables"]
 
 
-def _f(x: float, nd: int = 2) -> str:
-    return f"{x:,.{nd}f}"
+def _f(x: float | None, nd: int = 2) -> str:
+    """``x`` with ``nd`` decimals and thousands separators; ``-`` for None (no value)."""
+    return "-" if x is None else f"{x:,.{nd}f}"
 
 
 def render_tables(report: Report, console) -> None:
     """Print the report as rich tables on ``console`` (a :class:`rich.console.Console`)."""
     from rich.table import Table
 
-    c = metrics_output(report.cluster, include_requests=False)
+    c = scope_output(report.cluster)
 
     summary = Table(title="Summary", title_justify="left")
     summary.add_column("Metric")
@@ -42,12 +43,12 @@ def render_tables(report: Report, console) -> None:
     console.print(summary)
 
     lat = Table(title="Latency (ms)", title_justify="left")
-    lat.add_column("Metric")
-    for h in ("mean", "p90", "p95", "p99"):
+    lat.add_column("Metric", no_wrap=True)
+    for h in (*SCOPE_STATS, "n"):
         lat.add_column(h, justify="right")
-    for name, key in (("TTFT", "ttft"), ("E2E", "e2e"), ("ITL", "itl")):
-        lat.add_row(name, *(_f(c[f"{key}_{s}_ms"], 3) for s in ("mean", "p90", "p95", "p99")))
-    lat.add_row("Scheduling delay", "", "", "", _f(c["scheduling_delay_p99_ms"], 3))
+    for name, key in (("TTFT", "ttft"), ("E2E", "e2e"), ("ITL", "itl"),
+                      ("Sched delay", "scheduling_delay")):
+        lat.add_row(name, *(_f(c[f"{key}_{s}_ms"]) for s in SCOPE_STATS), f"{c[f'{key}_count']:,}")
     console.print(lat)
 
     if report.slo is not None:

@@ -116,3 +116,28 @@ def test_empty_and_one_request_reports_in_every_format(cli, tmp_path, size, fmt,
             assert block["instance_id"] == "cluster" and block["completed_requests"] == 1
     else:
         assert re.search(rf"│ Completed / injected\s+│\s+{n} / {n} │", res.stdout), res.stdout
+
+
+def test_unfinished_requests_are_null_and_counted_not_zero(cli, tmp_path):
+    """A 100 ms horizon: request_0 (arrives at 49,999 us, 10,326 us of alpha queueing delay) has
+    its first token 17,886 us after arrival and does not finish; request_1 (arrives at 99,998 us)
+    is still in its queueing delay. Our formats say "no value" (null / -), never 0 ms."""
+    rows = tmp_path / "rows.jsonl"
+    args = ("run", "--scenario", _small(tmp_path), "--num-requests", "5", "--horizon", "100000")
+    res = cli(*args, "--format", "json", "--requests-out", rows)
+    assert res.exit_code == 0, res.stderr
+    c = json.loads(res.stdout)["cluster"]
+    assert (c["completed_requests"], c["injected_requests"], c["unfinished_requests"]) == (0, 1, 1)
+    assert (c["ttft_mean_ms"], c["ttft_p50_ms"], c["ttft_count"]) == (17.886, 17.886, 1)
+    assert c["e2e_count"] == c["itl_count"] == 0
+    assert c["e2e_mean_ms"] is None and c["e2e_p99_ms"] is None and c["itl_p50_ms"] is None
+    got = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert [(r["requestID"], r["ttft_ms"], r["e2e_ms"], r["scheduling_delay_ms"]) for r in got] == [
+        ("request_0", 17.886, None, 10.326), ("request_1", None, None, None)]
+    table = cli(*args).stdout
+    assert re.search(r"│ E2E +│ +- │ +- │ +- │ +- │ +- │ +0 │", table), table
+    assert re.search(r"│ TTFT +│ +17\.89 │ +17\.89 │", table), table
+    # BLIS's own results file keeps BLIS's 0 for an absent latency
+    res = cli(*args, "--format", "json", "--results-path", tmp_path / "res.json")
+    blis_rows = json.loads((tmp_path / "res.json").read_text())["requests"]
+    assert [(r["ttft_ms"], r["e2e_ms"]) for r in blis_rows] == [(17.886, 0), (0, 0)]

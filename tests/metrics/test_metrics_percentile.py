@@ -112,8 +112,11 @@ def test_distribution_hand_computed():
     assert d.p50 == pytest.approx(2.5)                   # rank 1.5
     assert d.p95 == pytest.approx(3 + 7 * 0.85)          # rank 2.85
     assert d.p99 == pytest.approx(3 + 7 * 0.97)
-    assert d.to_dict() == {"mean": 4.0, "p50": d.p50, "p95": d.p95, "p99": d.p99,
-                           "min": 1.0, "max": 10.0, "count": 4}
+    assert d.to_dict_ms() == {"mean_ms": 0.004, "p50_ms": d.p50 / 1000, "p95_ms": d.p95 / 1000,
+                              "p99_ms": d.p99 / 1000, "min_ms": 0.001, "max_ms": 0.01, "count": 4}
+    assert Distribution().to_dict_ms() == {"mean_ms": None, "p50_ms": None, "p95_ms": None,
+                                           "p99_ms": None, "min_ms": None, "max_ms": None,
+                                           "count": 0}
 
 
 def test_distribution_from_map_sums_in_sorted_key_order():

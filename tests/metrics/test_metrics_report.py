@@ -286,7 +286,27 @@ def test_render_json_document():
     assert doc["anomaly_counters"]["shed_by_tier"] == {"critical": 0, "standard": 1}
     assert doc["anomaly_counters"]["dropped_kv_allocations"] == 1
     assert doc["kv_cache"] == {"preemption_rate": 0, "cache_hit_rate": 0.25, "kv_thrashing_rate": 0}
-    assert doc["per_slo"]["batch"]["e2e"]["mean"] == 20000
+    # one unit (ms) named in every key; empty statistics are null, never 0
+    assert doc["per_slo"]["batch"]["e2e"] == {"mean_ms": 20, "p50_ms": 20, "p95_ms": 20,
+                                              "p99_ms": 20, "min_ms": 20, "max_ms": 20, "count": 1}
+    assert doc["per_slo"]["default"]["e2e"]["mean_ms"] is None
+    assert doc["per_slo"]["default"]["e2e"]["count"] == 0
+    assert doc["pd"]["parent_ttft"] == {"mean_ms": 2, "p50_ms": 2, "p95_ms": 2.9, "p99_ms": 2.98,
+                                        "min_ms": 1, "max_ms": 3, "count": 2}
+    assert doc["pd"]["transfer_duration"]["p99_ms"] is None
+    assert doc["pd"]["prefill_throughput_rps"] == 2
+    assert doc["trace_summary"]["mean_transfer_duration_ms"] == 0.0768
+    # instance_0: 2 done (E2E 5 and 20 ms, TTFT 1 and 3 ms, sched 0 and 0.5 ms, ITL 2,2,4,4,4,5 ms)
+    i0 = doc["instances"][0]
+    assert (i0["e2e_mean_ms"], i0["e2e_p50_ms"], i0["e2e_count"]) == (12.5, 12.5, 2)
+    assert (i0["ttft_p50_ms"], i0["scheduling_delay_mean_ms"], i0["scheduling_delay_p50_ms"]) == (2, 0.25, 0.25)
+    assert (i0["itl_p50_ms"], i0["itl_count"], i0["unfinished_requests"]) == (4, 6, 0)
+    # instance_1: its one request has a TTFT but is still running: no E2E (null), counted
+    i1 = doc["instances"][1]
+    assert i1["unfinished_requests"] == 1 and i1["ttft_mean_ms"] == 0.7 and i1["ttft_count"] == 1
+    assert all(i1[f"{lat}_{st}_ms"] is None for lat in ("e2e", "itl", "scheduling_delay")
+               for st in ("mean", "p50", "p90", "p95", "p99"))
+    assert (i1["e2e_count"], i1["itl_count"], i1["scheduling_delay_count"]) == (0, 0, 0)
     assert doc["per_model"]["llama"]["throughput_rps"] == 2
     assert doc["fitness"] == {"score": 0.75, "components": {"mean_e2e": 0.25, "throughput": 0.5}}
     assert doc["pd"]["load_imbalance_ratio"] == FLOAT_MAX
