@@ -3,6 +3,8 @@
 * :class:`ConfigError` — bad user input (file, line, field); the CLI prints one line, exit 2.
 * :class:`SimulationError` — something broke while simulating (time, instance, request).
 * :class:`InvariantError` — an end-of-run invariant (conservation, causality) does not hold.
+
+:func:`validation_problem` words a pydantic error as every YAML key's error is worded.
 """
 
 from __future__ import annotations
@@ -63,3 +65,20 @@ class SimulationError(BlisError):
 
 class InvariantError(SimulationError):
     """An invariant (docs/determinism.md, "Invariants") is broken at the end of a run."""
+
+
+def validation_problem(first: dict) -> str:
+    """A short problem text for one pydantic error (a dict of ``errors()``), as every YAML
+    key is reported: the scenario's, the policy bundle's and a plugin's ``params``."""
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required key is missing"
+    msg = first["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    msg = msg[0].lower() + msg[1:] if msg else "invalid value"
+    if "input" in first and not isinstance(first["input"], (dict, list)) and ", got " not in msg:
+        msg += f", got {first['input']!r}"      # (a validator's own message may say it already)
+    return msg

@@ -17,12 +17,13 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from blis_simpy.errors import BlisError, ConfigError
+from blis_simpy.errors import BlisError, ConfigError, validation_problem
 
 
 class NoParams(BaseModel):
@@ -86,10 +87,7 @@ class Pluggable:
                 index = isinstance(part, int) and not (key and i == len(err["loc"]) - 1)
                 loc += f"[{part}]" if index else ("." if loc else "") + str(part)
             where = f"{field}.{loc}" if field and loc else (field or loc or None)
-            problem = err["msg"].removeprefix("Value error, ")
-            if err["type"] in _SCALAR_TYPES and isinstance(err.get("input"), str):
-                problem += f", got {err['input']!r} (a quoted string)"
-            raise ConfigError(problem, field=where) from None
+            raise ConfigError(validation_problem(err), field=where) from None
 
 
 _SCALAR_TYPES = ("int_type", "float_type", "bool_type")
@@ -136,6 +134,63 @@ def call_failure(plugin, method: str, exc: Exception, *, field: str | None = Non
     text = str(exc).replace("\n", " ")
     return plugin_error(plugin, f"failed: {method}() raised {type(exc).__name__}"
                         + (f": {text}" if text else ""), field=field)
+
+
+def shown(value, limit: int = 60) -> str:
+    """A short ``repr`` of what a plugin returned, with its type, for an error line."""
+    text = repr(value)
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text if value is None else f"{text} ({type(value).__name__})"
+
+
+def checked_results(plugin, checks: dict[str, Callable[[Any], Any]], *, field: str | None):
+    """``plugin`` (an object of a plugin class) with each method named in ``checks`` replaced,
+    on this object only, by one whose result passes through ``check(result)``: the value to
+    use, or a ValueError saying what was expected, which becomes the plugin's one-line error
+    (``returned nan (float) from step_time_us(); expected ...``). Done once when the object
+    is built, so built-in classes, which are not wrapped, cost nothing more per call."""
+    for name, check in checks.items():
+        setattr(plugin, name, _checked_method(plugin, name, getattr(plugin, name), check, field))
+    return plugin
+
+
+def _checked_method(plugin, name: str, method, check, field: str | None):
+    def checked(*args, **kw):
+        res = method(*args, **kw)
+        try:
+            return check(res)
+        except ValueError as exc:
+            raise plugin_error(plugin, f"returned {shown(res)} from {name}(); expected {exc}",
+                               field=field) from None
+    return checked
+
+
+def raised_in_plugin(exc: BaseException) -> tuple[Pluggable, str, BaseException] | None:
+    """The plugin object whose own code raised ``exc``, the method it was running and the
+    exception as raised; None when no plugin code is on its traceback.
+
+    That is the innermost frame of code outside this package that runs a method of a plugin
+    object (``self`` of a :class:`Pluggable` class not built in): a plugin's hook that
+    raises, or that calls back into the package with arguments that make it raise. SimPy
+    re-raises a process's failure as a copy whose cause is the original, so the cause chain
+    is followed too."""
+    for _ in range(8):          # a bounded walk down the chain of causes
+        if exc is None:
+            return None
+        frames = []
+        tb = exc.__traceback__
+        while tb is not None:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        for frame in reversed(frames):
+            if frame.f_globals.get("__name__", "").split(".", 1)[0] == "blis_simpy":
+                continue
+            obj = frame.f_locals.get("self")
+            if isinstance(obj, Pluggable) and not obj._blis_builtin:
+                return obj, frame.f_code.co_name, exc
+        exc = exc.__cause__
+    return None
 
 
 def build_failure(cls: type[Pluggable], exc: Exception, *, field: str | None) -> ConfigError:

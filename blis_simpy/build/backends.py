@@ -9,6 +9,8 @@ model times steps in integer µs. :func:`with_coefficient_set` applies a coeffic
 
 from __future__ import annotations
 
+import numbers
+
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.engine.limits import MAX_STEP_US
 from blis_simpy.errors import ConfigError
@@ -16,7 +18,7 @@ from blis_simpy.kv.sizing import KV_DTYPE_BYTES
 from blis_simpy.latency.base import LatencyModel
 from blis_simpy.latency.blackbox import BlackboxModel
 from blis_simpy.latency.coefficient_sets import PhysicsCoefficients, read_set
-from blis_simpy.plugins import build_failure
+from blis_simpy.plugins import build_failure, checked_results
 
 ANALYTICAL = ("physics", "trained-physics", "roofline", "crossmodel", "trained-roofline")
 #: the backends built from alpha/beta or a model config; any other name is a plugin, built
@@ -82,7 +84,22 @@ def build_backend(backend: str, model_cfg, gpu, tp, alpha, beta, compat: str,
     extra = dict(extra or {})
     step_limits = extra.pop("step_limits", None)
     model = _build(backend, model_cfg, gpu, tp, alpha, beta, compat, extra, params)
-    return check_step_cap(model, step_limits) if backend in BUILTIN_BACKENDS else model
+    if backend in BUILTIN_BACKENDS:
+        return check_step_cap(model, step_limits)
+    return checked_results(model, dict.fromkeys(_TIMES_US, whole_us), field="latency.model")
+
+
+#: the methods of a latency model that return a duration in µs (checked for a plugin model)
+_TIMES_US = ("step_time_us", "lockstep_step_time_us", "queueing_time_us", "output_token_time_us",
+             "post_decode_us")
+
+
+def whole_us(value) -> int:
+    """A plugin latency model's duration as an int (µs ≥ 0; a NumPy integer is taken); a
+    ValueError saying what was expected otherwise (a float, NaN, a negative number, None)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0:
+        return int(value)
+    raise ValueError("a whole number of microseconds >= 0 (an int)")
 
 
 def _build(backend: str, model_cfg, gpu, tp, alpha, beta, compat: str, extra: dict,

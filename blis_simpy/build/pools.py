@@ -20,7 +20,7 @@ from blis_simpy.build.resolution import Resolution
 from blis_simpy.build.resolve import Deployment, resolve
 from blis_simpy.catalog.types import ModelConfig
 from blis_simpy.config.scenario import PoolOverrides, RoutingConfig, Scenario
-from blis_simpy.disagg.deciders import DisaggregationDecider
+from blis_simpy.disagg.deciders import DisaggregationDecider, make_decider
 from blis_simpy.errors import ConfigError
 from blis_simpy.routing.base import Router
 
@@ -171,8 +171,8 @@ def check_decider(name: str, params: Mapping | None = None, *, field: str = "dis
 
 def _decider_warnings(name: str, params: Mapping, block_size: int) -> list[str]:
     """The decider's own notes on a legal but probably unintended configuration."""
-    cls = DisaggregationDecider.lookup(name)
-    return list(cls(cls.parse_params(dict(params)), block_size=block_size).config_warnings())
+    decider = make_decider(name, dict(params), block_size=block_size, field="disaggregation.decider")
+    return list(decider.config_warnings())
 
 
 def check_topology(prefill: int, decode: int, num_instances: int) -> bool:

@@ -50,7 +50,7 @@ from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.errors import BlisError, ConfigError, InvariantError
 from blis_simpy.latency.interference import InterferenceModel
 from blis_simpy.metrics.records import InstanceMetrics
-from blis_simpy.plugins import build_failure, is_builtin
+from blis_simpy.plugins import build_failure, call_failure, is_builtin, raised_in_plugin
 from blis_simpy.rng import RngStreams
 from blis_simpy.trace import DecisionTrace
 
@@ -110,6 +110,16 @@ def component_classes(scenario: Scenario, pools: bool, *, instance_class: type[I
                           "(disaggregation.prefill_instances and decode_instances > 0)",
                           field="cluster.implementation")
     return inst, cluster, fabric
+
+
+#: the scenario key that chooses a plugin of each family (a router knows its own key)
+_PLUGIN_FIELDS = {
+    "engine implementation": "engine.implementation", "cluster": "cluster.implementation",
+    "kv transfer fabric": "disaggregation.transfer.fabric", "latency model": "latency.model",
+    "kv cache": "engine.kv_cache", "batching policy": "engine.batching",
+    "disaggregation decider": "disaggregation.decider.policy", "scheduler": "engine.scheduler",
+    "priority policy": "engine.priority_policy", "admission policy": "cluster.admission.policy",
+}
 
 
 def _guarded(cls: type, field: str):
@@ -235,7 +245,26 @@ class Simulation:
         self.cluster.sessions = sessions
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimulationResult:
-        """Run to the horizon (or until no event is left), then finalize and check."""
+        """Run to the horizon (or until no event is left), then finalize and check.
+
+        An exception raised by a plugin's own code (an instance hook, a cluster, fabric,
+        latency model, KV cache, batching policy or decider method) is that plugin's one-line
+        :class:`ConfigError` on the key that chose it (docs/extending.md, "When a plugin
+        misbehaves"); the one place it is caught keeps built-in classes' hot paths as they are."""
+        try:
+            return self._run(progress)
+        except BlisError:
+            raise
+        except Exception as exc:
+            found = raised_in_plugin(exc)
+            if found is None:
+                raise
+            plugin, method, raised = found
+            field = getattr(plugin, "config_field", None)
+            field = f"{field}.policy" if field else _PLUGIN_FIELDS.get(type(plugin).family)
+            raise call_failure(plugin, method, raised, field=field) from None
+
+    def _run(self, progress: Callable[[int, int], None] | None) -> SimulationResult:
         env = self.env
         t0 = time.perf_counter()
         tally.reset()       # per-request warnings: one line per cause when the run ends

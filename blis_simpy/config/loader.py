@@ -21,7 +21,7 @@ import pydantic
 import yaml
 
 from blis_simpy.config.scenario import DistributionWorkload, Scenario, SpecWorkload, TraceWorkload
-from blis_simpy.errors import ConfigError
+from blis_simpy.errors import ConfigError, validation_problem
 from blis_simpy.yaml_input import CappedLoader, parse, read_text
 
 
@@ -179,22 +179,6 @@ def error_loc(data: object, first: dict) -> Loc:
     if first["type"] == "invalid_key" and loc:   # ``1: x``: a key, not a list index
         loc = loc[:-1] + (str(loc[-1]),)
     return loc
-
-
-def validation_problem(first: dict) -> str:
-    """A short problem text for one pydantic error."""
-    kind = first["type"]
-    if kind == "extra_forbidden":
-        return "unknown key"
-    if kind == "missing":
-        return "required key is missing"
-    msg = first["msg"]
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    msg = msg[0].lower() + msg[1:] if msg else "invalid value"
-    if "input" in first and not isinstance(first["input"], (dict, list)):
-        msg += f", got {first['input']!r}"
-    return msg
 
 
 def validate(data: dict, src: Source, *, semantic: bool = True) -> Scenario:

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from blis_simpy.plugins import Pluggable
+from blis_simpy.plugins import Pluggable, build_failure, checked_results
 from blis_simpy.routing.prefix_index import DEFAULT_CAPACITY, PrefixIndex
 
 #: The single virtual instance key of the prefix-threshold decider's index.
@@ -71,10 +72,26 @@ class DisaggregationDecider(Pluggable, family="disaggregation decider"):
 def make_decider(name: str, params: dict | None = None, *, block_size: int = 16,
                  field: str | None = None) -> DisaggregationDecider:
     """Look up a decider by name, validate its params and build it (``ConfigError`` on a
-    bad name or params)."""
+    bad name or params). A plugin decider whose constructor raises, or whose ``decide``
+    returns anything but a bool, is that plugin's one-line error on ``field.policy``;
+    built-in ones are not wrapped."""
     cls = DisaggregationDecider.lookup(name, field=field)
     p = cls.parse_params(params, field=f"{field}.params" if field else None)
-    return cls(p, block_size=block_size)
+    if cls._blis_builtin:
+        return cls(p, block_size=block_size)
+    key = f"{field}.policy" if field else None
+    try:
+        decider = cls(p, block_size=block_size)
+    except Exception as exc:
+        raise build_failure(cls, exc, field=key) from None
+    return checked_results(decider, {"decide": _a_bool}, field=key)
+
+
+def _a_bool(value) -> bool:
+    """A decider's decision as a bool; a ValueError saying what was expected otherwise."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    raise ValueError("True (disaggregate) or False")
 
 
 class _Threshold(BaseModel):

@@ -30,7 +30,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from blis_simpy.plugins import Pluggable
+from blis_simpy.plugins import Pluggable, shown
 from blis_simpy.snapshot import RouterState
 
 TieBreak = Literal["random", "first"]
@@ -116,14 +116,6 @@ def as_index(target) -> int | None:
         return operator.index(target)
     except TypeError:
         return None
-
-
-def shown(value, limit: int = 60) -> str:
-    """A short ``repr`` of what a plugin returned, with its type, for an error line."""
-    text = repr(value)
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return text if value is None else f"{text} ({type(value).__name__})"
 
 
 def decision_problem(decision, state: RouterState) -> str | None:

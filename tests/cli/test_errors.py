@@ -51,7 +51,7 @@ SCENARIO_CASES = {
     # quoted numbers: one strict rule for every file (tests/config/test_validate_agrees.py)
     "quoted number in policy params": (BLACKBOX + "cluster:\n  admission:\n    policy: token-bucket\n"
                                        "    params: {capacity: '10', refill_rate: 5}\n", 8,
-                                       "cluster.admission.params.capacity", "got '10' (a quoted string)"),
+                                       "cluster.admission.params.capacity", "valid number, got '10'"),
 }
 
 

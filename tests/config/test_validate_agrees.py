@@ -83,19 +83,19 @@ GAPS = {
         "workload.spec.num_requests", "requires either num_requests or --horizon"),
     "unknown key in scorer params": (
         _routing({"scorers": [{"name": "prefix-affinity", "weight": 1, "params": {"bogus": 1}}]}),
-        "cluster.routing.params.scorers[0].params.bogus", "Extra inputs are not permitted"),
+        "cluster.routing.params.scorers[0].params.bogus", "unknown key"),
     "quoted number in scorer params": (
         _routing({"scorers": [{"name": "prefix-affinity", "weight": 1, "params": {"lru_capacity": "5"}}]}),
-        "cluster.routing.params.scorers[0].params.lru_capacity", "got '5' (a quoted string)"),
+        "cluster.routing.params.scorers[0].params.lru_capacity", "valid integer, got '5'"),
     "quoted scorer weight": (
         _routing({"scorers": [{"name": "queue-depth", "weight": "2"}]}),
-        "cluster.routing.params.scorers[0].weight", "valid number, got '2' (a quoted string)"),
+        "cluster.routing.params.scorers[0].weight", "valid number, got '2'"),
     "quoted number in admission params": (
         _with(BASE, ("cluster",), {"admission": {"policy": "token-bucket",
                                                  "params": {"capacity": "10", "refill_rate": 5}}}),
-        "cluster.admission.params.capacity", "valid number, got '10' (a quoted string)"),
+        "cluster.admission.params.capacity", "valid number, got '10'"),
     "number key in policy params": (
-        _routing({1: 2}), "cluster.routing.params.1", "Keys should be strings"),
+        _routing({1: 2}), "cluster.routing.params.1", "keys should be strings, got 1"),
 }
 
 

@@ -16,7 +16,13 @@ from typer.testing import CliRunner
 
 from blis_simpy.admission.base import AdmissionPolicy
 from blis_simpy.cli.app import app
+from blis_simpy.cluster.cluster import Cluster
+from blis_simpy.disagg.deciders import DisaggregationDecider
+from blis_simpy.disagg.fabric import KVTransferFabric
+from blis_simpy.engine.fast import FastInstance
+from blis_simpy.engine.instance import Instance
 from blis_simpy.engine.scheduling import ConstantPriority, PriorityPolicy, Scheduler
+from blis_simpy.latency.base import LatencyModel
 from blis_simpy.routing import Router, RoutingDecision, Scorer
 
 MOD = __name__
@@ -114,6 +120,97 @@ class AdmitsNone(AdmissionPolicy, name="bad-admit"):
         return None
 
 
+class DecidesNone(DisaggregationDecider, name="bad-decide-none"):
+    def decide(self, req):
+        return None
+
+
+class DecidesText(DisaggregationDecider, name="bad-decide-text"):
+    def decide(self, req):
+        return "yes"
+
+
+class DecidesNumber(DisaggregationDecider, name="bad-decide-number"):
+    """1 is not a decision: True or False only."""
+
+    def decide(self, req):
+        return 1
+
+
+class DecideRaises(DisaggregationDecider, name="bad-decide-raises"):
+    def decide(self, req):
+        raise RuntimeError("no pools today")
+
+
+class DeciderBuildRaises(DisaggregationDecider, name="bad-decider-build"):
+    def __init__(self, params=None, **kw):
+        raise ValueError("no threshold")
+
+
+class DeciderObserveRaises(DisaggregationDecider, name="bad-decider-observe"):
+    def decide(self, req):
+        return False
+
+    def observe(self, req, instance):
+        raise KeyError(instance)
+
+
+# the simulated machinery: a hook or method of a user subclass that raises, or a latency
+# model's duration that is not a whole number of µs >= 0
+class HookRaises(FastInstance, name="bad-hook"):
+    def on_step_end(self, now_us, step_us, completed):
+        super().on_step_end(now_us, step_us, completed)
+        raise RuntimeError("hook boom")
+
+
+class ReferenceHookRaises(Instance, name="bad-reference-hook"):
+    def on_step_end(self, now_us, step_us, completed):
+        raise RuntimeError("hook boom")
+
+
+class FinalizeRaises(FastInstance, name="bad-finalize"):
+    def finalize(self):
+        raise ValueError("no metrics")
+
+
+class ClusterRaises(Cluster, name="bad-cluster"):
+    def on_request_done(self, inst, req, tick_us):
+        raise ValueError(f"{req.id} lost")
+
+
+class FabricRaises(KVTransferFabric, name="bad-fabric"):
+    def start(self, parent, nbytes):
+        raise OSError("link down")
+
+
+class NaNStep(LatencyModel, name="bad-nan-step"):
+    def step_time_us(self, batch):
+        return float("nan")
+
+
+class NegativeStep(LatencyModel, name="bad-negative-step"):
+    def step_time_us(self, batch):
+        return -5
+
+
+class FloatStep(LatencyModel, name="bad-float-step"):
+    def step_time_us(self, batch):
+        return 1000.5
+
+
+class StepRaises(LatencyModel, name="bad-step-raises"):
+    def step_time_us(self, batch):
+        return batch.size // 0
+
+
+class NoQueueingTime(LatencyModel, name="bad-queueing"):
+    def step_time_us(self, batch):
+        return 1000
+
+    def queueing_time_us(self, req):
+        return None
+
+
 # rate 200/s into 2 instances of 2 running requests each: the wait queues fill up
 SCENARIO = """\
 seed: 42
@@ -136,6 +233,7 @@ workload:
   output_tokens: {{mean: 40, stdev: 20, min: 2, max: 120}}
 """
 
+LATENCY = SCENARIO[SCENARIO.index("latency:"):SCENARIO.index("engine:")]
 ROUTERS = "routing policy"
 # (flags, the plugin named in the error, what the error says it did)
 CASES = {
@@ -179,6 +277,79 @@ CASES = {
 }
 
 
+# a PD run: 1 prefill + 1 decode instance, every request disaggregated (always)
+PD = "disaggregation:\n  prefill_instances: 1\n  decode_instances: 1\n  decider: {policy: always}\n"
+DECIDERS = "disaggregation decider"
+# (scenario edits (old, new), flags, the error after "error: "; {sc} is the scenario file)
+MACHINERY = {
+    "decider returns None": (
+        [("", PD)], ["--pd-decider", "bad-decide-none"],
+        f"--pd-decider: {DECIDERS} 'bad-decide-none' ({MOD}.DecidesNone) returned None from "
+        "decide(); expected True (disaggregate) or False"),
+    "decider returns a string": (
+        [("", PD)], ["--pd-decider", "bad-decide-text"],
+        f"--pd-decider: {DECIDERS} 'bad-decide-text' ({MOD}.DecidesText) returned 'yes' (str) "
+        "from decide(); expected True (disaggregate) or False"),
+    "decider returns a number": (
+        [("", PD)], ["--pd-decider", "bad-decide-number"],
+        f"--pd-decider: {DECIDERS} 'bad-decide-number' ({MOD}.DecidesNumber) returned 1 (int) "
+        "from decide(); expected True (disaggregate) or False"),
+    "decider raises": (
+        [("", PD.replace("always", "bad-decide-raises"))], [],
+        f"{{sc}}:22: disaggregation.decider.policy: {DECIDERS} 'bad-decide-raises' "
+        f"({MOD}.DecideRaises) failed: decide() raised RuntimeError: no pools today"),
+    "decider constructor raises": (
+        [("", PD)], ["--pd-decider", "bad-decider-build"],
+        f"--pd-decider: {DECIDERS} 'bad-decider-build' ({MOD}.DeciderBuildRaises) failed to "
+        "build: ValueError: no threshold"),
+    "decider observe raises": (
+        [("", PD)], ["--pd-decider", "bad-decider-observe"],
+        f"--pd-decider: {DECIDERS} 'bad-decider-observe' ({MOD}.DeciderObserveRaises) failed: "
+        "observe() raised KeyError: 1"),
+    "engine hook raises": (
+        [("implementation: fast", "implementation: bad-hook")], [],
+        f"{{sc}}:8: engine.implementation: engine implementation 'bad-hook' ({MOD}.HookRaises) "
+        "failed: on_step_end() raised RuntimeError: hook boom"),
+    "reference engine hook raises": (
+        [("implementation: fast", "implementation: bad-reference-hook")], [],
+        f"{{sc}}:8: engine.implementation: engine implementation 'bad-reference-hook' "
+        f"({MOD}.ReferenceHookRaises) failed: on_step_end() raised RuntimeError: hook boom"),
+    "engine finalize raises": (
+        [("implementation: fast", "implementation: bad-finalize")], [],
+        f"{{sc}}:8: engine.implementation: engine implementation 'bad-finalize' "
+        f"({MOD}.FinalizeRaises) failed: finalize() raised ValueError: no metrics"),
+    "cluster raises": (
+        [("  num_instances: 2\n", "  num_instances: 2\n  implementation: bad-cluster\n")], [],
+        f"{{sc}}:13: cluster.implementation: cluster 'bad-cluster' ({MOD}.ClusterRaises) failed: "
+        "on_request_done() raised ValueError: request_1 lost"),
+    "fabric raises": (
+        [("", PD + "  transfer: {fabric: bad-fabric}\n")], [],
+        f"{{sc}}:23: disaggregation.transfer.fabric: kv transfer fabric 'bad-fabric' "
+        f"({MOD}.FabricRaises) failed: start() raised OSError: link down"),
+    "latency model returns NaN": (
+        [(LATENCY, "latency: {model: bad-nan-step}\n")], [],
+        f"{{sc}}:3: latency.model: latency model 'bad-nan-step' ({MOD}.NaNStep) returned nan "
+        "(float) from step_time_us(); expected a whole number of microseconds >= 0 (an int)"),
+    "latency model returns a negative step": (
+        [(LATENCY, "latency: {model: bad-negative-step}\n")], [],
+        f"{{sc}}:3: latency.model: latency model 'bad-negative-step' ({MOD}.NegativeStep) "
+        "returned -5 (int) from step_time_us(); expected a whole number of microseconds >= 0 "
+        "(an int)"),
+    "latency model returns a float": (
+        [(LATENCY, "latency: {model: bad-float-step}\n")], [],
+        f"{{sc}}:3: latency.model: latency model 'bad-float-step' ({MOD}.FloatStep) returned "
+        "1000.5 (float) from step_time_us(); expected a whole number of microseconds >= 0 (an int)"),
+    "latency model raises": (
+        [(LATENCY, "latency: {model: bad-step-raises}\n")], [],
+        f"{{sc}}:3: latency.model: latency model 'bad-step-raises' ({MOD}.StepRaises) failed: "
+        "step_time_us() raised ZeroDivisionError: integer division or modulo by zero"),
+    "latency model queueing time is None": (
+        [(LATENCY, "latency: {model: bad-queueing}\n")], [],
+        f"{{sc}}:3: latency.model: latency model 'bad-queueing' ({MOD}.NoQueueingTime) returned "
+        "None from queueing_time_us(); expected a whole number of microseconds >= 0 (an int)"),
+}
+
+
 @pytest.fixture
 def cli():
     runner = CliRunner()
@@ -206,6 +377,45 @@ def test_misbehaving_plugin_is_its_own_error(cli, tmp_path, case):
     out = tmp_path / "results.json"
     res = cli("run", "--scenario", scenario(tmp_path), *flags, "--results-path", out)
     assert one_error_line(res, out) == f"error: {flags[-2]}: {plugin} {problem}"
+
+
+@pytest.mark.parametrize("case", sorted(MACHINERY))
+def test_misbehaving_decider_engine_cluster_fabric_or_latency_model_is_its_own_error(cli, tmp_path,
+                                                                                      case):
+    """A decider's result is checked; an exception from a plugin's own code anywhere in the
+    run (an instance hook, finalize, a cluster or fabric method, a latency model) is
+    attributed to that plugin, on the key or flag that chose it."""
+    edits, flags, expected = MACHINERY[case]
+    text = SCENARIO.format(engine="fast")
+    for old, new in edits:
+        text = text.replace(old, new, 1) if old else text + new
+    sc = tmp_path / "scenario.yaml"
+    sc.write_text(text)
+    out = tmp_path / "results.json"
+    res = cli("run", "--scenario", sc, *flags, "--results-path", out)
+    assert one_error_line(res, out) == "error: " + expected.format(sc=sc)
+
+
+def test_plugin_module_beside_the_scenario_is_named_in_the_error(tmp_path):
+    """The plugin as a user writes it: a module next to the scenario, a fresh process."""
+    (tmp_path / "slow_start.py").write_text(
+        "from blis_simpy.engine.fast import FastInstance\n\n\n"
+        "class SlowStart(FastInstance, name=\"slow-start\"):\n"
+        "    def on_step_end(self, now_us, step_us, completed):\n"
+        "        self.helper(now_us)\n\n"
+        "    def helper(self, now_us):\n"
+        "        raise LookupError(f'no step at {now_us}')\n")
+    sc = tmp_path / "scenario.yaml"
+    sc.write_text("plugins: [slow_start]\n" + SCENARIO.format(engine="slow-start"))
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "blis_simpy", "run", "--scenario", str(sc),
+                           "--results-path", str(out)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"error: {sc}:9: engine.implementation: engine implementation "
+                           "'slow-start' (slow_start.SlowStart) failed: helper() raised "
+                           "LookupError: no step at 15326\n")
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("engine", ["fast", "reference"])
