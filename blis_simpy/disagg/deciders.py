@@ -25,9 +25,9 @@ Constructor keywords every decider receives (accept them if you override ``__ini
 
 from __future__ import annotations
 
+import sys
 from typing import ClassVar
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from blis_simpy.plugins import Pluggable, build_failure, checked_results
@@ -89,7 +89,10 @@ def make_decider(name: str, params: dict | None = None, *, block_size: int = 16,
 
 def _a_bool(value) -> bool:
     """A decider's decision as a bool; a ValueError saying what was expected otherwise."""
-    if isinstance(value, bool | np.bool_):
+    if isinstance(value, bool):
+        return value
+    np = sys.modules.get("numpy")   # a NumPy bool is taken; numpy is not imported here (CLI help)
+    if np is not None and isinstance(value, np.bool_):
         return bool(value)
     raise ValueError("True (disaggregate) or False")
 
