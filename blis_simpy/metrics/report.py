@@ -167,9 +167,18 @@ class TraceSummary:
     #: n}, "decode": {...}}); BLIS's text counts standard routing only (``unique_targets``)
     pool_target_distribution: dict[str, dict[str, int]] = field(default_factory=dict)
 
+    @property
+    def targets_any_routing(self) -> int:
+        """Instances chosen by any routing, the PD pools' included (BLIS's text prints
+        ``unique_targets``: standard routing only, 0 in a PD run)."""
+        return len(set(self.target_distribution).union(*self.pool_target_distribution.values()))
+
     def to_dict(self) -> dict:
-        """Our JSON form: the fields in order, ``mean_transfer_duration_ms`` in ms."""
+        """Our JSON form: the fields in order, ``mean_transfer_duration_ms`` in ms, and
+        ``unique_targets`` counting the pools' targets too (:attr:`targets_any_routing`, as the
+        table does)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["unique_targets"] = self.targets_any_routing
         d["target_distribution"] = {k: self.target_distribution[k]
                                     for k in sorted(self.target_distribution)}
         return {("mean_transfer_duration_ms" if k == "mean_transfer_duration" else k):

@@ -14,6 +14,11 @@ def _f(x: float | None, nd: int = 2) -> str:
     return "-" if x is None else f"{x:,.{nd}f}"
 
 
+def _ms(x: float | None) -> str:
+    """A latency in ms: 2 decimals below 1 s, whole ms above (so 80 columns hold an hour)."""
+    return _f(x, 2 if x is None or abs(x) < 1000 else 0)
+
+
 def render_tables(report: Report, console) -> None:
     """Print the report as rich tables on ``console`` (a :class:`rich.console.Console`)."""
     from rich.table import Table
@@ -44,11 +49,11 @@ def render_tables(report: Report, console) -> None:
 
     lat = Table(title="Latency (ms)", title_justify="left")
     lat.add_column("Metric", no_wrap=True)
-    for h in (*SCOPE_STATS, "n"):
-        lat.add_column(h, justify="right")
+    for h in (*SCOPE_STATS, "n"):      # a narrow terminal folds a number, never cuts it
+        lat.add_column(h, justify="right", overflow="fold")
     for name, key in (("TTFT", "ttft"), ("E2E", "e2e"), ("ITL", "itl"),
                       ("Sched delay", "scheduling_delay")):
-        lat.add_row(name, *(_f(c[f"{key}_{s}_ms"]) for s in SCOPE_STATS), f"{c[f'{key}_count']:,}")
+        lat.add_row(name, *(_ms(c[f"{key}_{s}_ms"]) for s in SCOPE_STATS), f"{c[f'{key}_count']:,}")
     console.print(lat)
 
     if report.slo is not None:
@@ -122,8 +127,7 @@ def render_tables(report: Report, console) -> None:
         t.add_row("Decisions (admitted / rejected)",
                   f"{ts.total_decisions:,} ({ts.admitted_count:,} / {ts.rejected_count:,})")
         pools = ts.pool_target_distribution      # PD: the pools' routing, apart
-        targets = set(ts.target_distribution).union(*pools.values())
-        t.add_row("Unique targets", f"{len(targets):,}")
+        t.add_row("Unique targets", f"{ts.targets_any_routing:,}")
         for k in sorted(ts.target_distribution):
             t.add_row(f"  {k}", f"{ts.target_distribution[k]:,}")
         for pool, dist in pools.items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 
 import pytest
 from rich.console import Console
@@ -326,6 +327,25 @@ def test_render_tables():
                   "llama", "inf (one pool idle)", "shed (standard)", "2.00 req/s"):
         assert token in text, token
     assert "12.500" in text                      # llama E2E p50, ms
+    # the cluster latency table: instance_0's two requests, instance_1's has no E2E
+    assert re.search(r"│ E2E +│ +12\.50 │ +12\.50 │ +18\.50 │ +19\.25 │ +19\.85 │ +2 │", text), text
+
+
+@pytest.mark.parametrize("width", [60, 80])
+def test_latency_table_keeps_every_digit_when_narrow(width):
+    """An hour-long E2E (3,600,000.123 ms) in a narrow, non-terminal console: whole ms above
+    1 s, and a number that does not fit is folded onto the next line, never cut."""
+    big = instance("instance_0", requests=[req("r0", 0, 4, 3)], ttft={"r0": 3_600_000_123},
+                   e2e={"r0": 3_600_000_123}, sched={"r0": 1_234_567_891}, completed_requests=1,
+                   total_input_tokens=4, total_output_tokens=2, sim_ended_time=3_600_000_200)
+    console = Console(file=io.StringIO(), width=width, record=True, color_system=None)
+    render_tables(Report([big]), console)
+    text = console.export_text()
+    assert "…" not in text
+    digits = re.sub(r"[^0-9\n│]", "", text.split("Latency (ms)")[1].split("Counters")[0])
+    cells = ["".join(parts) for parts in zip(*[ln.split("│") for ln in digits.splitlines()
+                                                 if ln.count("│") == 8], strict=True)]
+    assert "3600000" in "".join(cells) and "1234568" in "".join(cells)
 
 
 def test_write_results_atomic(tmp_path):
