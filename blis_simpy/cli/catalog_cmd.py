@@ -48,14 +48,30 @@ def interconnect_label(s) -> str:
     return f"{kind}{s.interconnect_gen or ''} {s.link_bw_gbps:g} GB/s {'P2P' if s.p2p else 'no P2P'}"
 
 
-def gpus_data(cat: GPUCatalog) -> dict:
+def gpus_data(cat: GPUCatalog, fits: dict | None = None) -> dict:
+    """Every GPU; with ``fits`` (:func:`model_fits`) only those that hold the model, each with
+    ``min_tp`` and ``kv_tokens_per_gpu`` at that TP."""
     out = {}
     for name, e in cat.entries.items():
+        if fits is not None and fits.get(name) is None:
+            continue
         d = asdict(e.spec)
         d.pop("name")
         out[name] = {"description": e.description, "aliases": list(e.aliases), **d,
                      "interconnect_label": interconnect_label(e.spec), "origin": e.origin}
+        if fits is not None:
+            out[name] |= {"min_tp": fits[name].tp, "kv_tokens_per_gpu": fits[name].tokens}
     return out
+
+
+def model_fits(cat: GPUCatalog, models: ModelCatalog, model: str | None) -> dict | None:
+    """``{GPU: KVCapacity at the smallest TP that holds model, or None}`` (vLLM's capacity rule,
+    default engine settings, TP up to 64); None without a ``model`` in the catalog."""
+    from blis_simpy.kv.vllm_capacity import smallest_fitting
+    entry = models.find(model) if model else None
+    if entry is None:
+        return None
+    return {name: smallest_fitting(entry.config, e.spec) for name, e in cat.entries.items()}
 
 
 def models_data(cat: ModelCatalog, coeffs: CoefficientCatalog, model: str | None = None) -> dict:
@@ -108,20 +124,35 @@ def print_tables(what: What, gpus: GPUCatalog, models: ModelCatalog, coeffs: Coe
     from rich.table import Table
     con = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)
     if what in (What.all, What.gpus):
-        t = Table(title=f"GPUs ({len(gpus.entries)}) — dense figures; --hardware KEY")
-        for col in ("key", "description", "BF16 TFLOP/s", "FP8 TFLOP/s", "HBM TB/s", "memory GiB",
-                    "driver GiB", "MFU prefill", "MFU decode", "interconnect (per direction)",
-                    "collective µs"):
+        fits = model_fits(gpus, models, model)
+        shown = {n: e for n, e in gpus.entries.items() if fits is None or fits[n] is not None}
+        if fits is None:
+            title = f"GPUs ({len(shown)}) — dense figures; --hardware KEY"
+        else:
+            title = (f"GPUs that hold {model} ({len(shown)} of {len(gpus.entries)}; smallest TP by "
+                     "vLLM's KV-capacity rule, default settings) — --hardware KEY")
+        t = Table(title=title)
+        cols = ["key", "description", "BF16 TFLOP/s", "FP8 TFLOP/s", "HBM TB/s", "memory GiB",
+                "driver GiB", "MFU prefill", "MFU decode", "interconnect (per direction)", "collective µs"]
+        if fits is not None:
+            cols += ["min TP", "KV tokens/GPU"]
+        for col in cols:
             t.add_column(col, overflow="fold", no_wrap=col == "key")
-        for name, e in gpus.entries.items():
+        for name, e in shown.items():
             s = e.spec
-            t.add_row(name, e.description, _num(s.tflops_peak), _num(s.tflops_fp8), _num(s.bw_peak_tbs),
-                      _num(s.memory_gib), f"{s.memory_torch_gib:.2f}" if s.memory_torch_gib else "-",
-                      _num(s.mfu_prefill), _num(s.mfu_decode), interconnect_label(s),
-                      _num(s.collective_latency_us))
+            row = [name, e.description, _num(s.tflops_peak), _num(s.tflops_fp8), _num(s.bw_peak_tbs),
+                   _num(s.memory_gib), f"{s.memory_torch_gib:.2f}" if s.memory_torch_gib else "-",
+                   _num(s.mfu_prefill), _num(s.mfu_decode), interconnect_label(s),
+                   _num(s.collective_latency_us)]
+            if fits is not None:
+                row += [str(fits[name].tp), f"{fits[name].tokens:,}"]
+            t.add_row(*row)
         con.print(t)
+        if fits is not None and len(shown) < len(gpus.entries):
+            con.print(f"Too small for {model} at any TP up to 64: "
+                      f"{', '.join(n for n in gpus.entries if n not in shown)}", highlight=False)
         con.print("Sources:")
-        for name, e in gpus.entries.items():
+        for name, e in shown.items():
             con.print(f"  {name}: {e.spec.source}", highlight=False)
     if what in (What.all, What.models):
         from blis_simpy.catalog.hfconfig import derive_max_model_len
@@ -184,8 +215,8 @@ def register(app: typer.Typer) -> None:
         what: What = typer.Argument(What.all, help="which catalog to list"),
         fmt: CatalogFormat = typer.Option(CatalogFormat.table, "--format", case_sensitive=False,
                                           help="rich tables or one JSON document"),
-        model: str = typer.Option(None, "--model", help="only this model: its shape, coefficient rows "
-                                  "and defaults (the GPU list stays whole)"),
+        model: str = typer.Option(None, "--model", help="only this model: its shape, coefficient rows, "
+                                  "defaults, and the GPUs that hold it (smallest TP)"),
         hardware_config: str = typer.Option("", "--hardware-config", metavar="FILE",
                                             help="BLIS hardware_config.json to add"),
         defaults_filepath: str = typer.Option("", "--defaults-filepath", metavar="FILE",
@@ -232,7 +263,7 @@ def register(app: typer.Typer) -> None:
         if fmt is CatalogFormat.json:
             doc = {}
             if what in (What.all, What.gpus):
-                doc["gpus"] = gpus_data(gpus)
+                doc["gpus"] = gpus_data(gpus, model_fits(gpus, models, model))
             if what in (What.all, What.models):
                 doc["models"] = models_data(models, coeffs, model)
             if what in (What.all, What.coefficients):

@@ -315,6 +315,18 @@ def vllm_kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, dp: int =
                           f"{cap.block_bytes / MIB:.1f} MiB")
 
 
+def smallest_fitting(model: ModelConfig, gpu: GPUSpec, tps=(1, *_TP_CANDIDATES), *,
+                     expert_parallel: bool = False) -> KVCapacity | None:
+    """vLLM's capacity (default engine settings) at the smallest TP of ``tps`` at which
+    ``model`` fits on ``gpu`` with room for KV blocks; None when it fits at none of them."""
+    for t in tps:
+        try:
+            return vllm_kv_capacity(model, gpu, tp=t, expert_parallel=expert_parallel)
+        except KVCapacityError:
+            continue
+    return None
+
+
 def _fitting_tp(model, gpu, tp, dp, ep, args) -> str:
     for t in _TP_CANDIDATES:
         if t <= tp:
@@ -329,4 +341,4 @@ def _fitting_tp(model, gpu, tp, dp, ep, args) -> str:
 
 
 __all__ = ["KVCapacity", "KVCapacityError", "activation_pieces", "kv_heads_per_gpu", "page_bytes",
-           "vllm_kv_capacity", "vllm_kv_gib", "weight_pieces"]
+           "smallest_fitting", "vllm_kv_capacity", "vllm_kv_gib", "weight_pieces"]

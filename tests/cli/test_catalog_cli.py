@@ -156,7 +156,7 @@ def test_catalog_model_filter_applies_to_the_models_too(cli, offline):
     doc = json.loads(_ok(cli("catalog", "--model", "Qwen/Qwen3-14B", "--format", "json")).stdout)
     assert list(doc["models"]) == ["qwen/qwen3-14b"]
     assert {r["model"] for r in doc["coefficients"]["blackbox"]} == {"qwen/qwen3-14b"}
-    assert len(doc["gpus"]) == len(builtin_gpus().entries)       # GPUs are not per model
+    assert len(doc["gpus"]) == len(builtin_gpus().entries)       # every built-in GPU holds it
     out = _ok(cli("catalog", "models", "--model", "qwen/qwen3-14b")).stdout
     assert "Models (1 of " in out and "qwen/qwen3-32b" not in out
 
@@ -179,3 +179,24 @@ def test_catalog_coefficients_without_rows_name_where_they_are(cli):
     assert "meta-llama/llama-3.1-8b-instruct: A100-80, H100" in listed
     assert {ln.split(":")[0] for ln in listed} == set(cat.blackbox)
     assert "Blackbox coefficients (0 rows" not in out
+
+
+def test_catalog_model_filter_keeps_the_gpus_that_hold_it(cli, offline, tmp_path):
+    """Qwen3-14B's weights are 27.5 GiB: an RTX 4090 (23.52 GiB x 0.9) needs TP 2; a made-up
+    1 GiB GPU cannot hold it at any TP that divides its 40 heads (8 at most: 3.4 GiB a GPU)."""
+    from blis_simpy.kv.vllm_capacity import vllm_kv_capacity
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps({"TINY-GPU": {"TFlopsPeak": 10.0, "TFlopsFP8": 0, "BwPeakTBs": 0.5,
+                                           "mfuPrefill": 0.5, "mfuDecode": 0.25, "MemoryGiB": 1.0}}))
+    args = ("catalog", "gpus", "--model", "qwen/qwen3-14b", "--hardware-config", hw)
+    doc = json.loads(_ok(cli(*args, "--format", "json")).stdout)["gpus"]
+    assert set(doc) == set(builtin_gpus().names())                # TINY-GPU left out
+    assert doc["RTX-4090"]["min_tp"] == 2 and doc["H100"]["min_tp"] == 1
+    q14 = builtin_models().find("qwen/qwen3-14b").config
+    for key in ("H100", "RTX-4090"):
+        cap = vllm_kv_capacity(q14, builtin_gpus().get(key), tp=doc[key]["min_tp"])
+        assert doc[key]["kv_tokens_per_gpu"] == cap.tokens > 0
+    out = _ok(cli(*args)).stdout
+    assert f"GPUs that hold qwen/qwen3-14b ({len(doc)} of {len(doc) + 1};" in out
+    assert "Too small for qwen/qwen3-14b at any TP up to 64: TINY-GPU" in out
+    assert "TINY-GPU:" not in out                                 # nor among the sources
