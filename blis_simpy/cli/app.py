@@ -95,16 +95,11 @@ class _Guarded(TyperGroup):
             _fail(ConfigError("no such file", file=exc.filename).one_line(), 2)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
-        except BrokenPipeError:  # stdout closed early (e.g. piped into head): not an error
-            _stdout_closed()
-        except SystemExit as exc:   # rich's console exits 1 on a closed pipe: exit as above
-            if isinstance(exc.__context__, BrokenPipeError):
-                _stdout_closed()
+        except SystemExit as exc:   # rich's console exits 1 on a closed pipe
+            _write_failure(exc)
             raise
         except Exception as exc:
-            if isinstance(exc, OSError) and exc.errno in _WRITE_ERRORS:   # a full disk: no bug
-                where = f"{exc.filename}: " if exc.filename else ""
-                _fail(f"{where}cannot write: {exc.strerror}", 2)
+            _write_failure(exc)     # a closed or full stdout, a full disk: no bug
             problem = _input_problem(exc)
             if problem is not None:
                 _fail(problem, 2)
@@ -141,17 +136,37 @@ def _usage_failure(exc: UsageError):
     _fail(usage.usage_line(exc), exc.exit_code)
 
 
-#: errno values of a failed write (a full disk or device, a quota, an I/O error)
-_WRITE_ERRORS = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO))
+#: errno values of a failed write (a full disk or device, a quota, an I/O error, a closed fd)
+_WRITE_ERRORS = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF))
 
 
-def _stdout_closed():
-    """The reader of stdout went away (``| head -1``): exit quietly with 141 (128 + SIGPIPE,
-    the status a Unix tool killed by SIGPIPE gives); stdout now points at /dev/null so the
-    final flush cannot fail again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    raise typer.Exit(141) from None
+def _write_failure(exc: BaseException) -> None:
+    """The one place for output that cannot be written (used by every command through
+    :class:`_Guarded` and by :func:`main` for the top level: ``--version``, ``--help``,
+    completion, the final flush). Exits, or returns when ``exc`` is not such a failure.
+
+    The reader of stdout went away (``| head -1``; click's own handler turns that into
+    ``SystemExit(1)``, seen by its context): exit quietly with 141 (128 + SIGPIPE, the status a
+    Unix tool killed by SIGPIPE gives). A full device, quota or I/O error: one line
+    ``error: stdout: cannot write: <reason>`` (or the file's name instead of ``stdout``: every
+    output file goes through :mod:`blis_simpy.atomic`, which names its path itself), exit 2.
+    Either way stdout then points at /dev/null so the final flush cannot fail again."""
+    if isinstance(exc, SystemExit):
+        exc = exc.__context__
+    if isinstance(exc, BrokenPipeError):
+        _discard_stdout()
+        raise typer.Exit(141) from None
+    if isinstance(exc, OSError) and exc.errno in _WRITE_ERRORS:
+        if not exc.filename:
+            _discard_stdout()
+        _fail(f"{exc.filename or 'stdout'}: cannot write: {exc.strerror or exc}", 2)
+
+
+def _discard_stdout() -> None:
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
+    except (OSError, ValueError, AttributeError):   # no real stdout to point elsewhere
+        pass
 
 
 def _fail(message: str, code: int):
@@ -290,13 +305,8 @@ def _print_summary(out: runner.Outcome, fmt: Format) -> None:
 
 def _print(out: runner.Outcome, fmt: Format) -> None:
     """The run's summary on stdout; a write error (a full disk, ``> /dev/full``) is one line
-    naming stdout, exit 2."""
-    try:
-        _print_summary(out, fmt)
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise ConfigError(f"cannot write: {exc.strerror or exc}", file="stdout") from None
+    naming stdout, exit 2 (:func:`_write_failure`)."""
+    _print_summary(out, fmt)
 
 
 def _command(command: str, doc: str):
@@ -362,16 +372,19 @@ _register_observe(app)
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``blis-simpy`` and ``python -m blis_simpy``). Output left in
-    stdout's buffer is flushed here, so a closed pipe or a full device is reported like one
-    met while printing (exit 141 quietly; one ``error: stdout:`` line, exit 2)."""
+    stdout's buffer is flushed here; a write that fails anywhere, a command's or the top
+    level's (``--version``, ``--help``, ``--show-completion``, bare ``blis-simpy``), ends in
+    :func:`_write_failure` (exit 141 quietly; one ``error: stdout:`` line, exit 2)."""
     try:
-        app(args=argv, prog_name="blis-simpy")
-    finally:
+        if sys.stdout is None:      # started with stdout closed (``>&-``)
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
         try:
+            app(args=argv, prog_name="blis-simpy")
+        finally:
             sys.stdout.flush()
-        except BrokenPipeError:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise SystemExit(141) from None
-        except OSError as exc:
-            print(f"error: stdout: cannot write: {exc.strerror or exc}", file=sys.stderr)
-            raise SystemExit(2) from None
+    except (SystemExit, OSError) as exc:
+        try:
+            _write_failure(exc)
+        except typer.Exit as stop:
+            raise SystemExit(stop.exit_code) from None
+        raise

@@ -111,23 +111,32 @@ def test_staged_outputs(tmp_path):
 
 
 # ------------------------------------------------------------------ stdout
-@pytest.mark.parametrize("args, where", [
-    (["run", "--scenario", str(QUICKSTART), "--num-requests", "20", "--format", "json"], "stdout: "),
-    (["run", "--scenario", str(QUICKSTART), "--num-requests", "20"], "stdout: "),
-    (["catalog"], ""),               # any command: a full device is not an internal error
-])
-def test_full_stdout_is_one_line_exit_2(args, where):
+#: every way of printing to stdout: a command's output (rich tables, JSON, plain lines), its
+#: help, and the top level's own (--version, --help, completion, bare ``blis-simpy``)
+STDOUT_WRITERS = [
+    ["run", "--scenario", str(QUICKSTART), "--num-requests", "20", "--format", "json"],
+    ["run", "--scenario", str(QUICKSTART), "--num-requests", "20"],            # rich tables
+    ["validate", str(QUICKSTART)],
+    ["catalog"],
+    ["catalog", "models"],
+    ["catalog", "--format", "json"],
+    ["run", "--help"],
+    ["--version"],
+    ["--help"],
+    ["--show-completion", "bash"],
+    [],
+]
+
+
+@pytest.mark.parametrize("args", STDOUT_WRITERS, ids=" ".join)
+def test_full_stdout_is_one_line_exit_2(args):
     with open("/dev/full", "w") as full:
         p = subprocess.run(BLIS + args, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
     assert p.returncode == 2, p.stderr
-    assert p.stderr.splitlines() == [f"error: {where}cannot write: {ENOSPC}"]
+    assert p.stderr.splitlines() == [f"error: stdout: cannot write: {ENOSPC}"]
 
 
-@pytest.mark.parametrize("args", [
-    ["run", "--scenario", str(QUICKSTART), "--num-requests", "20"],            # rich tables
-    ["run", "--scenario", str(QUICKSTART), "--num-requests", "20", "--format", "json"],
-    ["catalog"],
-])
+@pytest.mark.parametrize("args", STDOUT_WRITERS, ids=" ".join)
 def test_closed_stdout_exits_141_quietly(args):
     # the reader is gone before the first write (as `| head -1` after its line): exit 141,
     # the status of a Unix tool killed by SIGPIPE, and nothing on stderr
@@ -136,6 +145,15 @@ def test_closed_stdout_exits_141_quietly(args):
     err = p.stderr.read()
     assert p.wait(timeout=120) == 141, err
     assert err == b""
+
+
+@pytest.mark.parametrize("args", [["--version"], ["catalog"]], ids=" ".join)
+def test_stdout_closed_from_the_start_is_one_line_exit_2(args):
+    # `blis-simpy --version >&-`: Python starts with sys.stdout = None
+    p = subprocess.run(BLIS + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                       timeout=120, preexec_fn=lambda: os.close(1))
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.splitlines() == [f"error: stdout: cannot write: {os.strerror(9)}"]
 
 
 # ------------------------------------------------------------------ Ctrl-C
