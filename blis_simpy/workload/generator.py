@@ -43,6 +43,7 @@ from blis_simpy.rng import child_seed, derive_seed, numpy_rng, to_signed64
 from blis_simpy.units import MAX_INT64
 from blis_simpy.workload.arrivals import make_arrival_sampler
 from blis_simpy.workload.expand import expand_cohorts, expand_inference_perf, load_servegen
+from blis_simpy.workload.lengths import MAX_TOKENS
 from blis_simpy.workload.samplers import VOCAB_SIZE, RequestSampler
 from blis_simpy.workload.sessions import (
     SESSION_DEFAULT_TIMEOUT_US,
@@ -177,7 +178,9 @@ def _session_requests(c: ClientSpec, idx: int, rate: float, rng: np.random.Gener
     a round outside the lifecycle windows is skipped (no request, no context growth), else
     the request is emitted (group prefix prepended, deadline ``timeout`` or the 300 s
     session default) and, with ``accumulate``, context += new input + outputs. Then
-    ``t_{r+1} = t_r + think_time_us + output_len`` (1 µs per output token).
+    ``t_{r+1} = t_r + think_time_us + output_len`` (1 µs per output token). With
+    ``accumulate``, the session ends at the first round whose context + new tokens would
+    pass 2^24 (``MAX_TOKENS``): that round and later ones are not generated.
 
     ``single_session``: one session at ``IAT`` (``window0.start + IAT`` with windows),
     dropped if it starts at/after the horizon or outside the windows. Otherwise a session
@@ -200,6 +203,8 @@ def _session_requests(c: ClientSpec, idx: int, rate: float, rng: np.random.Gener
             if t >= horizon:
                 break
             new_in, outp, mod = sampler.draw(rng)
+            if accumulate and r > 0 and len(context) + len(new_in) > MAX_TOKENS:
+                break           # its prompt would pass the token cap: the session ends
             inp = np.concatenate((context, new_in)) if accumulate and r > 0 else new_in
             ratio = sampler.reason_ratio(rng)
             if not windows or _inside(t, windows):

@@ -1,7 +1,9 @@
 """Token-length samplers (docs/workloads.md, "The workload-spec v2", length distributions).
 
 Every sampler draws from a :class:`numpy.random.Generator` passed to it (one per client),
-never from a global RNG, and returns token counts (int ≥ 1). Go → NumPy draw mapping:
+never from a global RNG, and returns token counts (int ≥ 1, at most :data:`MAX_TOKENS`: every
+token-count parameter is refused above it, and the unbounded samplers — exponential,
+pareto_lognormal — clip their samples there; BLIS has no cap). Go → NumPy draw mapping:
 ``NormFloat64`` = ``standard_normal()``, ``ExpFloat64`` = ``standard_exponential()``,
 ``Float64`` = ``random()``. A sampler that needs no randomness (constant, ``min == max``
 Gaussian, single-key empirical) draws nothing, which matters for the generator's draw order.
@@ -20,20 +22,29 @@ from typing import Protocol
 import numpy as np
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.units import MAX_INT64, round_half_away, to_int64
+from blis_simpy.units import round_half_away, to_int64
 
 log = logging.getLogger(__name__)
 
 SMALLEST_POSITIVE = 5e-324  # Go's math.SmallestNonzeroFloat64
 LENGTH_TYPES = ("gaussian", "exponential", "pareto_lognormal", "constant", "empirical")
+#: the most tokens a length parameter may name and a sample may have: 2^24, the cap of a
+#: scenario's token keys (``config.scenario.MAX_TOKENS``) and of a trace's token counts
+#: (``tracev2_read.MAX_TRACE_TOKENS``); docs/workloads.md, "Length distributions"
+MAX_TOKENS = 1 << 24
+#: the parameters of each type that are token counts, each at most MAX_TOKENS (pareto's
+#: ``mu`` is the log of its lognormal median: at most ln MAX_TOKENS); the empirical keys too
+TOKEN_PARAMS = {"gaussian": ("mean", "std_dev", "min", "max"), "exponential": ("mean",),
+                "pareto_lognormal": ("xm",), "constant": ("value",)}
+MAX_LOG_TOKENS = math.log(MAX_TOKENS)
 
 
 def _to_count(x: float) -> int:
-    """round_half_away, floor 1; NaN/±inf ⇒ 1; values beyond int64 saturate."""
+    """round_half_away, floor 1, clipped at MAX_TOKENS; NaN/±inf ⇒ 1 (as BLIS)."""
     if x != x or math.isinf(x):
         return 1
-    if x >= 9.2e18:
-        return MAX_INT64
+    if x >= MAX_TOKENS:
+        return MAX_TOKENS
     return max(1, round_half_away(x))
 
 
@@ -137,7 +148,7 @@ def empirical_sampler(pmf: Mapping[object, float], field: str = "params") -> Emp
     """Build an :class:`EmpiricalSampler` from ``{"token_count": probability}``.
 
     Keys are parsed as their leading integer (``"128"``, ``"128.0"`` → 128; equal keys add
-    up); entries with p ≤ 0 are dropped; the CDF is normalised with its last entry forced
+    up) and may not exceed :data:`MAX_TOKENS`; entries with p ≤ 0 are dropped; the CDF is normalised with its last entry forced
     to 1.0.
     """
     acc: dict[int, float] = {}
@@ -148,8 +159,11 @@ def empirical_sampler(pmf: Mapping[object, float], field: str = "params") -> Emp
         if not isinstance(p, (int, float)) or isinstance(p, bool) or not math.isfinite(p):
             raise ConfigError(f"probability of {str(k)!r} must be a finite number, got {p!r}",
                               field=f"{field}.{k}")
+        key = int(m.group(1))
+        if key > MAX_TOKENS:
+            raise ConfigError(f"token count {str(k)!r} is more than {MAX_TOKENS} tokens (2^24)",
+                              field=f"{field}.{k}")
         if p > 0:
-            key = int(m.group(1))
             acc[key] = acc.get(key, 0.0) + float(p)
     keys = tuple(sorted(acc))
     total = sum(acc[k] for k in keys)
@@ -189,7 +203,15 @@ def make_length_sampler(dist_type: str, params: Mapping[object, float],
         v = params[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise ConfigError(f"must be a finite number, got {v!r}", field=f"{field}.params.{k}")
+        if k in TOKEN_PARAMS[dist_type] and v > MAX_TOKENS:
+            shown = int(v) if float(v).is_integer() else v
+            raise ConfigError(f"must be at most {MAX_TOKENS} tokens (2^24), got {shown}",
+                              field=f"{field}.params.{k}")
         vals[k] = float(v)
+    if dist_type == "pareto_lognormal" and vals["mu"] > MAX_LOG_TOKENS:
+        raise ConfigError(f"must be at most ln {MAX_TOKENS} = {MAX_LOG_TOKENS:.4f} (the lognormal's "
+                          f"median e^mu is a token count), got {vals['mu']}",
+                          field=f"{field}.params.mu")
     if dist_type == "gaussian":
         return GaussianSampler(vals["mean"], vals["std_dev"], to_int64(vals["min"]),
                                to_int64(vals["max"]))

@@ -8,7 +8,7 @@ import logging
 
 import numpy as np
 
-from blis_simpy.workload.lengths import LengthSampler, make_length_sampler
+from blis_simpy.workload.lengths import MAX_TOKENS, LengthSampler, make_length_sampler
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +36,25 @@ class MultimodalSampler:
                               if size is not None and count is not None else None)
 
     def sample(self, rng: np.random.Generator) -> tuple[int, int, int, int]:
-        """``(text, image, audio, video)`` token counts."""
+        """``(text, image, audio, video)`` token counts, together at most ``MAX_TOKENS``: a
+        modality stops drawing item sizes once the request's total reaches the cap, and its
+        sum is cut there (no draw changes below the cap)."""
         text = self.text.sample(rng) if self.text is not None else 0
+        room = MAX_TOKENS - text
         sums = []
         for pair in self.media:
             if pair is None:
                 sums.append(0)
                 continue
             count, size = pair
-            sums.append(sum(size.sample(rng) for _ in range(count.sample(rng))))
+            total = 0
+            for _ in range(count.sample(rng)):
+                total += size.sample(rng)
+                if total >= room:
+                    total = room
+                    break
+            room -= total
+            sums.append(total)
         return text, sums[0], sums[1], sums[2]
 
 

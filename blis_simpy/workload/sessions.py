@@ -18,7 +18,8 @@ The manager sees **every** terminal event through :meth:`SessionManager.on_reque
   session's RNG; with ``context_growth: accumulate`` the context grows by the finished
   request's **entire input** plus the output tokens it actually generated (the first
   ``pi − input_len``) and the new input is prefix + context + new tokens (else prefix +
-  new tokens); ID ``session_<sess>_round_<r+1>_<counter>`` (``counter`` counts the
+  new tokens) — a round whose context + new tokens would pass 2^24 (``MAX_TOKENS``) is not
+  sent: the session ends **cancelled** (dropped); ID ``session_<sess>_round_<r+1>_<counter>`` (``counter`` counts the
   manager's follow-ups from 0); arrival ``tick + think_time_us``; deadline ``arrival +
   timeout`` (300 s when the client sets no timeout, none when it sets 0).
 
@@ -52,6 +53,7 @@ import numpy as np
 
 from blis_simpy.errors import InvariantError
 from blis_simpy.request import COMPLETED, STATE_NAMES, TIMED_OUT, Request
+from blis_simpy.workload.lengths import MAX_TOKENS
 from blis_simpy.workload.samplers import RequestSampler
 
 SESSION_DEFAULT_TIMEOUT_US = 300_000_000
@@ -174,7 +176,11 @@ class SessionManager:
         if arrival > s.horizon_us:
             self._end(s, HORIZON_INTERRUPTED, "next_round", tick_us)
             return []
-        return [self._next_round(s, req, arrival)]
+        nxt = self._next_round(s, req, arrival)
+        if nxt is None:                 # its prompt would pass the token cap: never sent
+            self._end(s, CANCELLED, "dropped", tick_us)
+            return []
+        return [nxt]
 
     def on_request_rejected(self, req, tick_us: int) -> None:
         """A session request was rejected by admission or routing: BLIS never calls back
@@ -199,13 +205,17 @@ class SessionManager:
         setattr(c, name, getattr(c, name) + 1)
         c.active -= 1
 
-    def _next_round(self, s: SessionBlueprint, done, arrival: int) -> Request:
+    def _next_round(self, s: SessionBlueprint, done, arrival: int) -> Request | None:
+        """Round ``r + 1``, or None when its accumulated context and new tokens would be
+        more than ``MAX_TOKENS`` (2^24; the session ends cancelled, dropped)."""
         rng = s.rng
         new_in, out, mod = s.sampler.draw(rng)
         if s.accumulate:
             inp_done = np.asarray(done.input_tokens, dtype=np.int32)
             out_done = np.asarray(done.output_tokens, dtype=np.int32)
             gen = min(max(int(done.pi) - len(inp_done), 0), len(out_done))
+            if len(s.context) + len(inp_done) + gen + len(new_in) > MAX_TOKENS:
+                return None
             s.context = np.concatenate((s.context, inp_done, out_done[:gen]))
             inp = np.concatenate((s.prefix, s.context, new_in))
         else:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from blis_simpy.errors import ConfigError
 from blis_simpy.workload import _yaml
 from blis_simpy.workload.arrivals import ARRIVAL_PROCESSES, WEIBULL_CV_RANGE
-from blis_simpy.workload.lengths import make_length_sampler
+from blis_simpy.workload.lengths import MAX_TOKENS, make_length_sampler
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,8 @@ CATEGORIES = ("", "language", "multimodal", "reasoning")
 NonNegInt = Annotated[int, Field(ge=0)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+#: a token count: at most 2^24, as every length parameter (lengths.MAX_TOKENS)
+Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
 
 
 class _Strict(BaseModel):
@@ -117,7 +119,7 @@ class ClientSpec(_Strict):
     input_distribution: DistSpec | None = None
     output_distribution: DistSpec
     prefix_group: str = ""
-    prefix_length: NonNegInt = 0
+    prefix_length: Tokens = 0
     streaming: bool = False
     network: NetworkSpec | None = None
     lifecycle: LifecycleSpec | None = None
@@ -183,9 +185,9 @@ MAX_INFERENCE_PERF_STAGES = 10_000
 class SharedPrefixSpec(_Strict):
     num_unique_system_prompts: Annotated[int, Field(gt=0, le=MAX_INFERENCE_PERF_CLIENTS)]
     num_users_per_system_prompt: Annotated[int, Field(gt=0, le=MAX_INFERENCE_PERF_CLIENTS)]
-    system_prompt_len: NonNegInt = 0
-    question_len: NonNegInt = 0
-    output_len: NonNegInt = 0
+    system_prompt_len: Tokens = 0
+    question_len: Tokens = 0
+    output_len: Tokens = 0
     enable_multi_turn_chat: bool = False
 
 

@@ -201,3 +201,109 @@ def test_fuzz_validate_and_run_agree(tmp_path, data):
     assert vcode == rcode, (data, verr, rerr)
     if vcode == 2:
         assert verr == rerr, (data, verr, rerr)
+
+
+# ------------------------------------------------------- token counts in a workload spec
+#: 2^24: the cap of a scenario's token keys, a trace's token counts and a spec's lengths
+CAP = 16_777_216
+MM_CLIENT = {"id": "m", "rate_fraction": 1.0, "arrival": {"process": "poisson"},
+             "multimodal": {"text_distribution": {"type": "constant", "params": {"value": 10}},
+                            "image_distribution": {"type": "constant", "params": {"value": 5}},
+                            "image_count_distribution": {"type": "constant", "params": {"value": 2}}},
+             "output_distribution": {"type": "constant", "params": {"value": 4}}}
+GAUSS = {"mean": 30, "std_dev": 5, "min": 1, "max": 60}
+PARETO = {"alpha": 2, "xm": 50, "mu": 3, "sigma": 0.5, "mix_weight": 0.3}
+
+
+def _dist_case(dist: str, params: dict, key: str, value) -> tuple[dict, tuple, str]:
+    """SPEC with client 0's input length ``dist(params)``, ``params[key] = value``."""
+    p = {**params, key: value}
+    return (_with(SPEC, ("clients", 0, "input_distribution"), {"type": dist, "params": p}),
+            ("clients", 0, "input_distribution", "params", key),
+            f"client[0].input_distribution.params.{key}")
+
+
+#: every token-count parameter of every length type, and every other token count of a spec:
+#: (spec, YAML key path, field of the error)
+TOKEN_CASES = {
+    **{f"constant.value={v}": _dist_case("constant", {}, "value", v) for v in (2**62, 2**32, 1e8, CAP + 1)},
+    **{f"gaussian.{k}": _dist_case("gaussian", GAUSS, k, 2**62) for k in GAUSS},
+    "exponential.mean": _dist_case("exponential", {}, "mean", 2**62),
+    "exponential.mean=cap+1": _dist_case("exponential", {}, "mean", CAP + 1),
+    "pareto_lognormal.xm": _dist_case("pareto_lognormal", PARETO, "xm", 1e8),
+    "pareto_lognormal.mu": _dist_case("pareto_lognormal", PARETO, "mu", 17),
+    "empirical key": (_with(SPEC, ("clients", 0, "input_distribution"),
+                            {"type": "empirical", "params": {10: 0.5, CAP + 1: 0.5}}),
+                      ("clients", 0, "input_distribution", "params", CAP + 1),
+                      f"client[0].input_distribution.params.{CAP + 1}"),
+    "output length": (_with(SPEC, ("clients", 0, "output_distribution"),
+                            {"type": "gaussian", "params": {**GAUSS, "max": 1e8}}),
+                      ("clients", 0, "output_distribution", "params", "max"),
+                      "client[0].output_distribution.params.max"),
+    "prefix_length": (_with(SPEC, ("clients", 0, "prefix_length"), 2**62),
+                      ("clients", 0, "prefix_length"), "client[0].prefix_length"),
+    "multimodal image size": (
+        _with(_with(SPEC, ("clients",), [MM_CLIENT]),
+              ("clients", 0, "multimodal", "image_distribution", "params", "value"), 2**32),
+        ("clients", 0, "multimodal", "image_distribution", "params", "value"),
+        "client[0].multimodal.image_distribution.params.value"),
+    "cohort input": (
+        _with(_with(SPEC, ("cohorts",), [{"id": "k", "population": 2, "rate_fraction": 1.0,
+                                          "arrival": {"process": "poisson"},
+                                          "input_distribution": {"type": "constant", "params": {"value": 30}},
+                                          "output_distribution": {"type": "constant", "params": {"value": 4}}}]),
+              ("cohorts", 0, "input_distribution", "params", "value"), 2**62),
+        ("cohorts", 0, "input_distribution", "params", "value"),
+        "cohort[0].input_distribution.params.value"),
+    "inference_perf question_len": (
+        {"version": "2", "num_requests": 5, "inference_perf": {
+            "stages": [{"rate": 10.0, "duration": 1.0}],
+            "shared_prefix": {"num_unique_system_prompts": 1, "num_users_per_system_prompt": 1,
+                              "question_len": 2**62, "output_len": 4}}},
+        ("inference_perf", "shared_prefix", "question_len"), "inference_perf.shared_prefix.question_len"),
+}
+
+
+def _key_line(path, keys: tuple) -> int:
+    """1-based line of the key at ``keys`` in the YAML file (PyYAML's own node marks)."""
+    node = yaml.compose(path.read_text())
+    line = 0
+    for k in keys:
+        if isinstance(k, int) and node.id == "sequence":
+            node = node.value[k]
+            continue
+        key_node, node = next((kn, vn) for kn, vn in node.value if kn.value == str(k))
+        line = key_node.start_mark.line + 1
+    return line
+
+
+@pytest.mark.parametrize("source", ["inline", "file"])
+@pytest.mark.parametrize("case", list(TOKEN_CASES))
+def test_spec_token_counts_are_capped_alike_in_validate_and_run(tmp_path, case, source):
+    """A token count above 2^24 anywhere in a workload spec (each length type's parameters,
+    the empirical keys, prefix lengths, multimodal, cohorts, inference-perf) is one located
+    line from ``validate`` and from ``run`` (it was "ok", then a MemoryError / internal error)."""
+    spec, keys, field = TOKEN_CASES[case]
+    sc = tmp_path / "s.yaml"
+    if source == "inline":
+        sc.write_text(yaml.safe_dump(_spec_scenario(spec), sort_keys=False))
+        where, keys, field = sc, ("workload", "spec", *keys), f"workload.spec.{field}"
+    else:
+        where = tmp_path / "ws.yaml"
+        where.write_text(yaml.safe_dump(spec, sort_keys=False))
+        sc.write_text(yaml.safe_dump(_with(BASE, ("workload",), {"kind": "spec", "path": "ws.yaml"}),
+                                     sort_keys=False))
+    vcode, verr, rcode, rerr = _check_both(sc)
+    assert (vcode, rcode) == (2, 2)
+    assert verr == rerr
+    assert verr.startswith(f"error: {where}:{_key_line(where, keys)}: {field}: "), verr
+    assert str(CAP) in verr or "ln 16777216" in verr, verr
+
+
+def test_a_spec_at_the_cap_is_valid(tmp_path):
+    """The cap itself is allowed (validate only: a 2^24-token prompt is valid input)."""
+    spec = _with(SPEC, ("clients", 0, "input_distribution"), {"type": "constant", "params": {"value": CAP}})
+    spec = _with(spec, ("clients", 0, "prefix_length"), CAP)
+    sc = tmp_path / "s.yaml"
+    sc.write_text(yaml.safe_dump(_spec_scenario(spec), sort_keys=False))
+    assert _invoke("validate", sc)[0] == 0

@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.units import MAX_INT64
 from blis_simpy.workload.arrivals import (
     ConstantArrival,
     GammaArrival,
@@ -21,7 +20,7 @@ from blis_simpy.workload.arrivals import (
     weibull_cv,
     weibull_shape_from_cv,
 )
-from blis_simpy.workload.lengths import EmpiricalSampler, empirical_sampler, make_length_sampler
+from blis_simpy.workload.lengths import MAX_TOKENS, EmpiricalSampler, empirical_sampler, make_length_sampler
 
 
 class FakeRng:
@@ -92,13 +91,13 @@ def test_pareto_lognormal_branches():
                             {"alpha": 2, "xm": 50, "mu": 3, "sigma": 0.5, "mix_weight": 0.3})
     # pareto branch: 50 / 0.25^(1/2) = 100
     assert p.sample(FakeRng(uniform=[0.1, 0.25])) == 100
-    # U = 0 ⇒ smallest positive float ⇒ astronomically large, saturates
-    assert p.sample(FakeRng(uniform=[0.1, 0.0])) == MAX_INT64
+    # U = 0 ⇒ smallest positive float ⇒ astronomically large, clipped at the 2^24 token cap
+    assert p.sample(FakeRng(uniform=[0.1, 0.0])) == MAX_TOKENS == 2**24
     # lognormal branch: exp(3 + 0.5·1) = 33.115 → 33
     assert p.sample(FakeRng(uniform=[0.9], normal=[1.0])) == 33
     huge = make_length_sampler("pareto_lognormal",
-                               {"alpha": 2, "xm": 50, "mu": 1000, "sigma": 1, "mix_weight": 0})
-    assert huge.sample(FakeRng(uniform=[0.5], normal=[0.0])) == 1      # inf ⇒ 1
+                               {"alpha": 2, "xm": 50, "mu": 3, "sigma": 1e308, "mix_weight": 0})
+    assert huge.sample(FakeRng(uniform=[0.5], normal=[1.0])) == 1      # exp overflows: inf ⇒ 1
 
 
 def test_empirical_cdf_and_sampling():
