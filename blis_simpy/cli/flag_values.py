@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from blis_simpy.cli.logs import LOG_LEVEL_NAMES
 from blis_simpy.errors import ConfigError
 from blis_simpy.units import MAX_INT64
 
@@ -118,14 +119,6 @@ def interference_range(v) -> str | None:
     return None if math.isfinite(v) and 0 <= v <= 100 else f"must be finite in [0, 100], got {v}"
 
 
-def trace_level(v) -> str | None:
-    return None if v in ("none", "decisions") else f"must be none or decisions, got {v!r}"
-
-
-def tie_break(v) -> str | None:
-    return None if v in ("random", "first") else f"must be random or first, got {v!r}"
-
-
 def priority_range(v) -> str | None:
     return None if 0 <= v <= 4 else f"must be in [0, 4], got {v}"
 
@@ -152,6 +145,19 @@ def one_of(*choices: str) -> Rule:
         return None if v in choices else f"must be one of {', '.join(choices)}, got {v!r}"
     rule.choices = choices    # the flag's help shows them (Flag.metavar)
     return rule
+
+
+trace_level = one_of("none", "decisions")
+tie_break = one_of("random", "first")
+
+
+def log_level(v) -> str | None:
+    """``--log``: one of BLIS's level names, in any case (the problem is ``setup_logging``'s)."""
+    from blis_simpy.cli.logs import level_problem
+    return level_problem(v)
+
+
+log_level.choices = LOG_LEVEL_NAMES     # the help shows them (Flag.metavar)
 
 
 def each_non_negative(vs) -> str | None:

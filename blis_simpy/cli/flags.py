@@ -26,6 +26,7 @@ from blis_simpy.cli.flag_values import (
     fraction,
     integer,
     interference_range,
+    log_level,
     lowered,
     non_negative,
     number,
@@ -81,7 +82,7 @@ class Flag:
 F = Flag
 FLAGS: tuple[Flag, ...] = (
     # (1) log level, model, backend name
-    F("--log", text, None, None, "log level: trace|debug|info|warn|error|fatal|panic (default warn)", panel=OUTPUT),
+    F("--log", text, None, log_level, "log level (default warn)", panel=OUTPUT),
     F("--model", lowered, "model", None, "model ID (lower-cased)"),
     F("--latency-model", text, "latency.model", registered("latency"), "latency backend (default physics; blackbox when both coefficient flags are given)"),
     # (2) coefficients
@@ -138,14 +139,14 @@ FLAGS: tuple[Flag, ...] = (
     F("--routing-policy", text, "cluster.routing.policy", registered("routing"), "routing policy (default round-robin)"),
     F("--priority-policy", text, "engine.priority_policy", registered("priority"), "priority policy (default constant)"),
     F("--scheduler", text, "engine.scheduler", registered("scheduler"), "wait-queue scheduler (default fcfs)"),
-    F("--trace-level", text, "trace.level", trace_level, "decision trace: none | decisions (default none)"),
+    F("--trace-level", text, "trace.level", trace_level, "decision trace (default none)"),
     F("--counterfactual-k", integer, "trace.counterfactual_k", non_negative, "counterfactual candidates per routing record, at most 4096 (default 0)"),
     F("--summarize-trace", boolean, "trace.summarize", None, "print the Trace Summary (implies --trace-level decisions)", panel=OUTPUT),
     F("--snapshot-refresh-interval", integer, "cluster.snapshot_refresh_interval_us", non_negative, "router snapshot refresh, µs, at most 3600000000 (1 h); 0 = always fresh (default 0)"),
     F("--admission-latency", integer, "cluster.admission_latency_us", non_negative, "admission delay, µs, at most 3600000000 (1 h) (default 0)"),
     F("--routing-latency", integer, "cluster.routing_latency_us", non_negative, "routing delay, µs, at most 3600000000 (1 h) (default 0)"),
     F("--routing-scorers", scorer_text, None, None, "weighted scorers 'name:weight,...' (default prefix-affinity:3,queue-depth:2,kv-utilization:2)"),
-    F("--routing-tie-break", text, None, tie_break, "routing ties: random (seeded, default) | first (lowest index, BLIS parity)"),
+    F("--routing-tie-break", text, None, tie_break, "routing ties: random (seeded, default) or first (lowest index, BLIS parity)"),
     F("--fitness-weights", fitness_text, "fitness_weights", None, "fitness evaluation 'key:weight,...' (replay: ignored)", panel=OUTPUT),
     # (8, cont.) tiered KV and GPU memory
     F("--kv-cpu-blocks", integer, "engine.kv_cpu_blocks", non_negative, "CPU KV tier blocks, at most 100000000; > 0 enables the tier (default 0)"),

@@ -11,6 +11,15 @@ log = logging.getLogger("blis_simpy")
 LOG_LEVELS = {"trace": 5, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
               "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL,
               "panic": logging.CRITICAL}
+#: the names ``--log`` shows in its help and its error (``warning`` is taken for ``warn``)
+LOG_LEVEL_NAMES = ("trace", "debug", "info", "warn", "error", "fatal", "panic")
+
+
+def level_problem(level: str) -> str | None:
+    """None when ``level`` names a ``--log`` level (any case), else the problem."""
+    if level.lower() in LOG_LEVELS:
+        return None
+    return f"unknown log level {level!r}; valid: {', '.join(LOG_LEVEL_NAMES)}"
 
 
 def setup_logging(level: str | None) -> None:
@@ -19,10 +28,10 @@ def setup_logging(level: str | None) -> None:
     such as a test runner swaps stderr between invocations). An unknown level is a
     :class:`~blis_simpy.errors.ConfigError` on ``--log`` (nothing is changed then)."""
     key = (level or "warn").lower()
-    if key not in LOG_LEVELS:
+    problem = level_problem(key if level is None else level)
+    if problem:
         from blis_simpy.errors import ConfigError
-        raise ConfigError(f"unknown log level {level!r}; valid: trace, debug, info, warn, error, "
-                          "fatal, panic", field="--log")
+        raise ConfigError(problem, field="--log")
     for h in [h for h in log.handlers if getattr(h, "_blis_cli", False)]:
         log.removeHandler(h)
     handler = logging.StreamHandler(sys.stderr)

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from blis_simpy.cli import flags as F
 from blis_simpy.cli.flag_values import families
 
 from .support import REPO
@@ -96,6 +97,13 @@ def test_choice_flags_list_the_registered_names():
     # a fixed set of values is shown as the choices
     assert "--arrival <constant|poisson|gamma>" in text
     assert "--kv-capacity-model <vllm|blis>" in text
+    assert "--log <trace|debug|info|warn|error|fatal|panic>" in text
+    assert "--trace-level <none|decisions>" in text
+    assert "--routing-tie-break <random|first>" in text
+    # every flag with a fixed set of values (a one_of rule) shows them, never TEXT
+    for flag in F.FLAGS:
+        if getattr(flag.rule, "choices", None) and "run" in flag.commands:
+            assert f"{flag.name} <{'|'.join(flag.rule.choices)}>" in text, flag.name
 
 
 def test_a_plugin_name_is_still_accepted(cli, small_scenario, tmp_path, monkeypatch):

@@ -179,8 +179,8 @@ def test_tier_shed_flags_and_validation(cli, small):
 
 @pytest.mark.parametrize("args, words", [
     (["--routing-scorers", "queue-depth:1,nope:2"], "--routing-scorers: unknown scorer 'nope'"),
-    (["--routing-tie-break", "last"], "--routing-tie-break: must be random or first"),
-    (["--trace-level", "all"], "--trace-level: must be none or decisions"),
+    (["--routing-tie-break", "last"], "--routing-tie-break: must be one of random, first"),
+    (["--trace-level", "all"], "--trace-level: must be one of none, decisions"),
     (["--counterfactual-k", "-1"], "--counterfactual-k: must be >= 0"),
     (["--snapshot-refresh-interval", "-5"], "--snapshot-refresh-interval: must be >= 0"),
     (["--fitness-weights", "p99_ttft:1,speed:2"], "--fitness-weights: unknown fitness key 'speed'; valid keys: mean_e2e"),
