@@ -112,9 +112,21 @@ def prepare_help(cmd) -> None:
             cmd.format_options = _panelled_options.__get__(cmd)
 
 
+class _Wrapper(textwrap.TextWrapper):
+    """Lines break at spaces and after a comma (``a:3,b:2`` as ``a:3,`` / ``b:2``), never
+    inside a word nor at a hyphen (``round-robin``, ``kv-utilization:2`` stay whole)."""
+
+    def __init__(self, width: int):
+        super().__init__(width, break_long_words=False, break_on_hyphens=False)
+
+    def _split(self, text: str) -> list[str]:
+        return [piece for chunk in super()._split(text) for piece in re.split(r"(?<=,)(?=\S)", chunk)
+                if piece]
+
+
 def _panelled_options(cmd, ctx, formatter) -> None:
     """Click's plain option list, one section per rich help panel (in first-seen order),
-    one column width for all; words are not broken at hyphens (``round-robin`` stays whole)."""
+    one column width for all; lines break only between words or after a comma (_Wrapper)."""
     sections: dict[str, list[tuple[str, str]]] = {}
     for p in cmd.get_params(ctx):
         rec = p.get_help_record(ctx)
@@ -125,11 +137,11 @@ def _panelled_options(cmd, ctx, formatter) -> None:
         sections.setdefault(panel, []).append(rec)
     rows = [r for rs in sections.values() for r in rs]
     first = min(max(len(r[0]) for r in rows), 30) if rows else 0
-    width = max(formatter.width - first - 4, 30)
+    wrap = _Wrapper(max(formatter.width - first - 4, 30)).wrap
     for name, recs in sections.items():
         with formatter.section(name):
             for opt, text in recs:
-                lines = textwrap.wrap(text, width, break_on_hyphens=False) or [""]
+                lines = wrap(text) or [""]
                 if len(opt) <= first:
                     formatter.write(f"{'':>{formatter.current_indent}}{opt:<{first}}  {lines[0]}\n")
                     lines = lines[1:]

@@ -4,6 +4,7 @@ columns and lists the registered policy names, shell completion is there."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -81,6 +82,17 @@ def test_help_fits_80_columns(command):
             assert f"\n{section}\n" in text
         assert "--streaming-metrics / --no-streaming-metrics" in text
         assert "round-robin" in text and "round-\n" not in text   # not broken at a hyphen
+
+
+@pytest.mark.parametrize("command", ["run", "replay"])
+def test_help_at_80_columns_breaks_no_word(command):
+    """A line breaks between words or after a comma, never inside a word: every piece of
+    every flag's help (``kv-utilization:2)``, ``round-robin``) is whole on one line."""
+    lines = [ln.strip() for ln in _help(command, columns=80).splitlines()]
+    for flag in F.FLAGS:
+        if command in flag.commands:
+            for piece in re.findall(r"[^\s,]+,?", flag.help):
+                assert any(piece in ln for ln in lines), (flag.name, piece)
 
 
 def test_choice_flags_list_the_registered_names():
