@@ -67,15 +67,21 @@ class InvariantError(SimulationError):
     """An invariant (docs/determinism.md, "Invariants") is broken at the end of a run."""
 
 
+#: pydantic error types for "not a mapping" (a model's or a dict's input): pydantic's text
+#: names our classes ("... or instance of BundleRouting"), the user wrote YAML
+_NOT_A_MAPPING = frozenset(("model_type", "model_attributes_type", "dict_type", "dataclass_type"))
+
+
 def validation_problem(first: dict) -> str:
     """A short problem text for one pydantic error (a dict of ``errors()``), as every YAML
-    key is reported: the scenario's, the policy bundle's and a plugin's ``params``."""
+    key is reported: the scenario's, the policy bundle's, a workload spec's, a coefficient
+    set's and a plugin's ``params``. Never names one of our classes."""
     kind = first["type"]
     if kind == "extra_forbidden":
         return "unknown key"
     if kind == "missing":
         return "required key is missing"
-    msg = first["msg"]
+    msg = "input should be a mapping" if kind in _NOT_A_MAPPING else first["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     msg = msg[0].lower() + msg[1:] if msg else "invalid value"

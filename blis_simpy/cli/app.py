@@ -37,7 +37,7 @@ from blis_simpy.cli.options import flag_parameters, given_flags
 from blis_simpy.cli.plan_cmd import register as _register_plan
 from blis_simpy.cli.report_cmd import register as _register_report
 from blis_simpy.cli.sweep_cmd import register as _register_sweep
-from blis_simpy.errors import BlisError, ConfigError
+from blis_simpy.errors import BlisError, ConfigError, validation_problem
 
 if TYPE_CHECKING:   # the simulator stack loads when a command runs, not for --help
     from blis_simpy.cli import runner
@@ -122,7 +122,7 @@ def _input_problem(exc: Exception) -> str | None:
     if core is not None and isinstance(exc, core.ValidationError):
         first = exc.errors(include_url=False)[0]
         fld = ".".join(str(p) for p in first["loc"]) or None
-        return ConfigError(first["msg"], field=fld).one_line()
+        return ConfigError(validation_problem(first), field=fld).one_line()
     return None
 
 

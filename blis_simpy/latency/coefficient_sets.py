@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from blis_simpy.atomic import atomic_write
-from blis_simpy.errors import ConfigError
+from blis_simpy.errors import ConfigError, validation_problem
 from blis_simpy.yaml_input import parse as parse_yaml
 
 _Mult = Field(1.0, ge=0, le=1000, allow_inf_nan=False)
@@ -104,7 +104,7 @@ def parse_set(text: str, where: str) -> CoefficientSet:
     except (ValidationError, ValueError) as exc:
         if isinstance(exc, ValidationError):
             e = exc.errors(include_url=False)[0]
-            loc, msg = ".".join(str(p) for p in e["loc"]), e["msg"]
+            loc, msg = ".".join(str(p) for p in e["loc"]), validation_problem(e)
         else:
             loc, msg = "", str(exc)
         raise ConfigError(msg, file=where, line=_key_line(text, loc.split(".")[0]),

@@ -14,7 +14,7 @@ from typing import Any
 import pydantic
 import yaml
 
-from blis_simpy.errors import ConfigError
+from blis_simpy.errors import ConfigError, validation_problem
 from blis_simpy.yaml_input import CappedLoader, parse, read_text
 
 _SINGULAR = {"clients": "client", "cohorts": "cohort"}
@@ -132,17 +132,6 @@ def from_validation_error(e: pydantic.ValidationError, path: str | None,
     """The first pydantic error as a ConfigError naming the key, with its line if known."""
     first = e.errors(include_url=False)[0]
     loc = _clean_loc(tuple(first["loc"]))
-    kind = first["type"]
-    if kind == "extra_forbidden":
-        problem = "unknown key"
-    elif kind == "missing":
-        problem = "required key is missing"
-    else:
-        problem = first["msg"]
-        if problem.startswith("Value error, "):
-            problem = problem[len("Value error, "):]
-        if "input" in first and kind not in ("model_type", "dict_type", "list_type"):
-            problem += f" (got {first['input']!r})"
-    return ConfigError(problem, file=str(path) if path else None,
+    return ConfigError(validation_problem(first), file=str(path) if path else None,
                        line=line_of(node, loc) if path else None,
                        field=render_loc(loc) or None)

@@ -85,14 +85,14 @@ IP_SECTION = "stages: [{rate: 6.0, duration: 10}]\nshared_prefix: {%s}\n"
 IP_CASES = {
     "too many system prompts": (
         IP_SECTION % "num_unique_system_prompts: 100000000, num_users_per_system_prompt: 1",
-        ":2: shared_prefix.num_unique_system_prompts: Input should be less than or equal to 100000"),
+        ":2: shared_prefix.num_unique_system_prompts: input should be less than or equal to 100000"),
     "too many clients in all": (
         IP_SECTION % "num_unique_system_prompts: 1000, num_users_per_system_prompt: 1000",
         ":2: shared_prefix: 1000000 clients (system prompts x users), at most 100000"),
     "too many stages": (
         "stages: [" + ", ".join(["{rate: 1, duration: 1}"] * 10_001) + "]\nshared_prefix: {num_unique_system_prompts: "
         "1, num_users_per_system_prompt: 1}\n",
-        ":1: stages: List should have at most 10000 items"),
+        ":1: stages: list should have at most 10000 items"),
     "deeply nested YAML": ("a: " + "[" * 50_000 + "]" * 50_000 + "\n", ":1: nested too deeply (more than 64 levels)"),
     "file over 16 MiB": ("# " + "x" * (16 << 20) + "\n", ": larger than 16777216 bytes"),
 }

@@ -42,9 +42,9 @@ SCENARIO_CASES = {
     "duplicate key": ("seed: 1\nseed: 2\n", 2, "seed", "duplicate"),
     # run used to replace params that are not a mapping by {} (and ran with the defaults)
     "routing params not a mapping": (BLACKBOX + "cluster:\n  routing:\n    policy: least-loaded\n"
-                                     "    params: 5\n", 8, "cluster.routing.params", "valid dictionary"),
+                                     "    params: 5\n", 8, "cluster.routing.params", "input should be a mapping, got 5"),
     "admission params not a mapping": (BLACKBOX + "cluster:\n  admission:\n    params: 'oops'\n", 7,
-                                       "cluster.admission.params", "valid dictionary, got 'oops'"),
+                                       "cluster.admission.params", "input should be a mapping, got 'oops'"),
     # keys YAML does not read as strings (blis_simpy/yaml_input.py; tests/config/test_yaml_input.py)
     "boolean key": ("seed: 1\nengine:\n  on: 3\n", 3, "on", "reads as a boolean in YAML; quote it ('on')"),
     "number key": ("seed: 1\nengine:\n  16: 3\n", 3, "engine.16", "keys should be strings, got 16"),
@@ -67,6 +67,35 @@ def test_bad_scenario_key(cli, tmp_path, case):
     assert int(got["line"]) == line
     assert got["field"] == field
     assert words in got["problem"]
+
+
+SPEC_CLIENT = ("version: \"2\"\nseed: 11\naggregate_rate: 20.0\nnum_requests: 30\nclients:\n"
+               "  - id: plain\n    rate_fraction: 1.0\n    arrival: {process: poisson}\n"
+               "    input_distribution: {type: constant, params: {value: 40}}\n"
+               "    output_distribution: {type: constant, params: {value: 6}}\n")
+#: a value that is not a mapping where a section is expected, in every YAML file the user
+#: writes: (flag naming the file, file text, line, field, problem)
+NOT_A_MAPPING_CASES = {
+    "scenario section": ("--scenario", BLACKBOX + "cluster: 5\n", 5, "cluster", ", got 5"),
+    "scenario nested section": ("--scenario", BLACKBOX + "cluster:\n  routing: [1]\n", 6,
+                                "cluster.routing", ""),
+    "policy bundle": ("--policy-config", "routing: 5\n", 1, "routing", ", got 5"),
+    "workload spec": ("--workload-spec", SPEC_CLIENT.replace("{process: poisson}", "'x'"), 8,
+                      "client[0].arrival", ", got 'x'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_A_MAPPING_CASES))
+def test_not_a_mapping_names_no_class_of_ours(cli, small_scenario, tmp_path, case):
+    """pydantic's own text ("a valid dictionary or instance of BundleRouting") is not shown:
+    every model's error says ``input should be a mapping`` (errors.validation_problem)."""
+    flag, text, line, field, got = NOT_A_MAPPING_CASES[case]
+    f = tmp_path / "file.yaml"
+    f.write_text(text)
+    args = ["--scenario", f] if flag == "--scenario" else ["--scenario", small_scenario, flag, f]
+    res = cli("run", *args, "--format", "json")
+    line_text = _assert_one_line_error(res, tmp_path / "none.json")
+    assert line_text == f"error: {f}:{line}: {field}: input should be a mapping{got}"
 
 
 def test_yaml_syntax_error_names_the_line(cli, tmp_path):

@@ -290,7 +290,7 @@ def test_header_errors_located(tmp_path):
     p.write_text("trace_version: 2\nserver:\n    type: vllm\n    block_size: -16\n")
     e = _err(read_trace_header, p)
     assert (e.line, e.field) == (4, "server.block_size")
-    assert e.problem == "Input should be greater than or equal to 0 (got -16)"
+    assert e.problem == "input should be greater than or equal to 0, got -16"
     p.write_text("trace_version: 3\n")
     assert (_err(read_trace_header, p).line, _err(read_trace_header, p).field) == (1, "trace_version")
     p.write_text("trace_version: 2\ntime_unit: milliseconds\n")
