@@ -238,7 +238,11 @@ def distribution_problems(d) -> list[tuple[str, str]]:
     for key in ("mean", "stdev"):
         v = getattr(d, key)
         if not d.min <= v <= d.max:
-            out.append((key, f"{v:g} must lie in [min, max] = [{d.min}, {d.max}]"))
+            side = f"below min {d.min}" if v < d.min else f"above max {d.max}"
+            rule = f"the {key} must lie in [min, max] = [{d.min}, {d.max}]"
+            if key == "stdev":      # the quirk: say it is meant
+                rule += " like the mean (BLIS's rule, kept for parity; docs/workloads.md)"
+            out.append((key, f"{v:g} is {side}: {rule}"))
     return out
 
 

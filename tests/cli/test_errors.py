@@ -38,7 +38,8 @@ SCENARIO_CASES = {
     "unknown policy": (BLACKBOX + "cluster:\n  routing:\n    policy: nope\n", 7, "cluster.routing.policy",
                        "unknown routing policy 'nope'"),
     "stdev quirk": (BLACKBOX + "workload:\n  prompt_tokens: {mean: 50, stdev: 0, min: 2, max: 100}\n", 6,
-                    "workload.prompt_tokens.stdev", "[min, max]"),
+                    "workload.prompt_tokens.stdev", "0 is below min 2: the stdev must lie in [min, max] = "
+                    "[2, 100] like the mean"),
     "duplicate key": ("seed: 1\nseed: 2\n", 2, "seed", "duplicate"),
     # run used to replace params that are not a mapping by {} (and ran with the defaults)
     "routing params not a mapping": (BLACKBOX + "cluster:\n  routing:\n    policy: least-loaded\n"
@@ -130,8 +131,15 @@ FLAG_CASES = {
     "roofline with coefficients": (["--latency-model", "roofline", "--alpha-coeffs", "1,2,3",
                                     "--beta-coeffs", "1,2,3"], "--latency-model", "roofline"),
     "unknown routing": (["--routing-policy", "nope"], "--routing-policy",
-                        "least-loaded, round-robin, weighted"),
-    "stdev quirk": (["--output-tokens-stdev", "0"], "--output-tokens-stdev", "[min, max]"),
+                        "unknown routing policy 'nope'; valid: "),
+    # BLIS's rule: the stdev, like the mean, within [min, max]; the message says which side
+    "stdev quirk": (["--output-tokens-stdev", "0"], "--output-tokens-stdev",
+                    "0 is below min 2: the stdev must lie in [min, max] = [2, 120] like the mean (BLIS's "
+                    "rule, kept for parity; docs/workloads.md)"),
+    "stdev above max": (["--prompt-tokens-stdev", "9000", "--prompt-tokens-max", "8000"],
+                        "--prompt-tokens-stdev", "9000 is above max 8000: the stdev must lie in"),
+    "mean below min": (["--prompt-tokens", "1", "--prompt-tokens-min", "2"], "--prompt-tokens",
+                       "1 is below min 2: the mean must lie in [min, max] = [2, "),
     "min above max": (["--prompt-tokens-min", "900", "--prompt-tokens-max", "800"],
                       "--prompt-tokens-min", "<= max"),
     "unknown preset": (["--workload", "nope"], "--workload", "chatbot"),
