@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from blis_simpy.bounds import MAX_REQUESTS, MAX_TOKENS
 from blis_simpy.metrics.fitness import FITNESS_KEYS
 from blis_simpy.units import MAX_INT64
 
@@ -35,12 +36,8 @@ MAX_DP = 1024
 # what a scenario can make the simulator allocate, loop over or add to its clock finite.
 #: tokens per KV block: the fast engine keeps one set per token slot of a block
 MAX_BLOCK_SIZE = 1024
-#: any token count: context cap, step budget, prefill chunk, prompt/output lengths, prefix
-MAX_TOKENS = 16_777_216
 #: running-batch cap (requests)
 MAX_RUNNING_REQS = 1_048_576
-#: requests one workload may generate
-MAX_REQUESTS = 10_000_000
 #: engine instances, and simulated engine ranks (instances x dp) in all
 MAX_INSTANCES = 4096
 #: tensor parallelism (GPUs per engine rank)

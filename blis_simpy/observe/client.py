@@ -36,11 +36,11 @@ from datetime import datetime, timezone
 
 import httpx
 
+from blis_simpy.bounds import MAX_REQUESTS
 from blis_simpy.errors import ConfigError
 from blis_simpy.observe.body import API_FORMATS, CHAT, endpoint_url, request_body
 from blis_simpy.observe.records import ERROR, OK, TIMEOUT, Observation
 
-MAX_REQUESTS = 10_000_000
 MAX_CONCURRENCY = 10_000
 MAX_LINE_BYTES = 1 << 20
 MAX_BODY_BYTES = 64 << 20

@@ -37,13 +37,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from blis_simpy.bounds import MAX_REQUESTS, MAX_TOKENS
 from blis_simpy.errors import ConfigError
 from blis_simpy.request import Request
 from blis_simpy.rng import child_seed, derive_seed, numpy_rng, to_signed64
 from blis_simpy.units import MAX_INT64
 from blis_simpy.workload.arrivals import make_arrival_sampler
 from blis_simpy.workload.expand import expand_cohorts, expand_inference_perf, load_servegen
-from blis_simpy.workload.lengths import MAX_TOKENS
 from blis_simpy.workload.samplers import VOCAB_SIZE, RequestSampler
 from blis_simpy.workload.sessions import (
     SESSION_DEFAULT_TIMEOUT_US,
@@ -163,7 +163,18 @@ def _client_requests(c: ClientSpec, idx: int, rate: float, rng: np.random.Genera
             continue
         inp, outp, mod = sampler.draw(rng)
         out.append(_new_request(c, t, inp, outp, mod, prefix, compute_deadline(t, c)))
+        _bounded(out, cap, f)
     return out
+
+
+def _bounded(out: list, cap: int | None, field: str) -> None:
+    """Refuse a client that generates more than :data:`~blis_simpy.bounds.MAX_REQUESTS`
+    requests beyond its cap (a horizon-bound workload at a huge rate, a session of endless
+    rounds) instead of filling memory: no valid workload gets there."""
+    if len(out) > (cap or 0) + MAX_REQUESTS:
+        raise ConfigError(f"generates more than {MAX_REQUESTS:,} requests (the limit, "
+                          "docs/scenarios.md \"Limits\"); set num_requests, or lower the rate, "
+                          "the rounds or the horizon", field=field)
 
 
 def _session_requests(c: ClientSpec, idx: int, rate: float, rng: np.random.Generator,
@@ -211,6 +222,7 @@ def _session_requests(c: ClientSpec, idx: int, rate: float, rng: np.random.Gener
                 out.append(_new_request(c, t, inp, outp, mod, prefix,
                                         session_deadline(t, c.timeout), session_id=sid,
                                         round_index=r, reason_ratio=ratio))
+                _bounded(out, cap, f)
                 if accumulate:
                     context = np.concatenate((context, new_in, outp))
             t = t + mt.think_time_us + len(outp)
@@ -309,7 +321,31 @@ def _prepared(spec: WorkloadSpecV2, horizon: int | None, max_requests: int | Non
     if max_requests <= 0 and horizon >= MAX_INT64:
         raise ConfigError("workload requires either num_requests or --horizon to bound generation",
                           field="num_requests")
+    if max_requests <= 0:
+        _check_expected_count(spec, clients, horizon)
     return spec, clients, horizon, max_requests
+
+
+def _check_expected_count(spec: WorkloadSpecV2, clients: list[ClientSpec], horizon: int) -> None:
+    """A workload bound by its horizon alone must not be expected to generate more than
+    :data:`~blis_simpy.bounds.MAX_REQUESTS` requests: Σ over clients of rate × the span it
+    generates over (its last window's end, at most the horizon) — × the most rounds a
+    session can have before the horizon (each round takes think time + at least 1 µs) for a
+    multi-turn client. Refused up front, in ``validate`` too, instead of generating for hours."""
+    expected = 0.0
+    for c, rate in zip(clients, client_rates(spec, clients), strict=True):
+        windows = _windows(c)
+        span = min(horizon, max(e for _, e in windows)) if windows else horizon
+        n = 1.0 if is_multi_turn(c) and c.reasoning.multi_turn.single_session else rate * span
+        if is_multi_turn(c):
+            mt = c.reasoning.multi_turn
+            n *= min(mt.max_rounds, span / (mt.think_time_us + 1) + 1)
+        expected += n
+    if expected > MAX_REQUESTS:
+        raise ConfigError(f"a horizon of {horizon:,} us at these rates is about {expected:.3g} "
+                          f"requests, more than the limit of {MAX_REQUESTS:,} (docs/scenarios.md "
+                          "\"Limits\"); set num_requests, or lower the rate, the rounds or the horizon",
+                          field="num_requests")
 
 
 def _blueprints(clients: list[ClientSpec], closed: set[int], tagged, prefixes, seed: int,

@@ -21,6 +21,7 @@ from typing import Protocol
 
 import numpy as np
 
+from blis_simpy.bounds import MAX_TOKENS
 from blis_simpy.errors import ConfigError
 from blis_simpy.units import round_half_away, to_int64
 
@@ -28,10 +29,6 @@ log = logging.getLogger(__name__)
 
 SMALLEST_POSITIVE = 5e-324  # Go's math.SmallestNonzeroFloat64
 LENGTH_TYPES = ("gaussian", "exponential", "pareto_lognormal", "constant", "empirical")
-#: the most tokens a length parameter may name and a sample may have: 2^24, the cap of a
-#: scenario's token keys (``config.scenario.MAX_TOKENS``) and of a trace's token counts
-#: (``tracev2_read.MAX_TRACE_TOKENS``); docs/workloads.md, "Length distributions"
-MAX_TOKENS = 1 << 24
 #: the parameters of each type that are token counts, each at most MAX_TOKENS (pareto's
 #: ``mu`` is the log of its lognormal median: at most ln MAX_TOKENS); the empirical keys too
 TOKEN_PARAMS = {"gaussian": ("mean", "std_dev", "min", "max"), "exponential": ("mean",),

@@ -25,6 +25,7 @@ from operator import itemgetter
 import numpy as np
 from pydantic import ValidationError
 
+from blis_simpy.bounds import MAX_TOKENS
 from blis_simpy.errors import ConfigError
 from blis_simpy.workload import _yaml
 from blis_simpy.workload.tracev2 import (
@@ -43,8 +44,8 @@ from blis_simpy.workload.tracev2 import (
 #: IDs a file may carry, each up to 10 digits and a space
 MAX_FIELD_CHARS = 12 * MAX_TOKEN_IDS_PER_FILE
 #: cap on a token count cell (prefix_length, input/output/text/image/audio/video tokens,
-#: server_input_tokens): 2^24, as config.scenario.MAX_TOKENS caps a scenario's token keys
-MAX_TRACE_TOKENS = 1 << 24
+#: server_input_tokens): the one token cap (``bounds.MAX_TOKENS``, 2^24)
+MAX_TRACE_TOKENS = MAX_TOKENS
 _MAX_TOKEN_ID = (1 << 31) - 1                     # IDs are kept as int32
 
 

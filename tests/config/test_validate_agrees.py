@@ -96,6 +96,17 @@ GAPS = {
         "cluster.admission.params.capacity", "valid number, got '10'"),
     "number key in policy params": (
         _routing({1: 2}), "cluster.routing.params.1", "keys should be strings, got 1"),
+    # bound by an hour's horizon only: 1e9 req/s is 3.6e12 requests (used to generate until
+    # memory ran out); one session of endless rounds 0 us apart is 3.6e9
+    "a horizon-bound spec at a huge rate": (
+        _with(_with(_spec_scenario(_with(_with(SPEC, ("num_requests",), 0), ("aggregate_rate",), 1e9)),
+                    ("workload", "num_requests"), 0), ("horizon_us",), 3_600_000_000),
+        "workload.spec.num_requests", "about 3.6e+12 requests, more than the limit of 10,000,000"),
+    "a session of endless rounds": (
+        _with(_with(_spec_scenario(_with(_with(SPEC, ("num_requests",), 0), ("clients", 0, "reasoning"),
+                                         {"multi_turn": {"max_rounds": 2**62, "single_session": True}})),
+                    ("workload", "num_requests"), 0), ("horizon_us",), 3_600_000_000),
+        "workload.spec.num_requests", "about 3.6e+09 requests, more than the limit"),
 }
 
 
