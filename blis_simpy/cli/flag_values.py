@@ -12,7 +12,6 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from blis_simpy.cli.logs import LOG_LEVEL_NAMES
 from blis_simpy.errors import ConfigError
 from blis_simpy.units import MAX_INT64
 
@@ -151,13 +150,6 @@ trace_level = one_of("none", "decisions")
 tie_break = one_of("random", "first")
 
 
-def log_level(v) -> str | None:
-    """``--log``: one of BLIS's level names, in any case (the problem is ``setup_logging``'s)."""
-    from blis_simpy.cli.logs import level_problem
-    return level_problem(v)
-
-
-log_level.choices = LOG_LEVEL_NAMES     # the help shows them (Flag.metavar)
 
 
 def each_non_negative(vs) -> str | None:

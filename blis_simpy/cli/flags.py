@@ -26,7 +26,6 @@ from blis_simpy.cli.flag_values import (
     fraction,
     integer,
     interference_range,
-    log_level,
     lowered,
     non_negative,
     number,
@@ -41,6 +40,7 @@ from blis_simpy.cli.flag_values import (
     trace_level,
     unit_interval,
 )
+from blis_simpy.cli.logs import LOG_LEVEL_NAMES
 
 RUN, REPLAY = "run", "replay"
 BOTH = (RUN, REPLAY)
@@ -59,6 +59,9 @@ class Flag:
     help: str = ""
     commands: tuple[str, ...] = BOTH
     panel: str = SIM
+    #: the values the help lists when the rule is checked elsewhere (--log: by setup_logging,
+    #: after the scenario, where BLIS reports it)
+    choices: tuple[str, ...] = ()
 
     @property
     def dest(self) -> str:
@@ -66,7 +69,7 @@ class Flag:
 
     @property
     def metavar(self) -> str:
-        choices = getattr(self.rule, "choices", None)
+        choices = self.choices or getattr(self.rule, "choices", None)
         if choices:                              # one_of(...): the values, as typer shows choices
             return f"<{'|'.join(choices)}>"
         if getattr(self.rule, "family", None):   # a registered name (the help lists them)
@@ -82,7 +85,7 @@ class Flag:
 F = Flag
 FLAGS: tuple[Flag, ...] = (
     # (1) log level, model, backend name
-    F("--log", text, None, log_level, "log level (default warn)", panel=OUTPUT),
+    F("--log", text, None, None, "log level (default warn)", panel=OUTPUT, choices=LOG_LEVEL_NAMES),
     F("--model", lowered, "model", None, "model ID (lower-cased)"),
     F("--latency-model", text, "latency.model", registered("latency"), "latency backend (default physics; blackbox when both coefficient flags are given)"),
     # (2) coefficients
