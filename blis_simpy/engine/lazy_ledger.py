@@ -18,6 +18,10 @@ requests in a *decode set* U and advances all of them at once:
 * The token that ends a vLLM recompute after a preemption has an ITL sample off the tick
   grid (the gap since the request's previous token); it is kept per request as
   ``(tick, µs)`` in ``itl_extra``. ``tick_end`` holds each tick's end time (µs).
+* The per-tick arrays keep only ticks from ``base`` on (:meth:`LazyLedger._compact`): every
+  :data:`COMPACT_TICKS` ticks, the ticks no request can read any more — before the oldest
+  segment, lazy clock or latest token of a request still holding them — are folded into
+  ``all_itls`` and dropped, so a long run's memory does not grow with its steps.
 
 When a step is not uniform — the token budget or the KV cache cannot serve everybody —
 :meth:`LazyLedger.serve_all` declines and the batching policy runs its literal, ordered
@@ -31,17 +35,19 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from itertools import islice
+from itertools import chain, islice
 from operator import attrgetter, itemgetter
 
 import numpy as np
 
 from blis_simpy.engine.ledger import Ledger, completion_pi, last_token_pi, split_completed
 from blis_simpy.latency.base import BatchView
-from blis_simpy.request import COMPLETED
+from blis_simpy.request import COMPLETED, TIMED_OUT
 
 _by_pos = attrgetter("batch_pos")
 _tick = itemgetter(0)
+#: ticks between two attempts to drop the per-tick history no request can read any more
+COMPACT_TICKS = 1 << 16
 
 
 class LazyLedger(Ledger):
@@ -57,6 +63,10 @@ class LazyLedger(Ledger):
         self.tick_cum = array("q", [0])   # prefix sums of tick ITL values (step_us + OTPT)
         self.cov = array("q", [0])        # coverage difference array over ticks
         self.tick_end = array("q")        # end time of each tick, µs
+        self.base = 0                     # the arrays' first tick (earlier ones compacted)
+        self._held: dict = {}             # requests whose ITL segments are not summarised yet
+        self._next_compact = COMPACT_TICKS
+        self._tick0_end = 0               # tick 0's end, kept when tick 0 is compacted
         self.classes = [set() for _ in range(self.kv.block_size)]
         self.comp_at: dict[int, list] = {}
         self.u_count = 0
@@ -74,6 +84,7 @@ class LazyLedger(Ledger):
         r.seg_start = g0
         if r.itl_segments is None:
             r.itl_segments = []
+            self._held[r] = None
         c = (g0 - r.kv_len) % self.kv.block_size
         r.res_class = c
         self.classes[c].add(r)
@@ -211,6 +222,8 @@ class LazyLedger(Ledger):
         self.T += 1
         self.tick_cum.append(self.tick_cum[-1] + step_us + self.otpt_us)
         self.cov.append(0)
+        if self.T >= self._next_compact:
+            self._compact()
 
     def batch(self) -> list:
         order = list(self.running)
@@ -248,7 +261,12 @@ class LazyLedger(Ledger):
         segs = req.itl_segments
         if segs and segs[-1][1] - 1 > t:
             t = segs[-1][1] - 1
-        req.last_emit_us = self.tick_end[t]
+        if t >= self.base:
+            req.last_emit_us = self.tick_end[t - self.base]
+        elif t == 0:                  # tick 0's end outlives its compaction (_compact)
+            req.last_emit_us = self._tick0_end
+        else:                         # pragma: no cover - _compact keeps every other such tick
+            raise AssertionError(f"{req.id}: tick {t} was compacted (base {self.base})")
 
     # ================================================================= latency view
     def view(self) -> BatchView:
@@ -346,15 +364,17 @@ class LazyLedger(Ledger):
         return done
 
     def itl_summary(self, req) -> tuple[int, int, int | None]:
+        self._held.pop(req, None)
         segs = req.itl_segments or ()
         cum = self.tick_cum
         cov = self.cov
+        b = self.base
         itl_sum = 0
         n_itl = 0
         first = None
         extra = req.itl_extra
         if segs and not (extra and extra[0][0] < segs[0][0]):
-            s0 = segs[0][0]
+            s0 = segs[0][0] - b
             first = cum[s0 + 1] - cum[s0]
         elif extra:
             first = extra[0][1]
@@ -365,6 +385,8 @@ class LazyLedger(Ledger):
                 hist[v] += 1
             n_itl += len(extra)
         for s, e in segs:
+            s -= b
+            e -= b
             itl_sum += cum[e] - cum[s]
             n_itl += e - s
             cov[s] += 1
@@ -401,29 +423,79 @@ class LazyLedger(Ledger):
         if missing <= 0:
             return
         cum = self.tick_cum
-        ticks = ((t, cum[t + 1] - cum[t]) for s, e in reversed(spans) for t in range(e - 1, s - 1, -1))
+        b = self.base
+        ticks = ((t, cum[t + 1 - b] - cum[t - b]) for s, e in reversed(spans)
+                 for t in range(e - 1, s - 1, -1))
         latest = heapq.merge(ticks, reversed(extra), key=_tick, reverse=True)
         r.itl.extend(v for _, v in reversed(list(islice(latest, missing))))
 
     # ================================================================= end of run
     def finalize(self, met) -> None:
-        cum = self.tick_cum
         for r in met.registry.values():   # unfinished requests: spell out their ITL samples
             if r.state != COMPLETED and r.itl_segments is not None:
                 if r.res_class >= 0:
                     self._close_segment(r, self.T)
-                pairs = [(t, cum[t + 1] - cum[t]) for s, e in r.itl_segments for t in range(s, e)]
-                if r.itl_extra:
-                    pairs = sorted(pairs + r.itl_extra)
-                r.itl = [v for _, v in pairs]
-        if self.T:
-            counts = np.cumsum(np.frombuffer(self.cov, dtype=np.int64)[: self.T])
-            cum = np.frombuffer(self.tick_cum, dtype=np.int64)
-            vals = cum[1: self.T + 1] - cum[: self.T]
-            mask = counts > 0
-            if mask.any():
-                uniq, inv = np.unique(vals[mask], return_inverse=True)
-                tot = np.bincount(inv, weights=counts[mask].astype(np.float64))
-                hist = met.all_itls
-                for v, c in zip(uniq.tolist(), tot.tolist(), strict=True):
-                    hist[v] += int(c)
+                self._spell_itl(r)
+        self._fold(self.T - self.base, met.all_itls)
+
+    def _spell_itl(self, r) -> None:
+        """``r.itl``: every ITL sample of its (final) segments and recompute gaps, in order."""
+        cum = self.tick_cum
+        b = self.base
+        pairs = [(t, cum[t + 1 - b] - cum[t - b]) for s, e in r.itl_segments for t in range(s, e)]
+        if r.itl_extra:
+            pairs = sorted(pairs + r.itl_extra)
+        r.itl = [v for _, v in pairs]
+
+    def _fold(self, n: int, hist) -> None:
+        """Add to ``hist`` the ITL samples of the arrays' first ``n`` ticks: each tick's value
+        times the requests covering it (``cov``'s running sum from the array start)."""
+        if n <= 0:
+            return
+        counts = np.cumsum(np.frombuffer(self.cov, dtype=np.int64)[:n])
+        cum = np.frombuffer(self.tick_cum, dtype=np.int64)
+        vals = cum[1: n + 1] - cum[:n]
+        mask = counts > 0
+        if mask.any():
+            uniq, inv = np.unique(vals[mask], return_inverse=True)
+            tot = np.bincount(inv, weights=counts[mask].astype(np.float64))
+            for v, c in zip(uniq.tolist(), tot.tolist(), strict=True):
+                hist[v] += int(c)
+
+    def _compact(self) -> None:
+        """Drop the ticks before the oldest one a request can still read (its first unsummarised
+        segment, its lazy clock, its latest token); their ITL samples, final by then, go to
+        ``all_itls`` and their coverage is carried into the first kept tick. A timed-out request
+        (segments final, never summarised) has its samples spelled out first and lets go."""
+        self._next_compact = self.T + COMPACT_TICKS
+        keep = self.T
+        for r in list(self._held):
+            if r.state == TIMED_OUT and r.res_class < 0:
+                if r.itl_segments:
+                    self._spell_itl(r)
+                r.itl_segments = None
+                del self._held[r]
+        for r in chain(self._held, self.running):
+            segs = r.itl_segments
+            if segs and segs[0][0] < keep:            # read by itl_summary / _spell_itl
+                keep = segs[0][0]
+            if r.res_class >= 0 and r.seg_start < keep:
+                keep = r.seg_start
+            if r.ttft_set or r.pi > r.input_len:      # sync_last_emit may read its latest token
+                t = r.last_emit_tick
+                if segs and segs[-1][1] - 1 > t:
+                    t = segs[-1][1] - 1
+                if 0 < t < keep:                      # tick 0's end is kept apart
+                    keep = t
+        n = keep - self.base
+        if n < COMPACT_TICKS // 2:        # not worth a copy yet
+            return
+        self._fold(n, self.metrics.all_itls)
+        if self.base == 0:
+            self._tick0_end = self.tick_end[0]
+        carry = sum(self.cov[:n])
+        self.cov = self.cov[n:]
+        self.cov[0] += carry
+        self.tick_cum = self.tick_cum[n:]
+        self.tick_end = self.tick_end[n:]
+        self.base = keep

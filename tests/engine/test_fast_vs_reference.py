@@ -14,6 +14,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from blis_simpy.cluster.simulation import Simulation
+from blis_simpy.engine import lazy_ledger
 from blis_simpy.request import COMPLETED
 from tests.engine.helpers import make_requests, run, scenario
 
@@ -172,3 +174,44 @@ def test_batch_views_agree(w):
         assert count == len(dec) and tokens == sum(e[2] for e in dec)
         assert pi_sum == sum(e[1] for e in dec)
         assert pf_tokens == sum(e[2] for e in entries if e[0])
+
+
+# ------------------------------------------------------------------- per-tick history compaction
+# The fast engine drops the per-tick arrays' ticks no request can read any more every
+# COMPACT_TICKS ticks (65,536: never in these small runs). Compacting every 2 ticks instead must
+# change nothing: the same workloads (timeouts, horizon cuts, preemption of both models, which
+# read old ticks) give the reference engine's results exactly.
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_compacting_every_two_ticks_changes_nothing(w):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lazy_ledger, "COMPACT_TICKS", 2)
+        _assert_same(*w)
+
+
+@pytest.mark.parametrize("model", ["vllm", "blis"])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(w=preemption_heavy())
+def test_compacting_under_preemption_changes_nothing(model, w):
+    specs, groups, engine, seed = w
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lazy_ledger, "COMPACT_TICKS", 2)
+        _assert_same(specs, groups, {**engine, "preemption_model": model}, seed, None)
+
+
+def test_compaction_really_drops_ticks():
+    """60 requests of 40-token outputs, 2 ms apart, through one instance: with compaction
+    every 2 ticks the arrays keep only the live window (the tests above would pass vacuously
+    if nothing were ever dropped)."""
+    specs = [(i * 2_000, 30, 40, 0, "") for i in range(60)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lazy_ledger, "COMPACT_TICKS", 2)
+        sim = Simulation(scenario(implementation="fast", block_size=4, total_kv_blocks=400,
+                                  max_num_running_reqs=8, max_num_scheduled_tokens=256),
+                         make_requests(specs, seed=1))
+        res = sim.run()
+    led = sim.instances[0].ledger
+    assert res.instances[0].completed_requests == 60
+    # 326 ticks; only the last request's 40 decode ticks (which it may still read) are kept
+    assert (led.T, led.base) == (326, 286)
+    assert len(led.tick_end) == led.T - led.base == len(led.tick_cum) - 1 == len(led.cov) - 1
