@@ -30,7 +30,22 @@ from collections.abc import Iterator
 
 from blis_simpy.errors import ConfigError
 
-__all__ = ["Batch", "Staged", "atomic_write"]
+__all__ = ["Batch", "Staged", "atomic_write", "check_target"]
+
+
+def check_target(path: str | os.PathLike, *, field: str | None = None) -> None:
+    """Refuse, before a long computation, an output path that cannot be written: its folder
+    missing or not a folder, the path itself a directory, or the folder not writable
+    (:class:`~blis_simpy.errors.ConfigError` naming ``path`` and ``field``). Writing can still
+    fail later (a full disk); the write itself stays all-or-nothing."""
+    path = os.fspath(path)
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise ConfigError("no such folder for the output file", file=path, field=field)
+    if os.path.isdir(path):
+        raise ConfigError("is a directory, expected a file path", file=path, field=field)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write in the folder {parent}", file=path, field=field)
 
 
 def _problem(what: str, exc: OSError) -> str:

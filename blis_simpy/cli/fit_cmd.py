@@ -45,6 +45,7 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
     from rich.progress import Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from blis_simpy.atomic import check_target
     from blis_simpy.fit import Case, fit, space_for
     from blis_simpy.latency.coefficient_sets import write_set
     from blis_simpy.observed.converted import load_observed
@@ -52,11 +53,7 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
         raise ConfigError(f"must be > 0 and <= {MAX_BUDGET_S:.0f} s, got {budget_s}", field="--time-budget")
     if not (1 <= max_evaluations <= 100_000):
         raise ConfigError(f"must be in [1, 100000], got {max_evaluations}", field="--max-evaluations")
-    out_path = Path(output)
-    if not out_path.parent.is_dir():
-        raise ConfigError("no such folder for the output file", file=output, field="--output")
-    if out_path.is_dir():
-        raise ConfigError("is a directory, expected a file path", file=output, field="--output")
+    check_target(output, field="--output")     # before the fit's minutes of simulations
     loaded = [load_observed(r) for r in runs]
     if given.get("--latency-model") == "blackbox" and scenario is None and not (
             "--alpha-coeffs" in given or "--beta-coeffs" in given):
@@ -107,7 +104,7 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
         "name": name or f"{first.hardware}-{space.backend}-fitted", "gpu": first.hardware,
         "description": f"{space.backend} coefficients fitted to {len(cases)} measured run(s) on {first.hardware}",
         "fit": provenance})
-    write_set(out_path, cs, comment=f"written by: {provenance['command']}", field="--output")
+    write_set(Path(output), cs, comment=f"written by: {provenance['command']}", field="--output")
     con = Console(file=sys.stdout, width=max(Console().width, 120))
     t = Table(title=f"fit: {space.backend} on {first.hardware} ({res.evaluations} simulations, "
                     f"{res.seconds:.0f} s, {res.stopped})", title_justify="left")

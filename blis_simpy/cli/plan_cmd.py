@@ -243,6 +243,9 @@ def register(app: typer.Typer) -> None:
         if serial and scheduler:
             raise ConfigError("give --serial or --scheduler, not both", field="--serial")
         plan = load_plan(str(path))
+        if out:                     # before the search's minutes of runs
+            from blis_simpy.atomic import check_target
+            check_target(out, field="--out")
         precheck(plan)
         doc = execute(plan, scheduler=scheduler, workers=workers, serial=serial, parallel=parallel,
                       brute=brute_force, progress=fmt is PlanFormat.table)

@@ -131,3 +131,22 @@ class TestUnwritableOutput:
         assert ".tmp" not in lines[0]
         assert _tree(out) == before                                  # no output, not even a part
         assert [p for p in _tree(tmp_path) if p.endswith(".tmp")] == []
+
+
+@pytest.mark.parametrize("case", ["plan --out", "fit -o"])
+def test_a_long_search_refuses_its_output_path_before_it_runs(case, tmp_path, monkeypatch):
+    """plan and fit run for minutes: an output path in no folder is refused before the first
+    simulation (the runner is never called), not after the search."""
+    from blis_simpy.cli import runner
+    calls = []
+    monkeypatch.setattr(runner, "execute", lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(
+        AssertionError("a simulation ran")))
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    (out / "file").write_text("a regular file\n")
+    args, bad = CASES[case](src, out, None)
+    res = CliRunner().invoke(app, [str(a) for a in args], prog_name="blis-simpy")
+    flag = "--out" if case.startswith("plan") else "--output"
+    assert (res.exit_code, res.stderr) == (2, f"error: {bad}: {flag}: no such folder for the output file\n")
+    assert calls == []
