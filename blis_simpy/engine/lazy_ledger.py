@@ -42,7 +42,7 @@ import numpy as np
 
 from blis_simpy.engine.ledger import Ledger, completion_pi, last_token_pi, split_completed
 from blis_simpy.latency.base import BatchView
-from blis_simpy.request import COMPLETED, TIMED_OUT
+from blis_simpy.request import COMPLETED, DROPPED, TIMED_OUT
 
 _by_pos = attrgetter("batch_pos")
 _tick = itemgetter(0)
@@ -465,14 +465,15 @@ class LazyLedger(Ledger):
     def _compact(self) -> None:
         """Drop the ticks before the oldest one a request can still read (its first unsummarised
         segment, its lazy clock, its latest token); their ITL samples, final by then, go to
-        ``all_itls`` and their coverage is carried into the first kept tick. A timed-out request
-        (segments final, never summarised) has its samples spelled out first and lets go."""
+        ``all_itls`` and their coverage is carried into the first kept tick. A request that
+        left for good without completing (timed out, dropped as hopeless: segments final,
+        never summarised) has its samples spelled out first — recompute gaps included — and
+        lets go."""
         self._next_compact = self.T + COMPACT_TICKS
         keep = self.T
         for r in list(self._held):
-            if r.state == TIMED_OUT and r.res_class < 0:
-                if r.itl_segments:
-                    self._spell_itl(r)
+            if r.res_class < 0 and (r.state == TIMED_OUT or r.state == DROPPED):
+                self._spell_itl(r)
                 r.itl_segments = None
                 del self._held[r]
         for r in chain(self._held, self.running):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.engine import lazy_ledger
-from blis_simpy.request import COMPLETED
+from blis_simpy.request import COMPLETED, TIMED_OUT
 from tests.engine.helpers import make_requests, run, scenario
 
 FIELDS = ("completed_requests", "total_input_tokens", "total_output_tokens", "ttft_sum",
@@ -191,12 +191,33 @@ def test_compacting_every_two_ticks_changes_nothing(w):
 
 @pytest.mark.parametrize("model", ["vllm", "blis"])
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(w=preemption_heavy())
-def test_compacting_under_preemption_changes_nothing(model, w):
+@given(w=preemption_heavy(), deadlines=st.lists(st.sampled_from([0, 0, 5_000, 30_000, 100_000]),
+                                                min_size=14, max_size=14))
+def test_compacting_under_preemption_changes_nothing(model, w, deadlines):
+    """Heavy preemption with deadlines: requests recompute, time out while queued, and leave
+    for good with segments and recompute gaps the compaction must spell out first."""
     specs, groups, engine, seed = w
+    specs = [(t, n_in, n_out, t + d if d else 0, g)
+             for (t, n_in, n_out, _, g), d in zip(specs, deadlines, strict=False)]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lazy_ledger, "COMPACT_TICKS", 2)
         _assert_same(specs, groups, {**engine, "preemption_model": model}, seed, None)
+
+
+def test_compaction_spells_out_a_timed_out_requests_recompute_gaps():
+    """Found by review: request_7 is preempted right after its first token, recomputes twice
+    and times out while queued: its only ITL samples are the two recompute gaps (no tick
+    segment). Compaction must keep them (10,590 and 52,365 us, as the reference engine)."""
+    specs = [(1078, 6, 69, 0, ""), (1555, 27, 4, 25817, ""), (4286, 21, 74, 65348, ""),
+             (4662, 18, 14, 0, ""), (4849, 20, 50, 7598, ""), (7084, 15, 45, 102776, ""),
+             (8947, 3, 29, 159409, ""), (9815, 14, 36, 73003, ""), (10804, 38, 5, 0, ""),
+             (11442, 20, 47, 23411, "")]
+    eng = {"block_size": 4, "total_kv_blocks": 27, "max_num_running_reqs": 13,
+           "max_num_scheduled_tokens": 144, "preemption_model": "vllm"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lazy_ledger, "COMPACT_TICKS", 2)
+        ref = _assert_same(specs, {}, eng, 1775813183, None)
+    assert ref["unfinished"]["request_7"] == (TIMED_OUT, [10590, 52365])
 
 
 def test_compaction_really_drops_ticks():
