@@ -128,13 +128,24 @@ class DatasetWriter:
         cols: dict[str, None] = {}
         for r in self.rows:
             cols |= dict.fromkeys(r)
-        table = pa.table({c: pa.array([r.get(c) for r in self.rows]) for c in cols})
+        table = pa.table({c: _column(c, [r.get(c) for r in self.rows]) for c in cols})
         name = f"{PART_GLOB_PREFIX}{time.time_ns():020d}-{uuid.uuid4().hex[:8]}{PART_SUFFIX}"
         final = os.path.join(self.out_dir, name)
         with atomic_write(final, what="cannot write the dataset") as f:
             pq.write_table(table, f)
         self.written += len(self.rows)
         self.rows = []
+
+
+def _column(name: str, values: list):
+    """One column of a part file. A metric (or ``wall_s``) that is null in every row of the
+    part — nothing finished, the points failed — is typed float64, not Arrow's null type,
+    so any Parquet reader can unify the parts (``pyarrow.dataset`` cannot cast double to
+    null); integers in other parts cast to it."""
+    import pyarrow as pa
+    if (name.startswith(METRIC_PREFIXES) or name == "wall_s") and all(v is None for v in values):
+        return pa.array(values, type=pa.float64())
+    return pa.array(values)
 
 
 def ensure_dir(path: str) -> None:
