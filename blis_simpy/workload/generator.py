@@ -167,11 +167,15 @@ def _client_requests(c: ClientSpec, idx: int, rate: float, rng: np.random.Genera
     return out
 
 
+#: arrivals a horizon-bound workload may draw (those outside its windows are skipped)
+MAX_ARRIVAL_DRAWS = 10 * MAX_REQUESTS
+
+
 def _bounded(out: list, cap: int | None, field: str) -> None:
-    """Refuse a client that generates more than :data:`~blis_simpy.bounds.MAX_REQUESTS`
+    """Refuse a client that generates more than twice :data:`~blis_simpy.bounds.MAX_REQUESTS`
     requests beyond its cap (a horizon-bound workload at a huge rate, a session of endless
     rounds) instead of filling memory: no valid workload gets there."""
-    if len(out) > (cap or 0) + MAX_REQUESTS:
+    if len(out) > (cap or 0) + 2 * MAX_REQUESTS:     # past any Poisson noise of the estimate
         raise ConfigError(f"generates more than {MAX_REQUESTS:,} requests (the limit, "
                           "docs/scenarios.md \"Limits\"); set num_requests, or lower the rate, "
                           "the rounds or the horizon", field=field)
@@ -215,7 +219,8 @@ def _session_requests(c: ClientSpec, idx: int, rate: float, rng: np.random.Gener
                 break
             new_in, outp, mod = sampler.draw(rng)
             if accumulate and r > 0 and len(context) + len(new_in) > MAX_TOKENS:
-                break           # its prompt would pass the token cap: the session ends
+                break           # context + new tokens would pass the cap (the shared prefix
+                                # is not counted): the session ends
             inp = np.concatenate((context, new_in)) if accumulate and r > 0 else new_in
             ratio = sampler.reason_ratio(rng)
             if not windows or _inside(t, windows):
@@ -328,15 +333,21 @@ def _prepared(spec: WorkloadSpecV2, horizon: int | None, max_requests: int | Non
 
 def _check_expected_count(spec: WorkloadSpecV2, clients: list[ClientSpec], horizon: int) -> None:
     """A workload bound by its horizon alone must not be expected to generate more than
-    :data:`~blis_simpy.bounds.MAX_REQUESTS` requests: Σ over clients of rate × the span it
-    generates over (its last window's end, at most the horizon) — × the most rounds a
+    :data:`~blis_simpy.bounds.MAX_REQUESTS` requests: Σ over clients of rate × the time its
+    windows are open before the horizon (all of it without windows) — × the most rounds a
     session can have before the horizon (each round takes think time + at least 1 µs) for a
-    multi-turn client. Refused up front, in ``validate`` too, instead of generating for hours."""
+    multi-turn client. Nor may it draw more than :data:`MAX_ARRIVAL_DRAWS` arrivals (rate ×
+    the span up to its last window's end: arrivals outside the windows are drawn, then
+    skipped). Refused up front, in ``validate`` too, instead of generating for hours."""
     expected = 0.0
+    draws = 0.0
     for c, rate in zip(clients, client_rates(spec, clients), strict=True):
         windows = _windows(c)
         span = min(horizon, max(e for _, e in windows)) if windows else horizon
-        n = 1.0 if is_multi_turn(c) and c.reasoning.multi_turn.single_session else rate * span
+        open_us = sum(max(0, min(e, horizon) - s) for s, e in windows) if windows else horizon
+        single = is_multi_turn(c) and c.reasoning.multi_turn.single_session
+        n = 1.0 if single else rate * open_us
+        draws += 1.0 if single else rate * span
         if is_multi_turn(c):
             mt = c.reasoning.multi_turn
             n *= min(mt.max_rounds, span / (mt.think_time_us + 1) + 1)
@@ -346,6 +357,11 @@ def _check_expected_count(spec: WorkloadSpecV2, clients: list[ClientSpec], horiz
                           f"requests, more than the limit of {MAX_REQUESTS:,} (docs/scenarios.md "
                           "\"Limits\"); set num_requests, or lower the rate, the rounds or the horizon",
                           field="num_requests")
+    if draws > MAX_ARRIVAL_DRAWS:
+        raise ConfigError(f"a horizon of {horizon:,} us at these rates draws about {draws:.3g} "
+                          f"arrivals (most outside the clients' windows), more than the limit of "
+                          f"{MAX_ARRIVAL_DRAWS:,}; end the horizon at the last window or set "
+                          "num_requests", field="num_requests")
 
 
 def _blueprints(clients: list[ClientSpec], closed: set[int], tagged, prefixes, seed: int,

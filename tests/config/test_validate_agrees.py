@@ -322,3 +322,39 @@ def test_a_spec_at_the_cap_is_valid(tmp_path):
     sc = tmp_path / "s.yaml"
     sc.write_text(yaml.safe_dump(_spec_scenario(spec), sort_keys=False))
     assert _invoke("validate", sc)[0] == 0
+
+
+def _horizon_bound(client: dict, rate: float, horizon_us: int = 3_600_000_000) -> dict:
+    spec = {**SPEC, "num_requests": 0, "aggregate_rate": rate, "clients": [client]}
+    return _with(_with(_spec_scenario(spec), ("workload", "num_requests"), 0), ("horizon_us",), horizon_us)
+
+
+# a workload bound by its horizon alone: (client, aggregate rate req/s) -> expected requests
+LATE = {**CLIENT, "lifecycle": {"windows": [{"start_us": 3_598_000_000, "end_us": 3_600_000_000}]}}
+BOUND_CASES = {
+    # 2,700 req/s for an hour: 9.72M expected, under the 10M limit (validated, not run)
+    "just under the limit": (CLIENT, 2_700.0, None),
+    # a 2 s burst at 5,000 req/s at the end of the hour: 10,000 requests (the window counts,
+    # not the span up to it), 1.8e7 arrivals drawn on the way
+    "a short late window": (LATE, 5_000.0, None),
+    # the same at 50,000 req/s: 100,000 requests, but 1.8e8 arrivals drawn and skipped
+    "a short late window at a huge rate": (LATE, 50_000.0, "draws about 1.8e+08 arrivals"),
+    # 1 session a second for an hour, each up to 5,000 rounds 1 ms apart: 1.8e7
+    "sessions x rounds": ({**CLIENT, "reasoning": {"multi_turn": {"max_rounds": 5_000, "think_time_us": 1_000}}},
+                          1.0, "about 1.8e+07 requests"),
+    # 3,000 req/s for an hour: 1.08e7
+    "just over the limit": (CLIENT, 3_000.0, "about 1.08e+07 requests"),
+}
+
+
+@pytest.mark.parametrize("case", list(BOUND_CASES))
+def test_horizon_bound_workloads_are_sized_before_generating(tmp_path, case):
+    client, rate, words = BOUND_CASES[case]
+    sc = tmp_path / "s.yaml"
+    sc.write_text(yaml.safe_dump(_horizon_bound(client, rate), sort_keys=False))
+    code, err = _invoke("validate", sc)
+    if words is None:
+        assert code == 0, err
+    else:
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert ": workload.spec.num_requests: " in err and words in err, err
