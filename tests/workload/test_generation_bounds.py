@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.workload import WorkloadSpecV2, generate_workload
-from blis_simpy.workload import generator
+from blis_simpy.workload import WorkloadSpecV2, generate_workload, generator
 
 
 def test_a_session_of_endless_rounds_past_its_cap_stops(monkeypatch):
