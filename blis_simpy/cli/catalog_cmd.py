@@ -53,7 +53,7 @@ def gpus_data(cat: GPUCatalog, fits: dict | None = None) -> dict:
     ``min_tp`` and ``kv_tokens_per_gpu`` at that TP."""
     out = {}
     for name, e in cat.entries.items():
-        if fits is not None and fits.get(name) is None:
+        if fits is not None and not _holds(fits.get(name)):
             continue
         d = asdict(e.spec)
         d.pop("name")
@@ -65,13 +65,25 @@ def gpus_data(cat: GPUCatalog, fits: dict | None = None) -> dict:
 
 
 def model_fits(cat: GPUCatalog, models: ModelCatalog, model: str | None) -> dict | None:
-    """``{GPU: KVCapacity at the smallest TP that holds model, or None}`` (vLLM's capacity rule,
-    default engine settings, TP up to 64); None without a ``model`` in the catalog."""
+    """``{GPU: KVCapacity at the smallest TP that holds model, None when no TP up to 64 does,
+    or the reason (str) the model cannot be sized on it}`` (vLLM's capacity rule, default
+    engine settings); None without a ``model`` in the catalog."""
+    from blis_simpy.kv.capacity import KVCapacityError
     from blis_simpy.kv.vllm_capacity import smallest_fitting
     entry = models.find(model) if model else None
     if entry is None:
         return None
-    return {name: smallest_fitting(entry.config, e.spec) for name, e in cat.entries.items()}
+    out: dict = {}
+    for name, e in cat.entries.items():
+        try:
+            out[name] = smallest_fitting(entry.config, e.spec)
+        except KVCapacityError as exc:
+            out[name] = str(exc)
+    return out
+
+
+def _holds(fit) -> bool:
+    return fit is not None and not isinstance(fit, str)
 
 
 def models_data(cat: ModelCatalog, coeffs: CoefficientCatalog, model: str | None = None) -> dict:
@@ -125,7 +137,7 @@ def print_tables(what: What, gpus: GPUCatalog, models: ModelCatalog, coeffs: Coe
     con = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)
     if what in (What.all, What.gpus):
         fits = model_fits(gpus, models, model)
-        shown = {n: e for n, e in gpus.entries.items() if fits is None or fits[n] is not None}
+        shown = {n: e for n, e in gpus.entries.items() if fits is None or _holds(fits[n])}
         if fits is None:
             title = f"GPUs ({len(shown)}) — dense figures; --hardware KEY"
         else:
@@ -148,9 +160,13 @@ def print_tables(what: What, gpus: GPUCatalog, models: ModelCatalog, coeffs: Coe
                 row += [str(fits[name].tp), f"{fits[name].tokens:,}"]
             t.add_row(*row)
         con.print(t)
-        if fits is not None and len(shown) < len(gpus.entries):
-            con.print(f"Too small for {model} at any TP up to 64: "
-                      f"{', '.join(n for n in gpus.entries if n not in shown)}", highlight=False)
+        if fits is not None:
+            small = [n for n in gpus.entries if fits[n] is None]
+            if small:
+                con.print(f"Too small for {model} at any TP up to 64: {', '.join(small)}", highlight=False)
+            for n in gpus.entries:
+                if isinstance(fits[n], str):
+                    con.print(f"Cannot size {model} on {n}: {fits[n]}", highlight=False)
         con.print("Sources:")
         for name, e in shown.items():
             con.print(f"  {name}: {e.spec.source}", highlight=False)

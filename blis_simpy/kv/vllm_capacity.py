@@ -318,7 +318,11 @@ def vllm_kv_capacity(model: ModelConfig, gpu: GPUSpec, *, tp: int = 1, dp: int =
 def smallest_fitting(model: ModelConfig, gpu: GPUSpec, tps=(1, *_TP_CANDIDATES), *,
                      expert_parallel: bool = False) -> KVCapacity | None:
     """vLLM's capacity (default engine settings) at the smallest TP of ``tps`` at which
-    ``model`` fits on ``gpu`` with room for KV blocks; None when it fits at none of them."""
+    ``model`` fits on ``gpu`` with room for KV blocks; None when it fits at none of them.
+    Raises :class:`KVCapacityError` when the model or GPU cannot be sized at all (an unknown
+    head dimension or dtype, a MoE without its expert count, a GPU without memory)."""
+    kv_bytes = model.bytes_per_param
+    _validate(model, gpu, 1, 1, 16, 0.9, 2048, 256, kv_bytes)   # TP 1 passes the TP checks
     for t in tps:
         try:
             return vllm_kv_capacity(model, gpu, tp=t, expert_parallel=expert_parallel)

@@ -186,17 +186,19 @@ def test_catalog_model_filter_keeps_the_gpus_that_hold_it(cli, offline, tmp_path
     1 GiB GPU cannot hold it at any TP that divides its 40 heads (8 at most: 3.4 GiB a GPU)."""
     from blis_simpy.kv.vllm_capacity import vllm_kv_capacity
     hw = tmp_path / "hw.json"
-    hw.write_text(json.dumps({"TINY-GPU": {"TFlopsPeak": 10.0, "TFlopsFP8": 0, "BwPeakTBs": 0.5,
-                                           "mfuPrefill": 0.5, "mfuDecode": 0.25, "MemoryGiB": 1.0}}))
+    tiny = {"TFlopsPeak": 10.0, "TFlopsFP8": 0, "BwPeakTBs": 0.5, "mfuPrefill": 0.5, "mfuDecode": 0.25}
+    hw.write_text(json.dumps({"TINY-GPU": {**tiny, "MemoryGiB": 1.0}, "Z-GPU": {**tiny, "MemoryGiB": 0}}))
     args = ("catalog", "gpus", "--model", "qwen/qwen3-14b", "--hardware-config", hw)
     doc = json.loads(_ok(cli(*args, "--format", "json")).stdout)["gpus"]
-    assert set(doc) == set(builtin_gpus().names())                # TINY-GPU left out
+    assert set(doc) == set(builtin_gpus().names())                # TINY-GPU, Z-GPU left out
     assert doc["RTX-4090"]["min_tp"] == 2 and doc["H100"]["min_tp"] == 1
     q14 = builtin_models().find("qwen/qwen3-14b").config
     for key in ("H100", "RTX-4090"):
         cap = vllm_kv_capacity(q14, builtin_gpus().get(key), tp=doc[key]["min_tp"])
         assert doc[key]["kv_tokens_per_gpu"] == cap.tokens > 0
     out = _ok(cli(*args)).stdout
-    assert f"GPUs that hold qwen/qwen3-14b ({len(doc)} of {len(doc) + 1};" in out
-    assert "Too small for qwen/qwen3-14b at any TP up to 64: TINY-GPU" in out
+    assert f"GPUs that hold qwen/qwen3-14b ({len(doc)} of {len(doc) + 2};" in out
+    assert "Too small for qwen/qwen3-14b at any TP up to 64: TINY-GPU\n" in out
+    # a GPU that cannot be sized at all is not called too small: the reason is given
+    assert "Cannot size qwen/qwen3-14b on Z-GPU: GPU Z-GPU memory must be > 0 GiB" in out
     assert "TINY-GPU:" not in out                                 # nor among the sources
