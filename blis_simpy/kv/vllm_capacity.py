@@ -245,6 +245,22 @@ def _validate(model: ModelConfig, gpu: GPUSpec, tp: int, dp: int, block_size: in
                     ("max_num_batched_tokens", tokens), ("max_num_seqs", seqs)):
         if v <= 0:
             raise KVCapacityError(f"{what} must be > 0, got {v}")
+    _check_sizable(model, kv_bytes)
+    if model.num_heads % tp:
+        raise KVCapacityError(f"num_attention_heads {model.num_heads} is not divisible by TP {tp}")
+    kv = model.num_kv_heads if model.num_kv_heads > 0 else model.num_heads
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        raise KVCapacityError(f"num_key_value_heads {kv} and TP {tp}: one must divide the other")
+    _check_gpu(gpu)
+
+
+def _check_gpu(gpu: GPUSpec) -> None:
+    if _total_bytes(gpu) <= 0:
+        raise KVCapacityError(f"GPU {gpu.name} memory must be > 0 GiB")
+
+
+def _check_sizable(model: ModelConfig, kv_bytes: float) -> None:
+    """What any capacity of ``model`` needs, whatever the GPU, TP and engine settings."""
     for what, v in (("num_attention_heads", model.num_heads), ("num_hidden_layers", model.num_layers),
                     ("hidden_size", model.hidden_size), ("vocab_size", model.vocab_size)):
         if v <= 0:
@@ -259,13 +275,6 @@ def _validate(model: ModelConfig, gpu: GPUSpec, tp: int, dp: int, block_size: in
     if model.moe_count_missing:
         raise KVCapacityError("the model looks MoE (shared experts or num_experts_per_tok) but has no "
                               "expert count; set --total-kv-blocks explicitly")
-    if model.num_heads % tp:
-        raise KVCapacityError(f"num_attention_heads {model.num_heads} is not divisible by TP {tp}")
-    kv = model.num_kv_heads if model.num_kv_heads > 0 else model.num_heads
-    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
-        raise KVCapacityError(f"num_key_value_heads {kv} and TP {tp}: one must divide the other")
-    if _total_bytes(gpu) <= 0:
-        raise KVCapacityError(f"GPU {gpu.name} memory must be > 0 GiB")
 
 
 def _total_bytes(gpu: GPUSpec) -> int:
@@ -321,8 +330,8 @@ def smallest_fitting(model: ModelConfig, gpu: GPUSpec, tps=(1, *_TP_CANDIDATES),
     ``model`` fits on ``gpu`` with room for KV blocks; None when it fits at none of them.
     Raises :class:`KVCapacityError` when the model or GPU cannot be sized at all (an unknown
     head dimension or dtype, a MoE without its expert count, a GPU without memory)."""
-    kv_bytes = model.bytes_per_param
-    _validate(model, gpu, 1, 1, 16, 0.9, 2048, 256, kv_bytes)   # TP 1 passes the TP checks
+    _check_sizable(model, model.bytes_per_param)
+    _check_gpu(gpu)
     for t in tps:
         try:
             return vllm_kv_capacity(model, gpu, tp=t, expert_parallel=expert_parallel)

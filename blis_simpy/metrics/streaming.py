@@ -75,6 +75,11 @@ class StreamDist:
         self.total += other.total
         self.sketch.merge(other.sketch)
 
+    @property
+    def n(self) -> int:
+        """The number of values (as :class:`~blis_simpy.metrics.percentile.SortedHistogram`)."""
+        return self.count
+
     def percentile(self, p: float) -> float:
         """Approximate percentile ``p`` (µs); 0 when empty."""
         if self.count == 0:

@@ -145,7 +145,7 @@ def request_row(rid: str, req, ttft_us, itl_us, e2e_us, sched_us) -> dict:
     return row
 
 
-def metrics_output(m: InstanceMetrics, *, include_requests: bool) -> dict:
+def metrics_output(m: InstanceMetrics, *, include_requests: bool, sources: dict | None = None) -> dict:
     """BLIS's ``MetricsOutput`` object for one scope (an instance or the cluster).
 
     Keys are in BLIS's order. Latency and throughput fields are 0 when nothing completed;
@@ -153,7 +153,8 @@ def metrics_output(m: InstanceMetrics, *, include_requests: bool) -> dict:
     ``kv_allocation_failures`` is omitted when 0; ``requests`` (only with
     ``include_requests``, i.e. for the results file) is omitted when there is no row.
     A data-parallel rank (``dp > 1``) also has ``engine`` and ``dp_rank`` after
-    ``instance_id``.
+    ``instance_id``. ``sources``: the scope's :func:`_latency_sources`, when the caller has
+    them already (else made here when something completed).
     """
     duration = float(m.sim_ended_time) / 1e6
     out: dict = {"instance_id": m.instance_id}
@@ -179,25 +180,14 @@ def metrics_output(m: InstanceMetrics, *, include_requests: bool) -> dict:
         if duration > 0:
             vals["responses_per_sec"] = float(m.completed_requests) / duration
             vals["tokens_per_sec"] = float(m.total_output_tokens) / duration
-        st = m.streaming
-        for prefix, mp in (("e2e", m.e2e), ("ttft", m.ttft)):
-            if st is not None:     # --streaming-metrics: exact mean, sketched percentiles
-                d = st.e2e if prefix == "e2e" else st.ttft
-                vals[f"{prefix}_mean_ms"] = d.mean_ms()
-                for p in (90, 95, 99):
-                    vals[f"{prefix}_p{p}_ms"] = d.percentile_ms(p)
-                continue
-            sv = sorted(mp.values())
-            vals[f"{prefix}_mean_ms"] = mean_ms(sv)
+        if sources is None:
+            sources = _latency_sources(m)
+        for lat in ("e2e", "ttft", "itl"):
+            src = sources[lat]
+            vals[f"{lat}_mean_ms"] = src.mean_ms()
             for p in (90, 95, 99):
-                vals[f"{prefix}_p{p}_ms"] = percentile_ms(sv, p)
-        h = SortedHistogram(m.all_itls)
-        vals["itl_mean_ms"] = h.mean_ms()
-        for p in (90, 95, 99):
-            vals[f"itl_p{p}_ms"] = h.percentile_ms(p)
-        vals["scheduling_delay_p99_ms"] = (
-            st.sched.percentile_ms(99) if st is not None
-            else percentile_ms(sorted(m.scheduling_delay.values()), 99))
+                vals[f"{lat}_p{p}_ms"] = src.percentile_ms(p)
+        vals["scheduling_delay_p99_ms"] = sources["scheduling_delay"].percentile_ms(99)
     out.update(vals)
     if m.kv_allocation_failures:
         out["kv_allocation_failures"] = m.kv_allocation_failures
@@ -221,12 +211,13 @@ _BLIS_LATENCY = re.compile(r"(e2e|ttft|itl|scheduling_delay)_(mean|p\d+)_ms")
 
 def _latency_sources(m: InstanceMetrics) -> dict:
     """``{latency: source}``: a source has ``n`` values (µs), ``mean_ms()`` and
-    ``percentile_ms(p)`` computed exactly as :func:`metrics_output` computes BLIS's fields."""
+    ``percentile_ms(p)`` by BLIS's JSON-summary rule (:mod:`blis_simpy.metrics.percentile`):
+    the sorted values, the ITL histogram, or under ``--streaming-metrics`` the sketches (exact
+    counts and means, sketched percentiles)."""
     st = m.streaming
     itl = SortedHistogram(m.all_itls)
-    if st is not None:     # --streaming-metrics: exact counts and means, sketched percentiles
-        return {"e2e": _Streamed(st.e2e), "ttft": _Streamed(st.ttft), "itl": itl,
-                "scheduling_delay": _Streamed(st.sched)}
+    if st is not None:
+        return {"e2e": st.e2e, "ttft": st.ttft, "itl": itl, "scheduling_delay": st.sched}
     return {"e2e": _Sorted(m.e2e.values()), "ttft": _Sorted(m.ttft.values()), "itl": itl,
             "scheduling_delay": _Sorted(m.scheduling_delay.values())}
 
@@ -245,20 +236,6 @@ class _Sorted:
         return percentile_ms(self.v, p)
 
 
-class _Streamed:
-    __slots__ = ("d", "n")
-
-    def __init__(self, d) -> None:
-        self.d = d
-        self.n = d.count
-
-    def mean_ms(self) -> float:
-        return self.d.mean_ms()
-
-    def percentile_ms(self, p: float) -> float:
-        return self.d.percentile_ms(p)
-
-
 def scope_output(m: InstanceMetrics) -> dict:
     """Our ``--format json`` object for one scope (an instance or the cluster).
 
@@ -270,8 +247,8 @@ def scope_output(m: InstanceMetrics) -> dict:
     E2E and is left out of the statistics, not counted as 0 ms. Values equal BLIS's fields
     wherever BLIS reports them (same arithmetic).
     """
-    blis = metrics_output(m, include_requests=False)
     sources = _latency_sources(m)
+    blis = metrics_output(m, include_requests=False, sources=sources)
     out: dict = {}
     for key, value in blis.items():
         if _BLIS_LATENCY.fullmatch(key):
