@@ -374,7 +374,12 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``blis-simpy`` and ``python -m blis_simpy``). Output left in
     stdout's buffer is flushed here; a write that fails anywhere, a command's or the top
     level's (``--version``, ``--help``, ``--show-completion``, bare ``blis-simpy``), ends in
-    :func:`_write_failure` (exit 141 quietly; one ``error: stdout:`` line, exit 2)."""
+    :func:`_write_failure` (exit 141 quietly; one ``error: stdout:`` line, exit 2).
+
+    The simulator does no linear algebra, so numpy's BLAS gets one thread unless the user
+    set ``OPENBLAS_NUM_THREADS``: starting its thread pool costs more CPU than importing
+    numpy itself (docs/performance.md, "Start-up")."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         if sys.stdout is None:      # started with stdout closed (``>&-``)
             raise OSError(errno.EBADF, os.strerror(errno.EBADF))
