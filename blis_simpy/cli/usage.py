@@ -101,6 +101,8 @@ def prepare_help(cmd) -> None:
     plain layout in a narrow terminal."""
     for p in getattr(cmd, "params", ()):
         flag = next((F.BY_NAME[o] for o in getattr(p, "opts", ()) if o in F.BY_NAME), None)
+        if flag is not None and p.help != flag.help and not getattr(p, "_blis_names", False):
+            flag = None     # a command's own flag of the same name (sweep/plan --scheduler: Dask)
         family = getattr(flag.rule, "family", None) if flag is not None else None
         if family and not getattr(p, "_blis_names", False):
             names = registry_names(family)

@@ -118,6 +118,15 @@ def test_choice_flags_list_the_registered_names():
             assert f"{flag.name} <{'|'.join(flag.rule.choices)}>" in text, flag.name
 
 
+@pytest.mark.parametrize("command", ["sweep", "plan"])
+def test_a_same_named_flag_of_another_command_keeps_its_own_help(command):
+    """sweep's and plan's ``--scheduler`` is a Dask scheduler address, not run's wait-queue
+    scheduler: its help is not replaced by the policy flag's (it was, by option name)."""
+    text = " ".join(_help(command, columns=200).split())
+    assert "Dask scheduler (tcp://host:8786)" in text
+    assert "wait-queue scheduler" not in text and "priority-fcfs" not in text
+
+
 def test_a_plugin_name_is_still_accepted(cli, small_scenario, tmp_path, monkeypatch):
     """The names are not a click choice: a router a scenario's ``plugins:`` registers is
     accepted by --routing-policy (checked by the flag table once the plugin is loaded)."""
