@@ -5,7 +5,9 @@ A fenced block is runnable when its info string carries the word ``runnable``:
 
 * ```` ```sh runnable ```` — every command of the block (``#`` comments and blank lines
   skipped, ``\\`` continuations joined);
-* ```` ```console runnable ```` — the lines starting with ``$ `` (the rest is output);
+* ```` ```console runnable ```` — the lines starting with ``$ ``; the lines after a command
+  (up to the next ``$ ``) are its output, and must be what it prints: stdout, then stderr,
+  line by line with trailing spaces dropped (nothing shown = nothing printed);
 * ```` ```python runnable ```` — the whole block, as a script.
 
 Each page runs in its own scratch copy of the repository (without tests/; nothing is
@@ -14,7 +16,8 @@ with the page's named blocks — a block whose first line is ``# NAME.py`` / ``#
 — saved there under that name first, and its commands in page order (a later command may
 read what an earlier one wrote). ``blis-simpy`` and ``python`` are this interpreter
 (``sys.executable -m blis_simpy``), through shims first on ``PATH``. A command passes when
-it exits 0 within its timeout; ``bash -o pipefail`` makes a failure anywhere in a pipe count.
+it exits 0 within its timeout (and, in a transcript, prints the output shown); ``bash -o
+pipefail`` makes a failure anywhere in a pipe count.
 """
 
 from __future__ import annotations
@@ -113,6 +116,26 @@ def commands(block: Block) -> list[str]:
     return [c for c in _join_continuations(lines) if c]
 
 
+def transcript(block: Block) -> list[tuple[str, list[str]]]:
+    """A ``console`` block's commands, each with the output lines shown after it."""
+    out: list[tuple[str, list[str]]] = []
+    inside = False
+    for ln in block.body.rstrip("\n").split("\n"):
+        if ln.startswith("$ "):
+            out.append((ln[2:], []))
+        elif inside:
+            out[-1] = (out[-1][0] + "\n" + ln, out[-1][1])
+        elif out:
+            out[-1][1].append(ln.rstrip())
+        inside = (ln.startswith("$ ") or inside) and ln.rstrip().endswith("\\")
+    return [(_join_continuations(cmd.split("\n"))[0], shown) for cmd, shown in out]
+
+
+def _printed(proc: subprocess.CompletedProcess) -> list[str]:
+    text = (proc.stdout + proc.stderr).rstrip("\n")
+    return [ln.rstrip() for ln in text.split("\n")] if text else []
+
+
 def named_files(page_blocks: list[Block]) -> dict[str, str]:
     """The blocks of a page whose first line is ``# NAME.ext``: name -> text."""
     files = {}
@@ -158,14 +181,16 @@ def run_page(text: str, rel: str, tmp: Path) -> tuple[int, str | None]:
         if b.lang == "python":
             script = work / f"_doc_block_{b.line}.py"
             script.write_text(b.body)
-            todo = [(f"python block at {rel}:{b.line}", [sys.executable, script.name])]
-        elif b.lang in ("sh", "bash", "console"):
-            todo = [(c, ["bash", "-o", "pipefail", "-c", c]) for c in commands(b)]
+            todo = [(f"python block at {rel}:{b.line}", [sys.executable, script.name], None)]
+        elif b.lang == "console":
+            todo = [(c, ["bash", "-o", "pipefail", "-c", c], shown) for c, shown in transcript(b)]
+        elif b.lang in ("sh", "bash"):
+            todo = [(c, ["bash", "-o", "pipefail", "-c", c], None) for c in commands(b)]
         else:
             return ran, f"{rel}:{b.line}: a runnable {b.lang!r} block (sh, console or python)"
         if not todo:
             return ran, f"{rel}:{b.line}: a runnable block with no command"
-        for shown, argv in todo:
+        for shown, argv, output in todo:
             try:
                 proc = _run(argv, work, env)
             except subprocess.TimeoutExpired:
@@ -173,6 +198,9 @@ def run_page(text: str, rel: str, tmp: Path) -> tuple[int, str | None]:
             if proc.returncode != 0:
                 return ran, (f"{rel}:{b.line}: `{shown}` exited {proc.returncode}\n"
                              f"stdout (end): {proc.stdout[-1500:]}\nstderr (end): {proc.stderr[-1500:]}")
+            if output is not None and _printed(proc) != output:
+                return ran, (f"{rel}:{b.line}: `{shown}` printed\n" + "\n".join(_printed(proc))
+                             + "\nnot the output shown:\n" + "\n".join(output))
             ran += 1
     return ran, None
 
@@ -198,6 +226,15 @@ def test_a_failing_command_is_reported_and_named_blocks_are_saved(tmp_path: Path
     assert (tmp_path / "repo" / "tiny.yaml").read_text().startswith("# tiny.yaml\nmodel: m\n")
 
 
+def test_a_transcript_must_print_the_output_shown(tmp_path: Path):
+    page = "\n".join([
+        "```console runnable", "$ printf 'a  \\nb\\n'", "a", "b", "$ echo err >&2; echo out",
+        "out", "err", "$ true", "$ echo 2 \\", "   3", "2 4", "```"])
+    ran, failure = run_page(page, "page.md", tmp_path)
+    assert ran == 3         # trailing spaces dropped; stdout, then stderr; nothing = nothing
+    assert failure == "page.md:1: `echo 2 3` printed\n2 3\nnot the output shown:\n2 4"
+
+
 def test_the_markup_is_read_as_documented():
     text = "\n".join([
         "# t", "```sh runnable", "# a comment", "blis-simpy run --rate 1 \\", "    --seed 2",
@@ -210,6 +247,8 @@ def test_the_markup_is_read_as_documented():
     assert commands(got[0]) == ["blis-simpy run --rate 1 --seed 2",
                                 "echo hi | grep hi   # trailing comment"]
     assert commands(got[1]) == ["blis-simpy validate a.yaml --x", "head -1 b.csv"]
+    assert transcript(got[1]) == [("blis-simpy validate a.yaml --x", ["ok: a.yaml"]),
+                                  ("head -1 b.csv", ["t_us"])]
     assert named_files(got) == {"tool.py": "# tool.py\nprint(1)\n"}
     assert not got[3].runnable
 
