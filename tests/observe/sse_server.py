@@ -9,11 +9,16 @@ encoding, ``Connection: close``). The number of tokens is the body's ``max_token
 The first prompt token (or the chat text's first word replaced by a marker) selects a
 misbehaviour; markers are far above any vocabulary so random prompts never hit them:
 :data:`HTTP_500`, :data:`DROP` (two tokens, then the socket is cut mid-body), :data:`HANG`
-(nothing for :data:`HANG_S`), :data:`MALFORMED` (an SSE line that is not JSON) and
+(nothing more until the server stops: only the client's timeout ends it), :data:`MALFORMED` (an SSE line that is not JSON) and
 :data:`NO_USAGE` (no usage chunk). ``stream: false`` gets one JSON body after all the
 delays. Every request is recorded (path, headers, body, receive time ``t_recv`` in
 perf_counter seconds, ``chunk_ns``: the perf_counter_ns of each token chunk written) and the
 server counts the most requests it ever had in flight.
+
+Synchronisation is by events, never by the clock: set :attr:`SSEServer.hold_until_in_flight`
+to N and every response waits until N requests have been in flight at once (a latch: once
+reached it stays open), so a concurrency test cannot pass or fail on how fast the client
+happens to send. The wait is bounded by :data:`HOLD_BOUND_S`, which only ends a hang.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import time
 
 FIRST_TOKEN_DELAY_S = 0.080
 TOKEN_GAP_S = 0.020
-HANG_S = 3.0
+HOLD_BOUND_S = 30.0       # only ends a hang (a client that never sends enough at once)
 HTTP_500, DROP, HANG, MALFORMED, NO_USAGE = 9_000_500, 9_000_666, 9_000_999, 9_000_777, 9_000_555
 PROMPT_TOKENS_REPORTED_EXTRA = 1   # usage.prompt_tokens = len(prompt) + 1 (as a BOS would)
 
@@ -41,6 +46,8 @@ class SSEServer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server = None
+        self.hold_until_in_flight = 0            # 0: answer at once; see the module docstring
+        self._enough_in_flight = asyncio.Event()
 
     @property
     def url(self) -> str:
@@ -88,6 +95,8 @@ class SSEServer:
             self.received.append(rec)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            if self.in_flight >= self.hold_until_in_flight:
+                self._enough_in_flight.set()
             left = []
 
             def finish() -> None:     # leave the in-flight count once, before the last bytes
@@ -95,6 +104,11 @@ class SSEServer:
                     left.append(True)
                     self.in_flight -= 1
             try:
+                if self.hold_until_in_flight:
+                    try:
+                        await asyncio.wait_for(self._enough_in_flight.wait(), HOLD_BOUND_S)
+                    except asyncio.TimeoutError:
+                        pass                 # answer anyway: the test sees max_in_flight
                 await self._respond(path, body, writer, finish, rec)
             finally:
                 finish()
@@ -136,7 +150,7 @@ class SSEServer:
             self._event(writer, {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
         await writer.drain()
         if marker == HANG:
-            await asyncio.sleep(HANG_S)
+            await asyncio.get_running_loop().create_future()     # never done; stop() cancels it
         if marker == MALFORMED:
             self._chunk(writer, b"data: {not json\n\n")
             self._chunk(writer, b"")

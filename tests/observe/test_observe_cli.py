@@ -14,7 +14,9 @@ from blis_simpy.workload import TraceHeader, TraceRecord, read_trace, write_trac
 
 from .sse_server import PROMPT_TOKENS_REPORTED_EXTRA, SSEServer
 
-FIRST_MS, SLACK_MS, LOOSE_MS = 80.0, 15.0, 60.0   # see test_observe.py
+#: the server's first-token delay (a lower bound) and the only upper bound, which catches a
+#: unit error or a hang and nothing a slow machine does (see test_observe.py)
+FIRST_MS, HANG_BOUND_MS = 80.0, 30_000.0
 #: 4 requests of exactly 8 prompt and 3 output tokens at 20 req/s (stdev must lie in [min, max])
 DIST = ["--rate", "20", "--num-requests", "4",
         "--prompt-tokens", "8", "--prompt-tokens-stdev", "8", "--prompt-tokens-min", "8",
@@ -55,7 +57,7 @@ def test_distribution_workload_to_trace_and_results(server, tmp_path: Path):
         assert (x.input_tokens, x.output_tokens, x.num_chunks) == (8, 3, 3)
         assert x.server_input_tokens == 8 + PROMPT_TOKENS_REPORTED_EXTRA
         assert x.send_time_us >= x.arrival_time_us
-        assert FIRST_MS * 1000 <= x.first_chunk_time_us - x.send_time_us <= (FIRST_MS + LOOSE_MS) * 1000
+        assert FIRST_MS * 1000 <= x.first_chunk_time_us - x.send_time_us < HANG_BOUND_MS * 1000
     # the same flags give the same requests as `run` (its exported workload)
     ran = CliRunner().invoke(app, ["run", *SIM, *DIST, "--trace-output", str(tmp_path / "run")])
     assert ran.exit_code == 0, ran.stderr
@@ -66,7 +68,9 @@ def test_distribution_workload_to_trace_and_results(server, tmp_path: Path):
     assert doc["run"]["model"] == "Org/Model-8B" and doc["run"]["workload_seed"] == 42
     s = doc["summary"]
     assert (s["requests"], s["warmup_requests"], s["ok"], s["ttft_ms"]["count"]) == (4, 1, 3, 3)
-    assert FIRST_MS <= s["ttft_ms"]["p50"] <= FIRST_MS + SLACK_MS
+    assert FIRST_MS <= s["ttft_ms"]["p50"] < HANG_BOUND_MS
+    ttfts = sorted((x.first_chunk_time_us - x.send_time_us) / 1000 for x in rows[1:])   # not the warm-up
+    assert s["ttft_ms"]["p50"] == ttfts[1]
     assert s["itl_ms"]["count"] == 6
     per = doc["requests"]
     assert [q["warmup"] for q in per] == [True, False, False, False]
@@ -152,7 +156,9 @@ def test_closed_loop_sessions_send_follow_ups_after_think_time(server, tmp_path:
     for first in [x for x in rows if x.round_index == 0]:
         (follow,) = [x for x in rows if x.session_id == first.session_id and x.round_index == 1]
         wait = follow.arrival_time_us - first.last_chunk_time_us      # think time after the answer
-        assert 50_000 <= wait <= 50_000 + LOOSE_MS * 1000
+        # (the answer ends at data: [DONE], after its last chunk; tests/workload/test_sessions.py
+        # checks the think-time arithmetic exactly)
+        assert 50_000 <= wait < HANG_BOUND_MS * 1000
         assert follow.send_time_us >= follow.arrival_time_us
 
 
