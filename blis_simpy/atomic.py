@@ -16,12 +16,16 @@ complete (closed, write errors seen) before the first rename, and a failure remo
 temporary file still pending. :func:`atomic_write` is the one-file form (a context manager).
 
 Errors are :class:`~blis_simpy.errors.ConfigError` naming the user's path (never the
-temporary name) and the flag or key that set it.
+temporary name) and the flag or key that set it. A write that fails while the file is being
+filled (a full disk, a size limit: the OS gives no file name) raises an ``OSError`` whose
+``filename`` is the user's path, whoever called ``write``, so it is never taken for a failure
+of stdout (cli/app.py ``_write_failure``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import stat
@@ -79,10 +83,10 @@ class Staged:
             raise ConfigError("is a directory, expected a file", file=self.path, field=field)
         self.through = st is not None and not stat.S_ISREG(st.st_mode)
         try:
-            if self.through:
-                raw = tempfile.TemporaryFile()          # copied to the device at commit
+            if self.through:                            # copied to the device at commit
+                raw = _NamedRandom(tempfile.TemporaryFile(buffering=0), self.path)
             else:
-                raw = os.fdopen(self._create_sibling(perm), "wb")
+                raw = _NamedWriter(io.FileIO(self._create_sibling(perm), "wb"), self.path)
         except OSError as exc:
             raise self.error(exc) from None
         self.file = raw if binary else _text(raw, encoding, newline)
@@ -159,8 +163,40 @@ class Staged:
 
 
 def _text(raw, encoding: str, newline: str | None):
-    import io
     return io.TextIOWrapper(raw, encoding=encoding, newline=newline)
+
+
+class _Named:
+    """A staged file's buffer whose write and flush errors carry the user's ``path``."""
+
+    def __init__(self, raw, path: str):
+        super().__init__(raw)
+        self._user_path = path
+
+    def _named(self, exc: OSError) -> OSError:
+        if exc.filename:
+            return exc
+        return OSError(exc.errno, exc.strerror or str(exc), self._user_path)
+
+    def write(self, data):
+        try:
+            return super().write(data)
+        except OSError as exc:
+            raise self._named(exc) from None
+
+    def flush(self):
+        try:
+            return super().flush()
+        except OSError as exc:
+            raise self._named(exc) from None
+
+
+class _NamedWriter(_Named, io.BufferedWriter):
+    pass
+
+
+class _NamedRandom(_Named, io.BufferedRandom):
+    pass
 
 
 class Batch:

@@ -73,7 +73,10 @@ class RequestSink:
         """Append one row (a results-file ``requests`` row)."""
         self.rows += 1
         if self._writer is None:
-            self._fh.write(gojson.dumps(row, indent=None).encode("utf-8") + b"\n")
+            try:
+                self._fh.write(gojson.dumps(row, indent=None).encode("utf-8") + b"\n")
+            except OSError as exc:             # a full disk mid-run: name the file and flag
+                raise self._staged.error(exc) from None
             return
         cols = self._cols
         if not cols:
