@@ -206,6 +206,16 @@ class Batch:
         self.staged: list[Staged] = []
 
     def add(self, staged: Staged) -> Staged:
+        """Add ``staged``; two outputs of one batch aimed at the same file (one would silently
+        replace the other) are refused, and nothing is left behind. Devices are exempt."""
+        if not staged.through:
+            real = os.path.realpath(staged.path)
+            other = next((s for s in self.staged if not s.through and os.path.realpath(s.path) == real), None)
+            if other is not None:
+                staged.abort()
+                self.abort()
+                raise ConfigError(f"is also the path of {other.field or 'another output'}: each output needs "
+                                  "its own file", file=staged.path, field=staged.field)
         self.staged.append(staged)
         return staged
 

@@ -281,9 +281,9 @@ def execute(plan: Plan, progress: Callable[[int, int], None] | None = None, *,
         raise plan.attribute(exc) from None
     tap = streaming.start(plan, sim)     # --streaming-metrics, --requests-out
     from blis_simpy.cli import timeline_out
-    timeline = timeline_out.start(plan, sim)   # --timeline (docs/planning.md, "Reports")
     batch = Batch() if outputs is None else outputs
     try:
+        timeline = timeline_out.start(plan, sim)   # --timeline (docs/planning.md, "Reports")
         out = _run(plan, sim, tap, requests, horizon, sessions, workload_seed, progress,
                    batch, interruptible)
         if out.interrupted:

@@ -81,6 +81,30 @@ def test_outputs_replace_old_files_together(cli, small_scenario, tmp_path):
     assert _left(tmp_path) == ["r.json", "small.yaml", "tr.csv", "tr.yaml"]
 
 
+#: output flags that cannot all be written: (flags, the error line after ``error: ``)
+REFUSED_OUTPUTS = {
+    # the rows file is already staged when the timeline path is refused: its temporary went
+    "a later output refused": (["--requests-out", "q.jsonl", "--timeline", "t.txt"],
+                               "t.txt: --timeline: unknown suffix '.txt': expected .csv or .parquet"),
+    # one would silently replace the other (the run used to exit 0 with the rows lost)
+    "two outputs, one file": (["--results-path", "x.jsonl", "--requests-out", "x.jsonl"],
+                              "x.jsonl: --results-path: is also the path of --requests-out: each "
+                              "output needs its own file"),
+    "trace pair and results": (["--trace-output", "x", "--results-path", "x.csv"],
+                               "x.csv: --results-path: is also the path of --trace-output: each "
+                               "output needs its own file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_OUTPUTS))
+def test_refused_outputs_leave_nothing(cli, small_scenario, tmp_path, monkeypatch, case):
+    flags, line = REFUSED_OUTPUTS[case]
+    monkeypatch.chdir(tmp_path)
+    res = cli("run", "--scenario", small_scenario, *flags, "--format", "json")
+    assert _one_line(res) == f"error: {line}"
+    assert _left(tmp_path) == ["small.yaml"]          # no output, no temporary file
+
+
 def test_staged_outputs(tmp_path):
     # atomic_write replaces the file only when the block ends cleanly
     target = tmp_path / "a.txt"
