@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import errno
 import inspect
+import io
 import logging
 import os
 import sys
@@ -160,6 +161,18 @@ def _write_failure(exc: BaseException) -> None:
         if not exc.filename:
             _discard_stdout()
         _fail(f"{exc.filename or 'stdout'}: cannot write: {exc.strerror or exc}", 2)
+
+
+def _whole_writes() -> None:
+    """Under ``PYTHONUNBUFFERED=1`` (``python -u``) stdout's binary layer is the raw file,
+    and Python's text layer drops the rest of a short write (a file reaching its size limit,
+    a full disk) without an error: the output was cut and the exit status 0. Put a buffered
+    writer between them, which writes every byte or raises, flushed at each newline as
+    ``-u`` would."""
+    out = sys.stdout
+    if isinstance(getattr(out, "buffer", None), io.FileIO):
+        sys.stdout = io.TextIOWrapper(io.BufferedWriter(out.buffer), encoding=out.encoding,
+                                      errors=out.errors, line_buffering=True)
 
 
 def _discard_stdout() -> None:
@@ -383,6 +396,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if sys.stdout is None:      # started with stdout closed (``>&-``)
             raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        _whole_writes()
         try:
             app(args=argv, prog_name="blis-simpy")
         finally:

@@ -5,8 +5,7 @@ name, so without care such an error reads ``error: stdout: cannot write: ...``. 
 failure is real: the CLI runs as a child process with ``RLIMIT_FSIZE`` set (and SIGXFSZ
 ignored), so every write past the limit to a regular file fails with EFBIG, as on a full
 disk. The limit does not touch a pipe, so stdout stays writable unless it is itself a file.
-The child runs with stdout buffered (PYTHONUNBUFFERED unset): unbuffered, Python's text layer
-drops a short write to a file without an error (see test_a_failed_stdout_write_still_names_stdout).
+The child runs with stdout buffered (PYTHONUNBUFFERED unset) unless a test says otherwise.
 """
 
 from __future__ import annotations
@@ -32,9 +31,10 @@ def _file_size_limit() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT_BYTES, LIMIT_BYTES))
 
 
-def _blis(args: list[str], **kw) -> subprocess.CompletedProcess:
+def _blis(args: list[str], extra_env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     env.pop("PYTHONUNBUFFERED", None)
+    env.update(extra_env or {})
     return subprocess.run(BLIS + args, stderr=subprocess.PIPE, text=True, timeout=120, env=env,
                           preexec_fn=_file_size_limit, **kw)
 
@@ -73,14 +73,15 @@ def test_a_failed_write_through_a_staged_file_names_it_whoever_writes(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_a_failed_stdout_write_still_names_stdout(tmp_path):
-    # stdout is itself a file under the limit: that failure is stdout's. (With
-    # PYTHONUNBUFFERED=1 the text layer writes straight to the file descriptor and ignores
-    # the kernel's short write, so the rest of the output is lost with exit 0: a Python
-    # limit, not caught here; _blis runs the child buffered.)
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "PYTHONUNBUFFERED"])
+def test_a_failed_stdout_write_still_names_stdout(tmp_path, unbuffered):
+    # stdout is itself a file under the limit: that failure is stdout's. Unbuffered, Python's
+    # text layer would drop the kernel's short write (output cut, exit 0); main() puts a
+    # buffered writer under it, so the failure is reported the same way.
     out = tmp_path / "stdout.json"
+    env = {"PYTHONUNBUFFERED": "1"} if unbuffered else {}
     with open(out, "w") as f:
-        p = _blis(RUN, stdout=f)
+        p = _blis(RUN, stdout=f, extra_env=env)
     assert p.returncode == 2, p.stderr
     assert p.stderr.splitlines() == [f"error: stdout: cannot write: {EFBIG}"]
     assert os.path.getsize(out) <= LIMIT_BYTES
