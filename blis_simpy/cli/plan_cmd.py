@@ -78,9 +78,24 @@ def precheck(plan) -> None:
         try:
             check_point(point(plan, dep, seed))
         except ConfigError as exc:
+            own = _plan_key(plan, exc)
+            if own is not None:         # the plan's own workload key: no deployment helps
+                raise plan.src.error(exc.problem, own) from None
             problems.append(f"{dep.label}: {exc.one_line()}")
     if fams and len(problems) == len(fams):
         raise ConfigError(f"no candidate deployment can be built: {problems[0]}", file=plan.src.path)
+
+
+def _plan_key(plan, exc) -> tuple | None:
+    """The plan file's key behind a candidate's error about a ``workload.*`` key the plan
+    itself sets (``workload.prompt_tokens.mean``), so the error names that key and line;
+    None when the key comes from elsewhere (the base scenario, a deployment)."""
+    from blis_simpy.config.loader import undotted
+    if exc.file not in (None, plan.src.path) or not (exc.field or "").startswith("workload."):
+        return None
+    loc = tuple(undotted(exc.field))
+    set_keys = plan.spec.workload.model_fields_set
+    return loc if len(loc) > 1 and loc[1] in set_keys and plan.src.has(loc[:2]) else None
 
 
 def quiet_simulator_logs(level: int = logging.CRITICAL + 1) -> int:

@@ -36,6 +36,7 @@ from blis_simpy.config.loader import Source, load_raw, read_yaml, validation_pro
 from blis_simpy.config.scenario import MAX_DP, LengthDist, Strict
 from blis_simpy.errors import ConfigError
 from blis_simpy.planner.plan_points import families
+from blis_simpy.units import MAX_INT64
 
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 PosInt = Annotated[int, Field(gt=0)]
@@ -162,7 +163,7 @@ class Search(Strict):
     pd: PDSplits = Field(default_factory=PDSplits)
     latency: str | None = Field(None, description="latency backend; None = the base scenario's, "
                                                   "else physics")
-    seeds: list[int] = Field(default_factory=lambda: [42])
+    seeds: list[Annotated[int, Field(ge=-MAX_INT64 - 1, le=MAX_INT64)]] = Field(default_factory=lambda: [42])
     runner_ups: Annotated[int, Field(ge=0, le=20)] = 2
 
     @field_validator("tp")

@@ -249,6 +249,12 @@ def test_pareto_front():
     (PLAN.format(rate=5) + "max_rate: {min_rate: 5, max_rate: 2}\n",
      "plan.yaml:7: max_rate: min_rate (5) must be < max_rate (2)"),
     ("model: [unclosed\n", "plan.yaml:2: invalid YAML"),
+    # the plan's own workload keys and seeds are located (were "no candidate deployment can
+    # be built: 1 inst x A100-80 TP1: workload.prompt_tokens.mean: ...", no line)
+    (PLAN.format(rate=5).replace("rate: 5", "rate: 5, prompt_tokens: {mean: 9000, stdev: 1, min: 2, max: 100}"),
+     "plan.yaml:3: workload.prompt_tokens.mean: 9000 is above max 100: the mean must lie in"),
+    (PLAN.format(rate=5).replace("runner_ups: 1", "runner_ups: 1, seeds: [1, 9223372036854775808]"),
+     "plan.yaml:5: search.seeds[1]: input should be less than or equal to 9223372036854775807"),
 ])
 def test_bad_plan_files_exit_2_with_one_line(tmp_path, text, expected):
     (tmp_path / "base.yaml").write_text(BASE)
