@@ -199,7 +199,7 @@ def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:
             raise ConfigError(f"{backend} needs the architecture of model {s.model or '(none)'}: not found "
                               f"in {' or '.join(tried) or 'any source'}; pass --model-config-folder DIR "
                               "with its HuggingFace config.json (blis-simpy never downloads)",
-                              field="model_config_folder")
+                              field="model_config_folder" if s.model_config_folder else "model")
     total = resolve_kv_blocks(r, cat, backend, hw, tp, vllm, model_cfg, gpu)
     max_len = resolve_max_model_len(r, backend, model_cfg, total)
     build = partial(build_backend, backend, model_cfg, gpu, tp, alpha, beta, cfg.compat,

@@ -41,6 +41,9 @@ SCENARIO_CASES = {
                     "workload.prompt_tokens.stdev", "0 is below min 2: the stdev must lie in [min, max] = "
                     "[2, 100] like the mean"),
     "duplicate key": ("seed: 1\nseed: 2\n", 2, "seed", "duplicate"),
+    # was "FILE: model_config_folder: ..." (a key not in the file, so no line)
+    "model unknown to the backend": ("seed: 1\nmodel: acme/nope\nhardware: H100\ntp: 1\nlatency:\n  model: roofline\n",
+                                     2, "model", "roofline needs the architecture of model acme/nope: not found"),
     # run used to replace params that are not a mapping by {} (and ran with the defaults)
     "routing params not a mapping": (BLACKBOX + "cluster:\n  routing:\n    policy: least-loaded\n"
                                      "    params: 5\n", 8, "cluster.routing.params", "input should be a mapping, got 5"),

@@ -182,7 +182,7 @@ def test_unknown_model_for_an_analytical_backend_lists_what_was_tried():
     with pytest.raises(ConfigError) as e:
         resolve(sc(model="acme/model", hardware="H100", tp=1))
     msg = str(e.value)
-    assert e.value.field == "model_config_folder"
+    assert e.value.field == "model"             # the key written (no model_config_folder given)
     assert "built-in model catalog" in msg and "--model-config-folder" in msg and "never downloads" in msg
 
 
