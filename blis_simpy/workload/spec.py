@@ -19,7 +19,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from blis_simpy.bounds import MAX_REQUESTS
 from blis_simpy.errors import ConfigError
+from blis_simpy.units import MAX_INT64
 from blis_simpy.workload import _yaml
 from blis_simpy.workload.arrivals import ARRIVAL_PROCESSES, WEIBULL_CV_RANGE
 from blis_simpy.workload.lengths import MAX_TOKENS, make_length_sampler
@@ -214,8 +216,8 @@ class WorkloadSpecV2(_Strict):
     seed: int = 0
     category: str = ""
     aggregate_rate: FiniteFloat = 0.0
-    num_requests: NonNegInt = 0
-    horizon: NonNegInt = 0
+    num_requests: Annotated[int, Field(ge=0, le=MAX_REQUESTS)] = 0     # docs/scenarios.md "Limits"
+    horizon: Annotated[int, Field(ge=0, le=MAX_INT64)] = 0
     clients: list[ClientSpec] = Field(default_factory=list)
     cohorts: list[CohortSpec] = Field(default_factory=list)
     servegen_data: ServeGenDataSpec | None = None

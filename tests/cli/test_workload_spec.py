@@ -117,6 +117,12 @@ def test_error_locations(tmp_path, spec_file):
     with pytest.raises(ConfigError, match="num_requests or --horizon") as ei:
         build_workload(prepare("run", {**BLACKBOX, "--workload-spec": str(unbounded)}))
     assert ei.value.file == str(unbounded)
+    # the request cap (docs/scenarios.md "Limits") holds for a spec's num_requests too: 1e9
+    # used to generate until memory ran out
+    huge = _write(tmp_path, SPEC.replace("num_requests: 30", "num_requests: 10000001"), "huge.yaml")
+    with pytest.raises(ConfigError, match="less than or equal to 10000000, got 10000001") as ei:
+        build_workload(prepare("run", {**BLACKBOX, "--workload-spec": str(huge)}))
+    assert (ei.value.file, ei.value.field) == (str(huge), "num_requests")
 
 
 def test_run_closed_loop_sessions_end_to_end_and_trace_export(cli, spec_file, tmp_path):
