@@ -303,6 +303,7 @@ class LazyLedger(Ledger):
         T = self.T
         self.tick_end.append(end)
         finished = []
+        mml = self.limits.max_model_len
         for r in self.prefilling:
             r.pi = r.computed_tokens
             if r.pi == r.prefill_to:
@@ -313,6 +314,11 @@ class LazyLedger(Ledger):
                 else:
                     self._first_token(r, first_tok)
                 r.last_emit_tick = T
+                finished.append(r)
+            elif mml > 0 and r.pi >= completion_pi(r, mml):
+                # length-capped mid-prompt (at M - 1, which no chunk passes): a PD decode
+                # sub-request with a prompt over its pool's MaxModelLen, restarted as a
+                # prefill. It completes now, as every request at its completion pi does
                 finished.append(r)
         for r in finished:
             del self.prefilling[r]
