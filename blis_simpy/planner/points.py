@@ -115,6 +115,9 @@ def load(path: str) -> Sweep:
     else:
         sweep.combos = [dict(zip(values, c, strict=True)) for c in itertools.product(*values.values())]
     base_seed = base.get("seed", 42)
+    if spec.repeats is not None and type(base_seed) is not int:     # repeats count up from it
+        raise locate(sweep, {}, ConfigError(f"input should be a valid integer, got {base_seed!r}",
+                                            field="seed"))
     if spec.seeds is not None:
         sweep.seeds = list(spec.seeds)
     elif spec.repeats is not None:

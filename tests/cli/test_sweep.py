@@ -215,6 +215,8 @@ BAD = [
     ("base: nothere.yaml\n", 1, "base", "no such scenario file"),
     ("base: {workload: {rate: -1}}\n", 1, "base.workload.rate", "input should be greater than 0"),
     ("base: base.yaml\naxes:\n  seed: [1, 2]\n", 3, "axes.seed", "the seed is not an axis"),
+    # repeats count up from the base seed: a seed that is not an integer was an internal error
+    ("base: {seed: abc}\nrepeats: 2\n", 1, "base.seed", "input should be a valid integer, got 'abc'"),
 ]
 
 
