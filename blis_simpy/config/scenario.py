@@ -99,8 +99,10 @@ class GPUEntry(Strict):
 class LatencyConfig(Strict):
     """Which latency backend times the steps, and its coefficients (docs/latency-models.md)."""
 
-    model: str = Field("blackbox", description="blackbox | physics | trained-physics | roofline | "
-                                                "crossmodel | trained-roofline | a plugin's name")
+    model: str = Field("physics", description="blackbox | physics | trained-physics | roofline | "
+                                               "crossmodel | trained-roofline | a plugin's name; "
+                                               "default physics, blackbox when both alpha_coeffs "
+                                               "and beta_coeffs are given")
     params: dict = Field(default_factory=dict,
                          description="the backend's own parameters (a plugin's Params; built-ins take none)")
     alpha_coeffs: list[NonNegFloat] | None = Field(
@@ -114,6 +116,14 @@ class LatencyConfig(Strict):
     compat: Literal["fixed", "checkout"] = Field(
         "fixed", description="checkout = BLIS 89bece82 parity: roofline MoE weights at batch 0, "
                              "MoE threshold E > 0 (docs/divergences.md #8, #9)")
+
+    @model_validator(mode="after")
+    def _coefficients_mean_blackbox(self):
+        """As on the command line: given both coefficient lists and no backend, blackbox."""
+        if ("model" not in self.model_fields_set and self.alpha_coeffs is not None
+                and self.beta_coeffs is not None):
+            self.model = "blackbox"
+        return self
 
 
 class EngineConfig(Strict):

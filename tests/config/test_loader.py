@@ -40,6 +40,18 @@ def test_empty_file_is_all_defaults(tmp_path):
     assert s.seed == 42 and s.workload.kind == "distribution" and s.workload.num_requests == 100
 
 
+def test_the_latency_backend_defaults_as_on_the_command_line(tmp_path):
+    # no latency key: physics, as `blis-simpy run --model M` without a backend flag
+    assert load_scenario(str(_write(tmp_path, "# nothing\n"))).latency.model == "physics"
+    # both coefficient lists and no backend: blackbox (as --alpha-coeffs with --beta-coeffs)
+    both = "latency:\n  alpha_coeffs: [1, 2, 3]\n  beta_coeffs: [4, 5, 6]\n"
+    assert load_scenario(str(_write(tmp_path, both))).latency.model == "blackbox"
+    # one list alone, or a backend named, changes nothing
+    assert load_scenario(str(_write(tmp_path, "latency:\n  beta_coeffs: [4, 5, 6]\n"))).latency.model == "physics"
+    named = both + "  model: roofline\n"
+    assert load_scenario(str(_write(tmp_path, named))).latency.model == "roofline"
+
+
 def test_yaml_12_floats_and_model_lower_case(tmp_path):
     s = load_scenario(str(_write(tmp_path, "model: Org/Model-X\nworkload:\n  rate: 1e1\n")))
     assert s.workload.rate == 10.0
