@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from blis_simpy.errors import ConfigError
+
 if TYPE_CHECKING:   # the catalogs (YAML) load only when the command runs
     from blis_simpy.catalog.coefficients import CoefficientCatalog
     from blis_simpy.catalog.hardware import GPUCatalog
@@ -225,9 +227,27 @@ def print_tables(what: What, gpus: GPUCatalog, models: ModelCatalog, coeffs: Coe
 
 
 # ---------------------------------------------------------------------------- command
+#: options that only ``catalog capacity`` reads (parameter name → its flag)
+CAPACITY_ONLY = {"hardware": "--hardware", "tp": "--tp", "dp": "--dp",
+                 "expert_parallel": "--enable-expert-parallel", "util": "--gpu-memory-utilization",
+                 "tokens": "--max-num-batched-tokens", "seqs": "--max-num-seqs",
+                 "block_size": "--block-size-in-tokens", "capacity_model": "--kv-capacity-model",
+                 "kv_cache_dtype": "--kv-cache-dtype", "model_config_folder": "--model-config-folder"}
+
+
+def _refuse_capacity_only(ctx) -> None:
+    """A capacity option given to the listing (``catalog --tp -1``) would be ignored without
+    a word; it is refused instead, naming the flag."""
+    for name, flag in CAPACITY_ONLY.items():
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name != "DEFAULT":
+            raise ConfigError("is read only by `catalog capacity` (or --capacity)", field=flag)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("catalog")
     def catalog(
+        ctx: typer.Context,
         what: What = typer.Argument(What.all, help="which catalog to list"),
         fmt: CatalogFormat = typer.Option(CatalogFormat.table, "--format", case_sensitive=False,
                                           help="rich tables or one JSON document"),
@@ -271,6 +291,7 @@ def register(app: typer.Typer) -> None:
                 model_config_folder=model_config_folder)
             capacity_cmd.show(cap, model.lower(), fmt.value)
             return
+        _refuse_capacity_only(ctx)
         models = builtin_models()
         coeffs = builtin_coefficients()
         if defaults_filepath:

@@ -202,3 +202,23 @@ def test_catalog_model_filter_keeps_the_gpus_that_hold_it(cli, offline, tmp_path
     # a GPU that cannot be sized at all is not called too small: the reason is given
     assert "Cannot size qwen/qwen3-14b on Z-GPU: GPU Z-GPU memory must be > 0 GiB" in out
     assert "TINY-GPU:" not in out                                 # nor among the sources
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--model", "qwen/qwen3-14b", "--tp=-1"], "--tp"),
+    (["gpus", "--hardware", "H100"], "--hardware"),
+    (["--gpu-memory-utilization", "nan"], "--gpu-memory-utilization"),
+    (["models", "--enable-expert-parallel"], "--enable-expert-parallel"),
+    (["--dp", "1"], "--dp"),             # given, even at its default value
+])
+def test_capacity_options_are_refused_by_the_listing(cli, offline, args, flag):
+    # they would be ignored without a word: the listing reads none of them
+    res = cli("catalog", *args)
+    assert res.exit_code == 2
+    assert res.stderr.strip() == f"error: {flag}: is read only by `catalog capacity` (or --capacity)"
+
+
+def test_capacity_options_still_serve_capacity(cli, offline):
+    res = _ok(cli("catalog", "--capacity", "--model", "meta-llama/llama-3.1-8b-instruct",
+                  "--hardware", "H100", "--tp", "1", "--dp", "1"))
+    assert "KV capacity: 28,242 blocks" in res.stdout
