@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -90,21 +91,37 @@ def test_run_horizon_cuts_the_run(cli, small_scenario):
     assert cut["cluster"]["vllm_estimated_duration_s"] <= 0.3
 
 
-def _run_subprocess(*args) -> subprocess.CompletedProcess:
+def _run_subprocess(*args, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "blis_simpy", *map(str, args)], capture_output=True,
-                          text=True, cwd=REPO, timeout=60)
+                          text=True, cwd=REPO, timeout=60,
+                          env=None if env is None else {**os.environ, **env})
 
 
 @pytest.mark.parametrize("fmt", ["blis", "json"])
 def test_runs_are_deterministic(small_scenario, tmp_path, fmt):
+    # two processes with different string-hash seeds: no output may follow set or dict
+    # order of hashed strings
     outs = []
     for k in range(2):
         res_path = tmp_path / f"r{k}.json"
-        p = _run_subprocess("run", "--scenario", small_scenario, "--format", fmt, "--results-path", res_path)
+        p = _run_subprocess("run", "--scenario", small_scenario, "--format", fmt, "--results-path",
+                            res_path, env={"PYTHONHASHSEED": str(k + 1)})
         assert p.returncode == 0, p.stderr
         outs.append((p.stdout, res_path.read_bytes()))
     assert outs[0] == outs[1]
     assert len(outs[0][0]) > 100 and b'"requests"' in outs[0][1]
+
+
+@pytest.mark.parametrize("name", ["multiturn_chat", "pd_comparison"])
+def test_shipped_scenarios_do_not_depend_on_the_hash_seed(tmp_path, name):
+    # sessions, prefix groups, several instances, PD pools and variants, in two processes
+    outs = []
+    for k in range(2):
+        p = _run_subprocess("run", "--scenario", REPO / "scenarios" / f"{name}.yaml", "--format",
+                            "json", env={"PYTHONHASHSEED": str(7 + 3 * k)})
+        assert p.returncode == 0, p.stderr
+        outs.append(p.stdout)
+    assert outs[0] == outs[1] and '"cluster"' in outs[0]
 
 
 def test_seed_changes_the_workload(cli, small_scenario, tmp_path):
