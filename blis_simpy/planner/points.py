@@ -31,12 +31,27 @@ def canonical_json(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
 
 
+#: the latency backend a resolved scenario leaves out: the scenario default when sweep hashes
+#: were defined. The default is physics now; hashing it as a default would give a physics
+#: point the hash of a blackbox point of an earlier dataset (resumed as done, wrong numbers)
+HASHED_DEFAULT_BACKEND = "blackbox"
+
+
 def resolved(scenario) -> dict:
     """The resolved form of a scenario (a :class:`~blis_simpy.config.scenario.Scenario` or a
-    raw dict, validated here without the cross-key checks): keys at their default dropped."""
+    raw dict, validated here without the cross-key checks): keys at their default dropped,
+    except ``latency.model``, which is dropped when it is :data:`HASHED_DEFAULT_BACKEND`."""
     if isinstance(scenario, dict):
         scenario = validate(scenario, Source(None), semantic=False)
-    return scenario.model_dump(mode="json", exclude_defaults=True)
+    cfg = scenario.model_dump(mode="json", exclude_defaults=True)
+    lat = {k: v for k, v in cfg.get("latency", {}).items() if k != "model"}
+    if scenario.latency.model != HASHED_DEFAULT_BACKEND:
+        lat = {"model": scenario.latency.model, **lat}
+    if lat:
+        cfg["latency"] = lat
+    else:
+        cfg.pop("latency", None)
+    return cfg
 
 
 def _sha(obj) -> str:

@@ -86,6 +86,22 @@ def test_every_row_equals_the_direct_run(tmp_path, ex):
     assert len({r["config_hash"] for r in rows}) == len({r["config_key"] for r in rows}) == 6
 
 
+#: config hashes of datasets written while blackbox was the scenario default (the values then)
+BLACKBOX_HASH = "1d6b660ce26f894e8a7e5c52b6d90e7f206d350d3b029d2fd1d396a6457e10a7"
+PHYSICS_HASH = "078669dbd1883ac7d574f414ad8145c1ce46791246fbeab78ce2e9260351f766"
+
+
+@pytest.mark.parametrize("latency, want", [
+    ({"model": "blackbox"}, BLACKBOX_HASH),
+    ({"model": "physics"}, PHYSICS_HASH),
+    (None, PHYSICS_HASH),                      # no latency key: physics, the default now
+], ids=["blackbox", "physics", "default"])
+def test_a_hash_names_the_backend_it_ran_across_the_default_change(latency, want):
+    # a physics point must not take the hash blackbox points had (resumed as done: the
+    # blackbox numbers reported as physics), nor a blackbox point get a new one (run again)
+    assert config_hash("run", resolved({} if latency is None else {"latency": latency})) == want
+
+
 def test_resume_runs_only_the_missing_points(tmp_path, ex):
     out = tmp_path / "out"
     path = write_sweep(tmp_path, SIX)
