@@ -24,6 +24,7 @@ from typing import Any
 from blis_simpy.config.loader import Source, load_raw, resolve_paths, set_dotted, undotted, validate
 from blis_simpy.errors import ConfigError
 from blis_simpy.planner.spec import SweepSpec, axis_values, base_path, load_sweep
+from blis_simpy.units import MAX_INT64
 
 
 def canonical_json(obj) -> str:
@@ -133,6 +134,9 @@ def load(path: str) -> Sweep:
     if spec.repeats is not None and type(base_seed) is not int:     # repeats count up from it
         raise locate(sweep, {}, ConfigError(f"input should be a valid integer, got {base_seed!r}",
                                             field="seed"))
+    if spec.repeats is not None and base_seed + spec.repeats - 1 > MAX_INT64:
+        raise src.error(f"the last seed, base seed {base_seed} + {spec.repeats - 1}, is out of the "
+                        "int64 range", ("repeats",))
     if spec.seeds is not None:
         sweep.seeds = list(spec.seeds)
     elif spec.repeats is not None:

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from blis_simpy.config.loader import Source, read_yaml, validation_problem
 from blis_simpy.errors import ConfigError
+from blis_simpy.units import MAX_INT64
 
 __all__ = ["MAX_POINTS", "RangeAxis", "SweepSpec", "axis_values", "load_sweep", "point_count"]
 
@@ -81,7 +82,8 @@ class SweepSpec(_Strict):
     command: Literal["run", "replay"] = "run"
     mode: Literal["product", "list"] = "product"
     axes: dict[str, AxisValues] = Field(default_factory=dict)
-    seeds: Annotated[list[int], Field(min_length=1)] | None = None
+    seeds: Annotated[list[Annotated[int, Field(ge=-MAX_INT64 - 1, le=MAX_INT64)]],
+                     Field(min_length=1)] | None = None
     repeats: Annotated[int, Field(gt=0)] | None = None
     slo: dict[str, Any] | None = Field(None, description="the scenario's slo: for every point")
 

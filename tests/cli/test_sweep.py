@@ -233,6 +233,12 @@ BAD = [
     ("base: base.yaml\naxes:\n  seed: [1, 2]\n", 3, "axes.seed", "the seed is not an axis"),
     # repeats count up from the base seed: a seed that is not an integer was an internal error
     ("base: {seed: abc}\nrepeats: 2\n", 1, "base.seed", "input should be a valid integer, got 'abc'"),
+    # seeds past int64 (only the first point's seed was checked): 'internal error: OverflowError'
+    # (exit 1) after the first points ran
+    ("base: {seed: 9223372036854775807}\nrepeats: 2\n", 2, "repeats",
+     "the last seed, base seed 9223372036854775807 + 1, is out of the int64 range"),
+    ("base: base.yaml\nseeds: [1, 9223372036854775808]\n", 2, "seeds[1]",
+     "input should be less than or equal to 9223372036854775807"),
 ]
 
 
