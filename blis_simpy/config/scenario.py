@@ -446,6 +446,21 @@ class Scenario(Strict):
                 loc=("cluster", "num_instances"), input={"num_instances": n, "dp": self.dp})])
         return self
 
+    @model_validator(mode="after")
+    def _coefficient_lists_together(self) -> Scenario:
+        """Without a backend named, one coefficient list alone is refused on that list, as
+        ``--beta-coeffs`` alone is on the command line (both select blackbox)."""
+        lat = self.latency
+        given = [k for k in ("alpha_coeffs", "beta_coeffs") if getattr(lat, k) is not None]
+        if "model" not in lat.model_fields_set and len(given) == 1:
+            other = "beta_coeffs" if given[0] == "alpha_coeffs" else "alpha_coeffs"
+            raise ValidationError.from_exception_data(type(self).__name__, [InitErrorDetails(
+                type=PydanticCustomError(
+                    "coefficients_together", "must be given together with latency.{other} "
+                    "(both select blackbox), or name latency.model", {"other": other}),
+                loc=("latency", given[0]), input=getattr(lat, given[0]))])
+        return self
+
     @property
     def horizon(self) -> int:
         return self.horizon_us if self.horizon_us is not None else MAX_INT64

@@ -46,8 +46,15 @@ def test_the_latency_backend_defaults_as_on_the_command_line(tmp_path):
     # both coefficient lists and no backend: blackbox (as --alpha-coeffs with --beta-coeffs)
     both = "latency:\n  alpha_coeffs: [1, 2, 3]\n  beta_coeffs: [4, 5, 6]\n"
     assert load_scenario(str(_write(tmp_path, both))).latency.model == "blackbox"
-    # one list alone, or a backend named, changes nothing
-    assert load_scenario(str(_write(tmp_path, "latency:\n  beta_coeffs: [4, 5, 6]\n"))).latency.model == "physics"
+    # one list alone, without a backend: refused on that list, as --beta-coeffs alone is
+    with pytest.raises(ConfigError) as e:
+        load_scenario(str(_write(tmp_path, "latency:\n  beta_coeffs: [4, 5, 6]\n")))
+    assert e.value.one_line().endswith("s.yaml:2: latency.beta_coeffs: must be given together with "
+                                       "latency.alpha_coeffs (both select blackbox), or name "
+                                       "latency.model")
+    # with a backend named, the lists are that backend's
+    assert load_scenario(str(_write(tmp_path, "latency:\n  model: blackbox\n  beta_coeffs: [4, 5, 6]\n"))
+                         ).latency.model == "blackbox"
     named = both + "  model: roofline\n"
     assert load_scenario(str(_write(tmp_path, named))).latency.model == "roofline"
 
