@@ -387,7 +387,7 @@ class Scenario(Strict):
 
     name: str = ""
     description: str = ""
-    seed: int = 42
+    seed: Annotated[int, Field(ge=-MAX_INT64 - 1, le=MAX_INT64)] = 42   # Go's int64, as --seed
     horizon_us: Annotated[int, Field(gt=0, le=MAX_INT64)] | None = Field(
         None, description="stop after this simulated time, µs (at most 2^63 - 1)")
     model: str = Field("", description="model ID, lower-cased for every lookup")

@@ -41,6 +41,10 @@ SCENARIO_CASES = {
                     "workload.prompt_tokens.stdev", "0 is below min 2: the stdev must lie in [min, max] = "
                     "[2, 100] like the mean"),
     "duplicate key": ("seed: 1\nseed: 2\n", 2, "seed", "duplicate"),
+    # was accepted (2^70), while --seed refuses what is outside Go's int64
+    "seed past int64": ("name: x\nseed: 1180591620717411303424\n", 2, "seed", "less than or equal to 9223372036854775807"),
+    "one coefficient list": ("latency:\n  beta_coeffs: [1, 2, 3]\n", 2, "latency.beta_coeffs",
+                             "must be given together with latency.alpha_coeffs"),
     # was "FILE: model_config_folder: ..." (a key not in the file, so no line)
     "model unknown to the backend": ("seed: 1\nmodel: acme/nope\nhardware: H100\ntp: 1\nlatency:\n  model: roofline\n",
                                      2, "model", "roofline needs the architecture of model acme/nope: not found"),
