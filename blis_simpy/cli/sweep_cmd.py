@@ -81,6 +81,7 @@ def run_sweep(path: str, out: str, *, scheduler: str | None = None, workers: int
     ex = Executor(scheduler=scheduler, n_workers=workers) if own else executor
     flush = dataset.FLUSH_S if flush_s is None else flush_s
     with (ex if own else contextlib.nullcontext()), dataset.DatasetWriter(out, flush) as writer:
+        dataset.promote_axis_columns(out, kinds)     # an integer axis given a float value
         _err(f"running on {ex.n_workers} Dask worker{'s' if ex.n_workers != 1 else ''}"
              f"{f' at {scheduler}' if scheduler else ' (local cluster)'}")
 

@@ -36,8 +36,8 @@ from blis_simpy.atomic import atomic_write
 from blis_simpy.errors import ConfigError
 from blis_simpy.planner.points import Point, canonical_json
 
-__all__ = ["FLUSH_S", "DatasetWriter", "axis_columns", "dataset_row", "done_hashes", "read",
-           "summarize"]
+__all__ = ["FLUSH_S", "DatasetWriter", "axis_columns", "dataset_row", "done_hashes",
+           "promote_axis_columns", "read", "summarize"]
 
 #: seconds between two part files while points complete
 FLUSH_S = 2.0
@@ -156,6 +156,37 @@ def ensure_dir(path: str) -> None:
     except OSError as exc:
         raise ConfigError(f"cannot create the dataset directory: {exc.strerror or exc}", file=path,
                           field="--out") from None
+
+
+def promote_axis_columns(out_dir: str, kinds: dict[str, str]) -> int:
+    """Rewrite the part files whose column of a ``float`` axis is integer-typed (written while
+    that axis had integer values only: ``workload.rate: [4, 8]`` grown to ``[4, 8, 12.5]``)
+    with the column as float64, so the directory has one type per column and any Parquet
+    reader reads it (``pyarrow.dataset`` takes the first file's schema and cannot put 12.5 in
+    an int64 column). Each file is replaced atomically under its own name; the values and
+    the rows are unchanged. Returns the files rewritten."""
+    floats = [k for k, kind in kinds.items() if kind == "float"]
+    if not floats:
+        return 0
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rewritten = 0
+    for path in part_files(out_dir):
+        try:
+            schema = pq.read_schema(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise ConfigError(f"not a readable Parquet file: {exc}".replace("\n", " "), file=path) from None
+        ints = [k for k in floats if k in schema.names and pa.types.is_integer(schema.field(k).type)]
+        if not ints:
+            continue
+        table = pq.read_table(path)
+        for k in ints:
+            i = table.schema.get_field_index(k)
+            table = table.set_column(i, pa.field(k, pa.float64()), table.column(k).cast(pa.float64()))
+        with atomic_write(path, what="cannot write the dataset") as f:
+            pq.write_table(table, f)
+        rewritten += 1
+    return rewritten
 
 
 # ---------------------------------------------------------------------------- reading

@@ -126,6 +126,21 @@ def test_resume_runs_only_the_missing_points(tmp_path, ex):
     assert len(dataset.read(str(out))) == 8
 
 
+def test_an_integer_axis_given_a_float_value_keeps_the_dataset_readable(tmp_path, ex):
+    """Rates [10, 20, 40] write an int64 column; resumed with 25.5 added, the old parts are
+    promoted to float64: pyarrow.dataset (the first file's schema) read the directory as int64
+    and failed on 25.5 ("truncated converting to int64") before. Only the new points run."""
+    import pyarrow.dataset as pads
+    out = tmp_path / "out"
+    run_sweep(str(write_sweep(tmp_path, SIX)), str(out), executor=ex)
+    more = run_sweep(str(write_sweep(tmp_path, SIX.replace("40]", "40, 25.5]"))), str(out), executor=ex)
+    assert (more["skipped"], more["run"]) == (6, 2)
+    table = pads.dataset(str(out), format="parquet").to_table()
+    assert str(table.schema.field("workload.rate").type) == "double"
+    assert sorted(table.column("workload.rate").to_pylist()) == [10.0, 10.0, 20.0, 20.0, 25.5, 25.5, 40.0, 40.0]
+    assert table.num_rows == len(set(table.column("config_hash").to_pylist())) == 8
+
+
 def test_a_failed_point_is_recorded_then_rerun(tmp_path, ex):
     """A replay point whose trace data file is missing passes validation, fails when it runs:
     its row has the error; once the file exists, a rerun runs that point alone."""
