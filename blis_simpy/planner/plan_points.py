@@ -205,7 +205,7 @@ def judge_row(row: Mapping, slo_ms: Mapping[str, float], min_completed: float,
     total = offered if offered is not None else row.get("m.injected_requests")
     if done is None or not total:
         return False, "no completed-request count"
-    if done < min_completed * total:
+    if done / total < min_completed:     # not done < f * total: 0.55 * 100 is 55.00000000000001
         return False, f"completed {done}/{total} < {min_completed:g}"
     for key, limit in slo_ms.items():
         v = row.get(f"m.{key}")

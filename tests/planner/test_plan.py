@@ -20,7 +20,7 @@ from blis_simpy.cli.app import app
 from blis_simpy.cli.point import run_point
 from blis_simpy.planner.pareto import front
 from blis_simpy.planner.plan import brute_force, max_rate_search, search_cheapest
-from blis_simpy.planner.plan_points import Family, fixed_deployment, point
+from blis_simpy.planner.plan_points import Family, fixed_deployment, judge_row, point
 from blis_simpy.planner.plan_run import run_plan
 from blis_simpy.planner.plan_spec import FixedDeployment, load_plan
 
@@ -225,6 +225,18 @@ def test_search_on_a_hand_checked_case():
     res = search_cheapest([a, b], judge)
     assert calls == [(1, 1), (1, 8), (1, 5), (1, 3), (1, 4), (2, 1), (2, 2)]
     assert (res.winner.family.tp, res.winner.count, res.winner.cost) == (2, 2, 4)
+
+
+@pytest.mark.parametrize("done, offered, fraction, meets", [
+    # exactly the fraction: "at least" holds. 0.55 * 100 and 0.07 * 100 are 55.00000000000001
+    # and 7.000000000000001 in floats: judged as fewer than 55 / 7 of 100 before
+    (55, 100, 0.55, True), (7, 100, 0.07, True), (28, 100, 0.28, True), (21, 300, 0.07, True),
+    (54, 100, 0.55, False), (6, 100, 0.07, False), (198, 200, 0.99, True), (197, 200, 0.99, False),
+])
+def test_the_completed_fraction_is_at_least_exactly(done, offered, fraction, meets):
+    row = {"status": "ok", "m.completed_requests": done, "m.ttft_p99_ms": 10.0}
+    got = judge_row(row, {"ttft_p99_ms": 10.0}, fraction, offered)
+    assert got == ((True, "") if meets else (False, f"completed {done}/{offered} < {fraction:g}"))
 
 
 def test_pareto_front():
