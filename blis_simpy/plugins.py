@@ -15,6 +15,7 @@ Third-party policies live in ordinary modules; they are imported by a scenario's
 from __future__ import annotations
 
 import importlib
+import operator
 import os
 import sys
 from collections.abc import Callable
@@ -126,11 +127,17 @@ def plugin_error(plugin, problem: str, *, field: str | None = None) -> ConfigErr
     return ConfigError(f"{describe(plugin)} {problem}", field=field)
 
 
-def call_failure(plugin, method: str, exc: Exception, *, field: str | None = None) -> BlisError:
+def call_failure(plugin, method: str, exc: BaseException, *,
+                 field: str | None = None) -> BlisError:
     """A plugin's ``method`` raised ``exc`` while the simulation ran: that plugin's error
-    (an error of our own, such as a :class:`ConfigError`, passes through unchanged)."""
+    (an error of our own, such as a :class:`ConfigError`, passes through unchanged).
+    ``sys.exit()`` in a plugin's code is its error too, not the end of the program."""
     if isinstance(exc, BlisError):
         return exc
+    if method == "__init__":
+        return build_failure(type(plugin), exc, field=field)
+    if isinstance(exc, SystemExit):
+        return plugin_error(plugin, f"called sys.exit({exc.code!r}) in {method}()", field=field)
     text = str(exc).replace("\n", " ")
     return plugin_error(plugin, f"failed: {method}() raised {type(exc).__name__}"
                         + (f": {text}" if text else ""), field=field)
@@ -166,6 +173,60 @@ def _checked_method(plugin, name: str, method, check, field: str | None):
     return checked
 
 
+#: what a request's client sent (docs/engine.md, "The request record"): the policies a
+#: plugin writes are handed requests to read, never to change these
+CLIENT_FIELDS = ("id", "arrival_us", "input_len", "output_len", "max_output_len", "deadline_us",
+                 "tenant_id", "slo_class", "session_id", "model", "prefix_group", "prefix_length")
+_client_fields = operator.attrgetter(*CLIENT_FIELDS)
+
+
+def request_view(req) -> tuple:
+    """The client fields of ``req`` and its prompt's token array (identity and length), to
+    compare with :func:`request_change` after a plugin was handed ``req``."""
+    tokens = req.tokens
+    return _client_fields(req), id(tokens), len(tokens)
+
+
+def request_change(req, before: tuple) -> str | None:
+    """What changed in ``req`` since :func:`request_view` gave ``before`` (``"output_len
+    from 40 to 1"``), or None."""
+    now = request_view(req)
+    if now == before:
+        return None
+    for name, old, new in zip(CLIENT_FIELDS, before[0], now[0], strict=True):
+        if old != new:
+            return f"{name} from {shown(old)} to {shown(new)}"
+    return "prompt tokens"
+
+
+def changed_request_error(plugin, method: str, req_id: str, what: str, *,
+                          field: str | None) -> ConfigError:
+    """The one-line error of a plugin that changed a request it was handed."""
+    return plugin_error(plugin, f"changed {req_id}'s {what} in {method}(); a {type(plugin).family} "
+                        "may read the requests it is handed, never change them", field=field)
+
+
+def guard_requests(plugin, methods: tuple[str, ...], *, field: str | None):
+    """``plugin`` with each of ``methods`` (whose first argument is a request) replaced, on
+    this object only, by one that checks the call left the request's client fields and
+    prompt as they were (:data:`CLIENT_FIELDS`); a change is the plugin's one-line error.
+    Done once when the object is built: built-in policies are not wrapped."""
+    for name in methods:
+        setattr(plugin, name, _guarded_method(plugin, name, getattr(plugin, name), field))
+    return plugin
+
+
+def _guarded_method(plugin, name: str, method, field: str | None):
+    def guarded(req, *args, **kw):
+        before = request_view(req)
+        res = method(req, *args, **kw)
+        what = request_change(req, before)
+        if what is not None:
+            raise changed_request_error(plugin, name, before[0][0], what, field=field)
+        return res
+    return guarded
+
+
 def raised_in_plugin(exc: BaseException) -> tuple[Pluggable, str, BaseException] | None:
     """The plugin object whose own code raised ``exc``, the method it was running and the
     exception as raised; None when no plugin code is on its traceback.
@@ -193,10 +254,16 @@ def raised_in_plugin(exc: BaseException) -> tuple[Pluggable, str, BaseException]
     return None
 
 
-def build_failure(cls: type[Pluggable], exc: Exception, *, field: str | None) -> ConfigError:
+def build_failure(cls: type[Pluggable], exc: BaseException, *,
+                  field: str | None) -> ConfigError:
     """A plugin's constructor raised: the one-line error naming the plugin (its family and
     registered name), as a failing plugin import is reported."""
-    return ConfigError(f"{describe(cls)} failed to build: {type(exc).__name__}: {exc}", field=field)
+    if isinstance(exc, SystemExit):
+        return ConfigError(f"{describe(cls)} called sys.exit({exc.code!r}) while being built",
+                           field=field)
+    text = str(exc).replace("\n", " ")
+    return ConfigError(f"{describe(cls)} failed to build: {type(exc).__name__}"
+                       + (f": {text}" if text else ""), field=field)
 
 
 ENTRY_POINT_GROUP = "blis_simpy.plugins"

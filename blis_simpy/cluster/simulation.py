@@ -119,7 +119,20 @@ _PLUGIN_FIELDS = {
     "kv cache": "engine.kv_cache", "batching policy": "engine.batching",
     "disaggregation decider": "disaggregation.decider.policy", "scheduler": "engine.scheduler",
     "priority policy": "engine.priority_policy", "admission policy": "cluster.admission.policy",
+    "routing policy": "cluster.routing.policy", "routing scorer": "cluster.routing.params.scorers",
 }
+
+
+def _plugin_failure(exc: BaseException):
+    """The one-line error of the plugin whose own code raised ``exc`` (on the key that chose
+    it), or None when no plugin code raised it."""
+    found = raised_in_plugin(exc)
+    if found is None:
+        return None
+    plugin, method, raised = found
+    field = getattr(plugin, "config_field", None)
+    field = f"{field}.policy" if field else _PLUGIN_FIELDS.get(type(plugin).family)
+    return call_failure(plugin, method, raised, field=field)
 
 
 def _guarded(cls: type, field: str):
@@ -163,6 +176,19 @@ class Simulation:
                  instance_class: type[Instance] | None = None,
                  cluster_class: type[Cluster] | None = None,
                  fabric_class: type[KVTransferFabric] | None = None):
+        try:
+            self._build(scenario, requests, horizon_us, deployment, sessions, instance_class,
+                        cluster_class, fabric_class)
+        except (BlisError, KeyboardInterrupt):
+            raise
+        except BaseException as exc:   # a plugin's constructor: an exception or sys.exit()
+            failure = _plugin_failure(exc)
+            if failure is None:
+                raise
+            raise failure from None
+
+    def _build(self, scenario, requests, horizon_us, deployment, sessions, instance_class,
+               cluster_class, fabric_class) -> None:
         self.scenario = scenario
         self.deployment = dep = deployment if deployment is not None else resolve(scenario)
         self.requests = requests
@@ -253,16 +279,13 @@ class Simulation:
         misbehaves"); the one place it is caught keeps built-in classes' hot paths as they are."""
         try:
             return self._run(progress)
-        except BlisError:
+        except (BlisError, KeyboardInterrupt):
             raise
-        except Exception as exc:
-            found = raised_in_plugin(exc)
-            if found is None:
+        except BaseException as exc:   # an exception, or sys.exit() / GeneratorExit, ...
+            failure = _plugin_failure(exc)
+            if failure is None:
                 raise
-            plugin, method, raised = found
-            field = getattr(plugin, "config_field", None)
-            field = f"{field}.policy" if field else _PLUGIN_FIELDS.get(type(plugin).family)
-            raise call_failure(plugin, method, raised, field=field) from None
+            raise failure from None
 
     def _run(self, progress: Callable[[int, int], None] | None) -> SimulationResult:
         env = self.env

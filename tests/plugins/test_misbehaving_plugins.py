@@ -53,6 +53,18 @@ class Negative(Router, name="bad-negative"):
         return RoutingDecision(-1)
 
 
+class Exits(Router, name="bad-exit"):
+    """sys.exit() in a plugin is its error, not a silent end of the program with status 0."""
+
+    def route(self, req, state):
+        sys.exit(0)
+
+
+class BuildExits(Router, name="bad-build-exit"):
+    def __init__(self, params=None, **kw):
+        sys.exit(3)
+
+
 class ObserveRaises(Router, name="bad-observe"):
     def route(self, req, state):
         return RoutingDecision(state.snapshots[0].index)
@@ -203,6 +215,13 @@ class StepRaises(LatencyModel, name="bad-step-raises"):
         return batch.size // 0
 
 
+class StepGeneratorExit(LatencyModel, name="bad-generator-exit"):
+    """A BaseException that is not an Exception, raised inside the instance's SimPy process."""
+
+    def step_time_us(self, batch):
+        raise GeneratorExit
+
+
 class NoQueueingTime(LatencyModel, name="bad-queueing"):
     def step_time_us(self, batch):
         return 1000
@@ -251,6 +270,11 @@ CASES = {
     "router index negative": (
         ["--routing-policy", "bad-negative"], f"{ROUTERS} 'bad-negative' ({MOD}.Negative)",
         "returned instance index -1 from route(), not one of the candidate instances [0, 1]"),
+    "router calls sys.exit": (["--routing-policy", "bad-exit"], f"{ROUTERS} 'bad-exit' ({MOD}.Exits)",
+                              "called sys.exit(0) in route()"),
+    "router constructor calls sys.exit": (
+        ["--routing-policy", "bad-build-exit"], f"{ROUTERS} 'bad-build-exit' ({MOD}.BuildExits)",
+        "called sys.exit(3) while being built"),
     "router observe raises": (["--routing-policy", "bad-observe"],
                               f"{ROUTERS} 'bad-observe' ({MOD}.ObserveRaises)",
                               "failed: observe() raised KeyError: 0"),
@@ -343,6 +367,10 @@ MACHINERY = {
         [(LATENCY, "latency: {model: bad-step-raises}\n")], [],
         f"{{sc}}:3: latency.model: latency model 'bad-step-raises' ({MOD}.StepRaises) failed: "
         "step_time_us() raised ZeroDivisionError: integer division or modulo by zero"),
+    "latency model raises GeneratorExit": (
+        [(LATENCY, "latency: {model: bad-generator-exit}\n")], [],
+        f"{{sc}}:3: latency.model: latency model 'bad-generator-exit' ({MOD}.StepGeneratorExit) "
+        "failed: step_time_us() raised GeneratorExit"),
     "latency model queueing time is None": (
         [(LATENCY, "latency: {model: bad-queueing}\n")], [],
         f"{{sc}}:3: latency.model: latency model 'bad-queueing' ({MOD}.NoQueueingTime) returned "
