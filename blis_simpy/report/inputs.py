@@ -175,6 +175,14 @@ def _from_parquet(path: str) -> Input:
 def _from_dir(path: str) -> Input:
     import pyarrow as pa
     import pyarrow.dataset as ds
+
+    from blis_simpy.planner import dataset
+    try:       # a sweep's own dataset, read as `sweep --summary` reads it: one row per point
+        table = dataset.read(path)     # (ok row first), parts of an axis that changed type unified
+    except ConfigError:
+        table = None
+    if table is not None and table.num_rows:
+        return _sweep(path, table)
     try:
         table = ds.dataset(path, format="parquet", exclude_invalid_files=True).to_table()
     except (pa.ArrowInvalid, OSError) as exc:

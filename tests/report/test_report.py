@@ -130,6 +130,30 @@ def test_knee_is_marked_on_the_sweep_figure(inputs):
     assert notes[0].startswith("p99 TTFT (ms), cluster.num_instances=1: knee at rate 8 ")
 
 
+def test_a_sweep_dataset_is_read_as_the_sweep_reads_it(tmp_path):
+    """Part 1 has integer rates (int64 column), part 2 a float rate and the seed-1 row of rate
+    8 again (same config hash: a point run twice). The report read the directory with the
+    first file's schema: 'Float value 5.5 was truncated', exit 2; and it counted the repeated
+    point twice (mean 639.8 instead of 640). Now one row per point, as `sweep --summary`."""
+    def row(rate, seed):
+        lat = 100.0 if rate <= 6 else 10.0 * rate ** 2
+        return {"config_hash": f"h{rate:g}-{seed}", "config_key": f"k{rate:g}", "seed": seed,
+                "command": "run", "workload.rate": rate, "status": "ok", "error": "",
+                "wall_s": 0.1, "m.ttft_p99_ms": lat + seed - 1.5, "config": "{}"}
+    d = tmp_path / "sweep"
+    d.mkdir()
+    pq.write_table(pa.Table.from_pylist([row(r, s) for r in (2, 4, 8) for s in (1, 2)]), d / "part-1-a.parquet")
+    pq.write_table(pa.Table.from_pylist([row(5.5, 1), row(5.5, 2), row(8.0, 1)]), d / "part-2-b.parquet")
+    sweep = load_input(str(d))
+    assert sweep.table.num_rows == 8
+    assert sorted(sweep.table.column("workload.rate").to_pylist()) == [2, 2, 4, 4, 5.5, 5.5, 8, 8]
+    _, notes = figures.latency_rate_figure(sweep)
+    assert notes == ["p99 TTFT (ms), sweep: knee at rate 8 (640.0 ms, more than 2x the lowest-rate value)"]
+    res = _cli("report", d, "--out", tmp_path / "rep")
+    assert res.exit_code == 0, res.output
+    assert "sweep: knee at rate 8 (640.0 ms" in (tmp_path / "rep" / "index.html").read_text()
+
+
 def test_absent_data_gives_no_figure(tmp_path):
     assert not figures.has_data(Figure())
     (tmp_path / "plan.json").write_text(json.dumps([{"gpus": 1, "goodput_rps": None}]))
