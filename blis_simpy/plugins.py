@@ -195,15 +195,15 @@ def request_change(req, before: tuple) -> str | None:
         return None
     for name, old, new in zip(CLIENT_FIELDS, before[0], now[0], strict=True):
         if old != new:
-            return f"{name} from {shown(old)} to {shown(new)}"
+            return f"{name} from {old!r} to {new!r}"
     return "prompt tokens"
 
 
 def changed_request_error(plugin, method: str, req_id: str, what: str, *,
                           field: str | None) -> ConfigError:
     """The one-line error of a plugin that changed a request it was handed."""
-    return plugin_error(plugin, f"changed {req_id}'s {what} in {method}(); a {type(plugin).family} "
-                        "may read the requests it is handed, never change them", field=field)
+    return plugin_error(plugin, f"changed {req_id}'s {what} in {method}(); a plugin may read "
+                        "the requests it is handed, never change them", field=field)
 
 
 def guard_requests(plugin, methods: tuple[str, ...], *, field: str | None):
@@ -213,6 +213,25 @@ def guard_requests(plugin, methods: tuple[str, ...], *, field: str | None):
     Done once when the object is built: built-in policies are not wrapped."""
     for name in methods:
         setattr(plugin, name, _guarded_method(plugin, name, getattr(plugin, name), field))
+    return plugin
+
+
+def guard_batch_requests(plugin, name: str, *, field: str | None):
+    """As :func:`guard_requests` for a method whose first argument is a latency model's
+    :class:`~blis_simpy.latency.base.BatchView`: its ``prefill`` requests are checked."""
+    method = getattr(plugin, name)
+
+    def guarded(batch, *args, **kw):
+        reqs = list(getattr(batch, "prefill", ()))
+        before = [request_view(r) for r in reqs]
+        res = method(batch, *args, **kw)
+        for r, view in zip(reqs, before, strict=True):
+            what = request_change(r, view)
+            if what is not None:
+                raise changed_request_error(plugin, name, view[0][0], what, field=field)
+        return res
+
+    setattr(plugin, name, guarded)
     return plugin
 
 

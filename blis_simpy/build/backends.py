@@ -18,7 +18,12 @@ from blis_simpy.kv.sizing import KV_DTYPE_BYTES
 from blis_simpy.latency.base import LatencyModel
 from blis_simpy.latency.blackbox import BlackboxModel
 from blis_simpy.latency.coefficient_sets import PhysicsCoefficients, read_set
-from blis_simpy.plugins import build_failure, checked_results
+from blis_simpy.plugins import (
+    build_failure,
+    checked_results,
+    guard_batch_requests,
+    guard_requests,
+)
 
 ANALYTICAL = ("physics", "trained-physics", "roofline", "crossmodel", "trained-roofline")
 #: the backends built from alpha/beta or a model config; any other name is a plugin, built
@@ -86,7 +91,9 @@ def build_backend(backend: str, model_cfg, gpu, tp, alpha, beta, compat: str,
     model = _build(backend, model_cfg, gpu, tp, alpha, beta, compat, extra, params)
     if backend in BUILTIN_BACKENDS:
         return check_step_cap(model, step_limits)
-    return checked_results(model, dict.fromkeys(_TIMES_US, whole_us), field="latency.model")
+    model = checked_results(model, dict.fromkeys(_TIMES_US, whole_us), field="latency.model")
+    guard_requests(model, ("queueing_time_us",), field="latency.model")
+    return guard_batch_requests(model, "step_time_us", field="latency.model")
 
 
 #: the methods of a latency model that return a duration in µs (checked for a plugin model)

@@ -18,7 +18,15 @@ from collections import Counter, deque
 from numbers import Real
 from typing import ClassVar
 
-from blis_simpy.plugins import Pluggable, call_failure, plugin_error
+from blis_simpy.plugins import (
+    Pluggable,
+    call_failure,
+    changed_request_error,
+    plugin_error,
+    request_change,
+    request_view,
+    shown,
+)
 
 
 class PriorityPolicy(Pluggable, family="priority policy"):
@@ -125,10 +133,14 @@ def checked_priorities(policy: PriorityPolicy, queue: deque, now_us: int) -> Non
     or a value that is not a real number (or is NaN) is that policy's one-line error."""
     field = "engine.priority_policy"
     for r in queue:
+        before = request_view(r)
         try:
             p = policy.priority(r, now_us)
         except Exception as exc:
             raise call_failure(policy, "priority", exc, field=field) from None
+        what = request_change(r, before)
+        if what is not None:
+            raise changed_request_error(policy, "priority", before[0][0], what, field=field)
         if isinstance(p, bool) or not isinstance(p, Real) or math.isnan(p):
             raise plugin_error(policy, f"returned {p!r} ({type(p).__name__}) from priority() for "
                                f"{r.id}; expected a number", field=field)
@@ -141,10 +153,19 @@ def checked_reorder(scheduler: Scheduler, queue: deque, now_us: int) -> None:
     Built-in schedulers are trusted and not checked."""
     field = "engine.scheduler"
     before = [id(r) for r in queue]
+    views = [(r, request_view(r)) for r in queue]
     try:
-        scheduler.reorder(queue, now_us)
+        res = scheduler.reorder(queue, now_us)
     except Exception as exc:
         raise call_failure(scheduler, "reorder", exc, field=field) from None
+    for r, view in views:
+        what = request_change(r, view)
+        if what is not None:
+            raise changed_request_error(scheduler, "reorder", view[0][0], what, field=field)
+    if res is not None:     # sorted(queue) returned, the queue left as it was: a silent no-op
+        raise plugin_error(scheduler, f"returned {shown(res)} from reorder(); a scheduler "
+                           "reorders the queue it is handed in place and returns None",
+                           field=field)
     if len(queue) == len(before) and set(map(id, queue)) == set(before):
         return
     had = set(before)

@@ -12,7 +12,13 @@ from numbers import Real
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from blis_simpy.plugins import call_failure, plugin_error
+from blis_simpy.plugins import (
+    call_failure,
+    changed_request_error,
+    plugin_error,
+    request_change,
+    request_view,
+)
 from blis_simpy.routing.base import (
     Router,
     RoutingDecision,
@@ -117,10 +123,14 @@ class Weighted(Router, name="weighted"):
         """A plugin scorer's scores, checked: one real number (not NaN) per snapshot; anything
         else is that scorer's one-line error."""
         field = self._field(scorer)
+        before = request_view(req)
         try:
             vals = scorer.score(req, snaps)
         except Exception as exc:
             raise call_failure(scorer, "score", exc, field=field) from None
+        what = request_change(req, before)
+        if what is not None:
+            raise changed_request_error(scorer, "score", before[0][0], what, field=field)
         try:
             vals = list(vals)
         except TypeError:

@@ -65,6 +65,14 @@ class BuildExits(Router, name="bad-build-exit"):
         sys.exit(3)
 
 
+class ShortensOutputs(Router, name="bad-mutate"):
+    """Changes what the client asked for: every request would finish after one token."""
+
+    def route(self, req, state):
+        req.output_len = 1
+        return RoutingDecision(state.snapshots[0].index)
+
+
 class ObserveRaises(Router, name="bad-observe"):
     def route(self, req, state):
         return RoutingDecision(state.snapshots[0].index)
@@ -110,6 +118,19 @@ class Swaps(Scheduler, name="bad-swap"):
             queue[-1] = queue[0]
 
 
+class ReturnsSorted(Scheduler, name="bad-sorted"):
+    """Returns a sorted copy instead of sorting in place: the queue would keep its order."""
+
+    def reorder(self, queue, now_us):
+        return sorted(queue, key=lambda r: -r.input_len)
+
+
+class ShrinksPrompts(Scheduler, name="bad-shrink"):
+    def reorder(self, queue, now_us):
+        for r in queue:
+            r.input_len = 1
+
+
 class SchedulerRaises(Scheduler, name="bad-reorder-raises"):
     def reorder(self, queue, now_us):
         raise ValueError("no order")
@@ -118,6 +139,12 @@ class SchedulerRaises(Scheduler, name="bad-reorder-raises"):
 class TextPriority(PriorityPolicy, name="bad-priority"):
     def priority(self, req, now_us):
         return "high"
+
+
+class Backdates(PriorityPolicy, name="bad-backdate"):
+    def priority(self, req, now_us):
+        req.arrival_us = 0
+        return 0.0
 
 
 class YoungestFirst(ConstantPriority, name="youngest-first"):
@@ -147,6 +174,12 @@ class DecidesNumber(DisaggregationDecider, name="bad-decide-number"):
 
     def decide(self, req):
         return 1
+
+
+class DecideMutates(DisaggregationDecider, name="bad-decide-mutates"):
+    def decide(self, req):
+        req.tokens = req.tokens[:4]
+        return True
 
 
 class DecideRaises(DisaggregationDecider, name="bad-decide-raises"):
@@ -222,6 +255,13 @@ class StepGeneratorExit(LatencyModel, name="bad-generator-exit"):
         raise GeneratorExit
 
 
+class StepMutates(LatencyModel, name="bad-step-mutates"):
+    def step_time_us(self, batch):
+        for r in batch.prefill:
+            r.max_output_len = 0
+        return 1000
+
+
 class NoQueueingTime(LatencyModel, name="bad-queueing"):
     def step_time_us(self, batch):
         return 1000
@@ -275,6 +315,23 @@ CASES = {
     "router constructor calls sys.exit": (
         ["--routing-policy", "bad-build-exit"], f"{ROUTERS} 'bad-build-exit' ({MOD}.BuildExits)",
         "called sys.exit(3) while being built"),
+    "router changes the request": (
+        ["--routing-policy", "bad-mutate"], f"{ROUTERS} 'bad-mutate' ({MOD}.ShortensOutputs)",
+        "changed request_0's output_len from 13 to 1 in route(); a plugin may read the requests "
+        "it is handed, never change them"),
+    "scheduler changes the requests": (
+        ["--scheduler", "bad-shrink"], f"scheduler 'bad-shrink' ({MOD}.ShrinksPrompts)",
+        "changed request_0's input_len from 55 to 1 in reorder(); a plugin may read the "
+        "requests it is handed, never change them"),
+    "priority policy changes the request": (
+        ["--scheduler", "priority-fcfs", "--priority-policy", "bad-backdate"],
+        f"priority policy 'bad-backdate' ({MOD}.Backdates)",
+        "changed request_0's arrival_us from 5000 to 0 in priority(); a plugin may read the "
+        "requests it is handed, never change them"),
+    "scheduler returns a sorted copy": (
+        ["--scheduler", "bad-sorted"], f"scheduler 'bad-sorted' ({MOD}.ReturnsSorted)",
+        "returned [Request('request_0', arrival=5000, in=55, out=13, state=... (list) from "
+        "reorder(); a scheduler reorders the queue it is handed in place and returns None"),
     "router observe raises": (["--routing-policy", "bad-observe"],
                               f"{ROUTERS} 'bad-observe' ({MOD}.ObserveRaises)",
                               "failed: observe() raised KeyError: 0"),
@@ -318,6 +375,11 @@ MACHINERY = {
         [("", PD)], ["--pd-decider", "bad-decide-number"],
         f"--pd-decider: {DECIDERS} 'bad-decide-number' ({MOD}.DecidesNumber) returned 1 (int) "
         "from decide(); expected True (disaggregate) or False"),
+    "decider changes the request": (
+        [("", PD)], ["--pd-decider", "bad-decide-mutates"],
+        f"--pd-decider: {DECIDERS} 'bad-decide-mutates' ({MOD}.DecideMutates) changed "
+        "request_0's prompt tokens in decide(); a plugin may read the requests it is handed, "
+        "never change them"),
     "decider raises": (
         [("", PD.replace("always", "bad-decide-raises"))], [],
         f"{{sc}}:22: disaggregation.decider.policy: {DECIDERS} 'bad-decide-raises' "
@@ -371,6 +433,11 @@ MACHINERY = {
         [(LATENCY, "latency: {model: bad-generator-exit}\n")], [],
         f"{{sc}}:3: latency.model: latency model 'bad-generator-exit' ({MOD}.StepGeneratorExit) "
         "failed: step_time_us() raised GeneratorExit"),
+    "latency model changes a request": (
+        [(LATENCY, "latency: {model: bad-step-mutates}\n")], [],
+        f"{{sc}}:3: latency.model: latency model 'bad-step-mutates' ({MOD}.StepMutates) changed "
+        "request_0's max_output_len from 13 to 0 in step_time_us(); a plugin may read the "
+        "requests it is handed, never change them"),
     "latency model queueing time is None": (
         [(LATENCY, "latency: {model: bad-queueing}\n")], [],
         f"{{sc}}:3: latency.model: latency model 'bad-queueing' ({MOD}.NoQueueingTime) returned "
