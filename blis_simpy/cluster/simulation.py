@@ -47,6 +47,7 @@ from blis_simpy.engine.fast import FastInstance  # noqa: F401  (registers engine
 from blis_simpy.engine.instance import Instance
 from blis_simpy.engine.limits import EngineLimits
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
+from blis_simpy.engine.stall import watch_for_stall
 from blis_simpy.errors import BlisError, ConfigError, InvariantError
 from blis_simpy.latency.interference import InterferenceModel
 from blis_simpy.metrics.records import InstanceMetrics
@@ -237,6 +238,10 @@ class Simulation:
                 except ValueError as exc:
                     raise ConfigError(str(exc), field="engine.max_model_len") from None
                 inst.model = scenario.model
+                watched = next((p for p in (inst.batching, inst.kv, inst) if not p._blis_builtin),
+                               None)
+                if watched is not None:    # a plugin may schedule nothing forever
+                    watch_for_stall(inst, watched, field=_PLUGIN_FIELDS[type(watched).family])
                 ranks.append(inst)
             self.instances.extend(ranks)
             if dp > 1:                     # MoE ranks step in lockstep; dense ones do not

@@ -19,9 +19,11 @@ from blis_simpy.cli.app import app
 from blis_simpy.cluster.cluster import Cluster
 from blis_simpy.disagg.deciders import DisaggregationDecider
 from blis_simpy.disagg.fabric import KVTransferFabric
+from blis_simpy.engine.batching import BatchingPolicy
 from blis_simpy.engine.fast import FastInstance
 from blis_simpy.engine.instance import Instance
 from blis_simpy.engine.scheduling import ConstantPriority, PriorityPolicy, Scheduler
+from blis_simpy.kv.cache import KVCache
 from blis_simpy.latency.base import LatencyModel
 from blis_simpy.routing import Router, RoutingDecision, Scorer
 
@@ -262,6 +264,20 @@ class StepMutates(LatencyModel, name="bad-step-mutates"):
         return 1000
 
 
+class AdmitsNoOne(BatchingPolicy, name="bad-idle"):
+    """Schedules nothing: the engine would step forever with its queue full (a hang)."""
+
+    def form_batch(self, a):
+        return None
+
+
+class NeverAllocates(KVCache, name="bad-full"):
+    """Claims every allocation fails although the cache is empty: the head never fits."""
+
+    def allocate(self, req, start, end, cached=()):
+        return False
+
+
 class NoQueueingTime(LatencyModel, name="bad-queueing"):
     def step_time_us(self, batch):
         return 1000
@@ -438,6 +454,16 @@ MACHINERY = {
         f"{{sc}}:3: latency.model: latency model 'bad-step-mutates' ({MOD}.StepMutates) changed "
         "request_0's max_output_len from 13 to 0 in step_time_us(); a plugin may read the "
         "requests it is handed, never change them"),
+    "batching policy schedules nothing forever": (
+        [("  total_kv_blocks: 2000\n", "  total_kv_blocks: 2000\n  batching: bad-idle\n")], [],
+        f"{{sc}}:10: engine.batching: batching policy 'bad-idle' ({MOD}.AdmitsNoOne) left "
+        "instance_0 stuck: 100000 steps in a row from t=125350 us changed nothing while 12 "
+        "requests waited (none admitted, completed or dropped); the run would never end"),
+    "kv cache never allocates": (
+        [("  total_kv_blocks: 2000\n", "  total_kv_blocks: 2000\n  kv_cache: bad-full\n")], [],
+        f"{{sc}}:10: engine.kv_cache: kv cache 'bad-full' ({MOD}.NeverAllocates) left "
+        "instance_0 stuck: 100000 steps in a row from t=125350 us changed nothing while 12 "
+        "requests waited (none admitted, completed or dropped); the run would never end"),
     "latency model queueing time is None": (
         [(LATENCY, "latency: {model: bad-queueing}\n")], [],
         f"{{sc}}:3: latency.model: latency model 'bad-queueing' ({MOD}.NoQueueingTime) returned "
