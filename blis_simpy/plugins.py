@@ -15,11 +15,13 @@ Third-party policies live in ordinary modules; they are imported by a scenario's
 from __future__ import annotations
 
 import importlib
+import math
 import operator
 import os
 import sys
 from collections.abc import Callable
 from importlib import metadata
+from numbers import Real
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -149,6 +151,31 @@ def shown(value, limit: int = 60) -> str:
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return text if value is None else f"{text} ({type(value).__name__})"
+
+
+def is_number(value) -> bool:
+    """A real number a float can hold, not NaN (a plugin's score, priority, rate): not a bool,
+    a string, None, or an int too large for a float (``10**400``)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        return False
+    try:
+        return not math.isnan(value)
+    except OverflowError:
+        return False
+
+
+def fraction(value) -> float:
+    """A plugin's rate as a float in [0, 1]; a ValueError saying what was expected otherwise."""
+    if is_number(value) and 0 <= value <= 1:
+        return float(value)
+    raise ValueError("a number from 0 to 1")
+
+
+def non_negative(value) -> float:
+    """A plugin's finite number >= 0 as a float; a ValueError otherwise."""
+    if is_number(value) and 0 <= value < math.inf:
+        return float(value)
+    raise ValueError("a finite number >= 0")
 
 
 def checked_results(plugin, checks: dict[str, Callable[[Any], Any]], *, field: str | None):

@@ -63,7 +63,7 @@ from blis_simpy.kv.cache import KVCache
 from blis_simpy.kv.tiered import TieredKVCache, offload_threshold_warning
 from blis_simpy.kv.vllm_capacity import KVCapacity
 from blis_simpy.latency.base import LatencyModel
-from blis_simpy.plugins import build_failure, is_builtin
+from blis_simpy.plugins import build_failure, checked_results, fraction, is_builtin, non_negative
 
 
 @dataclass
@@ -144,11 +144,14 @@ def _kv_factory(r: Resolution) -> Callable[[int, int], KVCache]:
 
 def _build_kv_plugin(cls: type[KVCache], factory, total_blocks: int, block_size: int) -> KVCache:
     try:
-        return factory(total_blocks, block_size)
+        kv = factory(total_blocks, block_size)
     except ConfigError:
         raise
     except Exception as exc:     # the plugin's own constructor failed
         raise build_failure(cls, exc, field="engine.kv_cache") from None
+    # the rates it reports reach snapshots and the results: NaN there broke the JSON report
+    return checked_results(kv, {"cache_hit_rate": fraction, "kv_thrashing_rate": non_negative},
+                           field="engine.kv_cache")
 
 
 def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from blis_simpy.admission.base import AdmissionPolicy
 from blis_simpy.des import ADMISSION, CLUSTER_ARRIVAL, FOLLOWUP_ARRIVAL, ROUTING, SimEnv
 from blis_simpy.engine.instance import Instance
@@ -160,7 +162,8 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
             res = pol.admit(req, state)
         except Exception as exc:
             raise call_failure(pol, "admit", exc, field=field) from None
-        if not (isinstance(res, tuple) and len(res) == 2 and res[0] in (True, False)):
+        if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[1], str)
+                and isinstance(res[0], (bool, np.bool_))):
             raise plugin_error(pol, f"returned {shown(res)} from admit(); expected a tuple "
                                "(admitted: bool, reason: str)", field=field)
         return bool(res[0]), res[1]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import blis_simpy.admission  # noqa: F401  (registers the built-in admission policies)
 import blis_simpy.routing  # noqa: F401  (registers the built-in routers and scorers)
+from blis_simpy.build.backends import whole_us
 from blis_simpy.build.pools import resolve_pools
 from blis_simpy.build.resolve import Deployment, resolve
 from blis_simpy.cluster.cluster import Cluster, ControlPlaneCounters
@@ -51,7 +52,13 @@ from blis_simpy.engine.stall import watch_for_stall
 from blis_simpy.errors import BlisError, ConfigError, InvariantError
 from blis_simpy.latency.interference import InterferenceModel
 from blis_simpy.metrics.records import InstanceMetrics
-from blis_simpy.plugins import build_failure, call_failure, is_builtin, raised_in_plugin
+from blis_simpy.plugins import (
+    build_failure,
+    call_failure,
+    checked_results,
+    is_builtin,
+    raised_in_plugin,
+)
 from blis_simpy.rng import RngStreams
 from blis_simpy.trace import DecisionTrace
 
@@ -134,6 +141,21 @@ def _plugin_failure(exc: BaseException):
     field = getattr(plugin, "config_field", None)
     field = f"{field}.policy" if field else _PLUGIN_FIELDS.get(type(plugin).family)
     return call_failure(plugin, method, raised, field=field)
+
+
+def _metrics(value) -> InstanceMetrics:
+    if isinstance(value, InstanceMetrics):
+        return value
+    raise ValueError("the instance's InstanceMetrics (return super().finalize())")
+
+
+def _check_instance(inst: Instance) -> None:
+    """Check what a plugin engine class's own ``step_time_us`` (a whole number of µs >= 0)
+    and ``finalize`` (the metrics) return; hooks it does not override are not wrapped."""
+    checks = {"finalize": _metrics}
+    if type(inst).step_time_us is not Instance.step_time_us:
+        checks["step_time_us"] = whole_us
+    checked_results(inst, checks, field="engine.implementation")
 
 
 def _guarded(cls: type, field: str):
@@ -238,6 +260,8 @@ class Simulation:
                 except ValueError as exc:
                     raise ConfigError(str(exc), field="engine.max_model_len") from None
                 inst.model = scenario.model
+                if not inst._blis_builtin:    # what a plugin engine class returns is checked
+                    _check_instance(inst)
                 watched = next((p for p in (inst.batching, inst.kv, inst) if not p._blis_builtin),
                                None)
                 if watched is not None:    # a plugin may schedule nothing forever

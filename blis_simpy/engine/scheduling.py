@@ -13,15 +13,14 @@ Both are plain synchronous deciders; add one by subclassing::
 
 from __future__ import annotations
 
-import math
 from collections import Counter, deque
-from numbers import Real
 from typing import ClassVar
 
 from blis_simpy.plugins import (
     Pluggable,
     call_failure,
     changed_request_error,
+    is_number,
     plugin_error,
     request_change,
     request_view,
@@ -141,8 +140,8 @@ def checked_priorities(policy: PriorityPolicy, queue: deque, now_us: int) -> Non
         what = request_change(r, before)
         if what is not None:
             raise changed_request_error(policy, "priority", before[0][0], what, field=field)
-        if isinstance(p, bool) or not isinstance(p, Real) or math.isnan(p):
-            raise plugin_error(policy, f"returned {p!r} ({type(p).__name__}) from priority() for "
+        if not is_number(p):
+            raise plugin_error(policy, f"returned {shown(p)} from priority() for "
                                f"{r.id}; expected a number", field=field)
         r.priority = p
 

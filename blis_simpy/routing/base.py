@@ -22,15 +22,14 @@ list (``"first"``, BLIS's behaviour when it has no RNG; the conformance cases us
 
 from __future__ import annotations
 
-import math
 import operator
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from numbers import Real
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from blis_simpy.plugins import Pluggable, shown
+from blis_simpy.plugins import Pluggable, is_number, shown
 from blis_simpy.snapshot import RouterState
 
 TieBreak = Literal["random", "first"]
@@ -133,6 +132,19 @@ def decision_problem(decision, state: RouterState) -> str | None:
         return (f"returned instance index {index} from route(), not one of the candidate "
                 f"instances {candidates}")
     prio = getattr(decision, "priority", 0.0)
-    if isinstance(prio, bool) or not isinstance(prio, Real) or math.isnan(prio):
+    if not is_number(prio):
         return f"returned priority {shown(prio)} from route(); expected a number"
+    scores = getattr(decision, "scores", None)
+    if scores is None:
+        return None
+    if not isinstance(scores, Mapping):
+        return (f"returned scores {shown(scores)} from route(); expected None or "
+                "{instance_id: number}")
+    ids = {s.id for s in state.snapshots}
+    for key, v in scores.items():
+        if key not in ids:
+            return (f"returned a score for {key!r} from route(), not one of the candidate "
+                    f"instances {sorted(ids)}")
+        if not is_number(v):
+            return f"returned score {shown(v)} for {key} from route(); expected a number"
     return None

@@ -7,14 +7,12 @@
 
 from __future__ import annotations
 
-import math
-from numbers import Real
-
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from blis_simpy.plugins import (
     call_failure,
     changed_request_error,
+    is_number,
     plugin_error,
     request_change,
     request_view,
@@ -140,7 +138,7 @@ class Weighted(Router, name="weighted"):
             raise plugin_error(scorer, f"returned {len(vals)} scores from score() for "
                                f"{len(snaps)} instances; expected one per instance", field=field)
         for s, v in zip(snaps, vals, strict=True):
-            if isinstance(v, bool) or not isinstance(v, Real) or math.isnan(v):
+            if not is_number(v):
                 raise plugin_error(scorer, f"returned {shown(v)} for {s.id} from score(); expected "
                                    "a number (NaN is not a score)", field=field)
         return vals

@@ -75,6 +75,13 @@ class ShortensOutputs(Router, name="bad-mutate"):
         return RoutingDecision(state.snapshots[0].index)
 
 
+class NaNScores(Router, name="bad-scores"):
+    """Its scores feed the decision trace's regret: NaN there would be silently wrong."""
+
+    def route(self, req, state):
+        return RoutingDecision(state.snapshots[0].index, "", {s.id: float("nan") for s in state.snapshots})
+
+
 class ObserveRaises(Router, name="bad-observe"):
     def route(self, req, state):
         return RoutingDecision(state.snapshots[0].index)
@@ -91,6 +98,13 @@ class NaNScore(Scorer, name="bad-nan"):
 class ShortScore(Scorer, name="bad-short"):
     def score(self, req, snapshots):
         return [0.5]
+
+
+class HugeScore(Scorer, name="bad-huge"):
+    """An int no float can hold: was 'internal error: OverflowError'."""
+
+    def score(self, req, snapshots):
+        return [10**400] * len(snapshots)
 
 
 class RaisingScore(Scorer, name="bad-score-raises"):
@@ -159,6 +173,13 @@ class YoungestFirst(ConstantPriority, name="youngest-first"):
 class AdmitsNone(AdmissionPolicy, name="bad-admit"):
     def admit(self, req, state):
         return None
+
+
+class AdmitsOne(AdmissionPolicy, name="bad-admit-one"):
+    """1 is not a decision (as for a decider): True or False only."""
+
+    def admit(self, req, state):
+        return 1, ""
 
 
 class DecidesNone(DisaggregationDecider, name="bad-decide-none"):
@@ -278,6 +299,23 @@ class NeverAllocates(KVCache, name="bad-full"):
         return False
 
 
+class NaNHitRate(KVCache, name="bad-hit-rate"):
+    """NaN reached the JSON report, which failed after the results file was written."""
+
+    def cache_hit_rate(self):
+        return float("nan")
+
+
+class FloatStepInstance(FastInstance, name="bad-instance-step"):
+    def step_time_us(self, batch):
+        return super().step_time_us(batch) / 2
+
+
+class NoMetrics(FastInstance, name="bad-no-metrics"):
+    def finalize(self):
+        super().finalize()
+
+
 class NoQueueingTime(LatencyModel, name="bad-queueing"):
     def step_time_us(self, batch):
         return 1000
@@ -348,6 +386,18 @@ CASES = {
         ["--scheduler", "bad-sorted"], f"scheduler 'bad-sorted' ({MOD}.ReturnsSorted)",
         "returned [Request('request_0', arrival=5000, in=55, out=13, state=... (list) from "
         "reorder(); a scheduler reorders the queue it is handed in place and returns None"),
+    "router returns NaN scores": (
+        ["--routing-policy", "bad-scores"], f"{ROUTERS} 'bad-scores' ({MOD}.NaNScores)",
+        "returned score nan (float) for instance_0 from route(); expected a number"),
+    "scorer returns an int too large for a float": (
+        ["--routing-policy", "weighted", "--routing-scorers", "bad-huge:1"],
+        f"routing scorer 'bad-huge' ({MOD}.HugeScore)",
+        "returned 100000000000000000000000000000000000000000000000000000000... (int) for "
+        "instance_0 from score(); expected a number (NaN is not a score)"),
+    "admission returns 1": (["--admission-policy", "bad-admit-one"],
+                            f"admission policy 'bad-admit-one' ({MOD}.AdmitsOne)",
+                            "returned (1, '') (tuple) from admit(); expected a tuple (admitted: "
+                            "bool, reason: str)"),
     "router observe raises": (["--routing-policy", "bad-observe"],
                               f"{ROUTERS} 'bad-observe' ({MOD}.ObserveRaises)",
                               "failed: observe() raised KeyError: 0"),
@@ -464,6 +514,20 @@ MACHINERY = {
         f"{{sc}}:10: engine.kv_cache: kv cache 'bad-full' ({MOD}.NeverAllocates) left "
         "instance_0 stuck: 100000 steps in a row from t=125350 us changed nothing while 12 "
         "requests waited (none admitted, completed or dropped); the run would never end"),
+    "kv cache reports a NaN hit rate": (
+        [("  total_kv_blocks: 2000\n", "  total_kv_blocks: 2000\n  kv_cache: bad-hit-rate\n")], [],
+        f"{{sc}}:10: engine.kv_cache: kv cache 'bad-hit-rate' ({MOD}.NaNHitRate) returned nan "
+        "(float) from cache_hit_rate(); expected a number from 0 to 1"),
+    "engine step time is a float": (
+        [("implementation: fast", "implementation: bad-instance-step")], [],
+        f"{{sc}}:8: engine.implementation: engine implementation 'bad-instance-step' "
+        f"({MOD}.FloatStepInstance) returned 3780.0 (float) from step_time_us(); "
+        "expected a whole number of microseconds >= 0 (an int)"),
+    "engine finalize returns None": (
+        [("implementation: fast", "implementation: bad-no-metrics")], [],
+        f"{{sc}}:8: engine.implementation: engine implementation 'bad-no-metrics' "
+        f"({MOD}.NoMetrics) returned None from finalize(); expected the instance's "
+        "InstanceMetrics (return super().finalize())"),
     "latency model queueing time is None": (
         [(LATENCY, "latency: {model: bad-queueing}\n")], [],
         f"{{sc}}:3: latency.model: latency model 'bad-queueing' ({MOD}.NoQueueingTime) returned "
