@@ -49,6 +49,10 @@ class Pluggable:
     def __init_subclass__(cls, *, family: str | None = None, name: str | None = None,
                           aliases: tuple[str, ...] = (), **kw: Any):
         super().__init_subclass__(**kw)
+        params = cls.__dict__.get("Params")
+        if params is not None and not (isinstance(params, type) and issubclass(params, BaseModel)):
+            raise TypeError(f"{cls.__qualname__}.Params must be a pydantic BaseModel subclass, "
+                            f"not {params!r}")
         #: defined in this package: trusted, so the engine skips checking what it returns
         cls._blis_builtin = is_builtin(cls)
         if family is not None:     # a new family; its root may also register itself by name
@@ -82,6 +86,12 @@ class Pluggable:
     def parse_params(cls, params: dict | None, *, field: str | None = None) -> BaseModel:
         try:
             return validate_params(cls.Params, params or {})
+        except ConfigError:
+            raise
+        except (TypeError, AttributeError, LookupError, ArithmeticError) as exc:
+            # a validator of the plugin's that raised something pydantic does not catch
+            raise ConfigError(f"{describe(cls)} failed to validate its parameters: "
+                              f"{type(exc).__name__}: {exc}", field=field) from None
         except ValidationError as exc:
             err = exc.errors()[0]
             loc = ""

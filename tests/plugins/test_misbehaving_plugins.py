@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from pydantic import BaseModel, model_validator
 from typer.testing import CliRunner
 
 from blis_simpy.admission.base import AdmissionPolicy
@@ -80,6 +81,20 @@ class NaNScores(Router, name="bad-scores"):
 
     def route(self, req, state):
         return RoutingDecision(state.snapshots[0].index, "", {s.id: float("nan") for s in state.snapshots})
+
+
+class ParamsValidatorRaises(Router, name="bad-params"):
+    """A validator raising what pydantic does not turn into a ValidationError."""
+
+    class Params(BaseModel):
+        share: float = 0.5
+
+        @model_validator(mode="after")
+        def _check(self):
+            raise TypeError("share must be a Fraction")
+
+    def route(self, req, state):
+        return RoutingDecision(state.snapshots[0].index)
 
 
 class ObserveRaises(Router, name="bad-observe"):
@@ -654,3 +669,37 @@ def test_plugin_module_calling_sys_exit_at_import_is_reported(tmp_path, code):
     assert proc.stdout == ""
     assert proc.stderr == (f"error: {sc}:1: plugins: plugin module 'quits' called "
                            f"sys.exit({eval(code)!r}) while being imported\n")
+
+
+def test_plugin_whose_params_is_not_a_pydantic_model_fails_at_import(tmp_path):
+    """``class Params:`` (a plain class) was 'internal error: AttributeError' at run time."""
+    (tmp_path / "plain_params.py").write_text(
+        "from blis_simpy.routing import Router, RoutingDecision\n\n\n"
+        "class Plain(Router, name=\"plain-params\"):\n"
+        "    class Params:\n"
+        "        share = 0.5\n\n"
+        "    def route(self, req, state):\n"
+        "        return RoutingDecision(state.snapshots[0].index)\n")
+    sc = tmp_path / "scenario.yaml"
+    sc.write_text("plugins: [plain_params]\n" + SCENARIO.format(engine="fast"))
+    proc = subprocess.run([sys.executable, "-m", "blis_simpy", "run", "--scenario", str(sc),
+                           "--routing-policy", "plain-params"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"error: {sc}:1: plugins: plugin module 'plain_params' failed to "
+                           "import: TypeError: Plain.Params must be a pydantic BaseModel "
+                           "subclass, not <class 'plain_params.Plain.Params'>\n")
+
+
+def test_plugin_params_validator_raising_type_error_is_the_plugins_error(cli, tmp_path):
+    """Was 'internal error: TypeError' (pydantic passes a validator's TypeError through)."""
+    sc = tmp_path / "scenario.yaml"
+    sc.write_text(SCENARIO.format(engine="fast").replace(
+        "  num_instances: 2\n",
+        "  num_instances: 2\n  routing:\n    policy: bad-params\n    params: {share: 0.2}\n"))
+    out = tmp_path / "results.json"
+    res = cli("run", "--scenario", sc, "--results-path", out)
+    assert one_error_line(res, out) == (
+        f"error: {sc}:15: cluster.routing.params: {ROUTERS} 'bad-params' "
+        f"({MOD}.ParamsValidatorRaises) failed to validate its parameters: TypeError: share "
+        "must be a Fraction")
