@@ -8,6 +8,7 @@ them), so the in-process CLI finds them by name.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -703,3 +704,24 @@ def test_plugin_params_validator_raising_type_error_is_the_plugins_error(cli, tm
         f"error: {sc}:15: cluster.routing.params: {ROUTERS} 'bad-params' "
         f"({MOD}.ParamsValidatorRaises) failed to validate its parameters: TypeError: share "
         "must be a Fraction")
+
+
+@pytest.mark.parametrize(("body", "problem"), [
+    ("raise RuntimeError('no GPU driver')\n", "failed to load: RuntimeError: no GPU driver"),
+    ("import sys\nsys.exit(0)\n", "called sys.exit(0) while loading"),
+])
+def test_entry_point_plugin_that_fails_to_import_is_one_line(tmp_path, body, problem):
+    """A package installed with a ``blis_simpy.plugins`` entry point whose module fails: the
+    run stops with one line naming the entry point, exit 2, nothing on stdout."""
+    dist = tmp_path / "broken_ep-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-ep\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[blis_simpy.plugins]\nbroken = broken_mod\n")
+    (tmp_path / "broken_mod.py").write_text(body)
+    sc = tmp_path / "scenario.yaml"
+    sc.write_text(SCENARIO.format(engine="fast"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "blis_simpy", "run", "--scenario", str(sc)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == f"error: plugin entry point 'broken' (broken_mod) {problem}\n"
