@@ -217,16 +217,22 @@ CLIENT_FIELDS = ("id", "arrival_us", "input_len", "output_len", "max_output_len"
 _client_fields = operator.attrgetter(*CLIENT_FIELDS)
 
 
-def request_view(req) -> tuple:
+def request_view(req) -> tuple | None:
     """The client fields of ``req`` and its prompt's token array (identity and length), to
-    compare with :func:`request_change` after a plugin was handed ``req``."""
+    compare with :func:`request_change` after a plugin was handed ``req``; None for anything
+    but a :class:`~blis_simpy.request.Request` (a library caller's own view of one)."""
+    mod = sys.modules.get("blis_simpy.request")    # not imported here: numpy, at CLI start-up
+    if mod is None or not isinstance(req, mod.Request):
+        return None
     tokens = req.tokens
     return _client_fields(req), id(tokens), len(tokens)
 
 
-def request_change(req, before: tuple) -> str | None:
+def request_change(req, before: tuple | None) -> str | None:
     """What changed in ``req`` since :func:`request_view` gave ``before`` (``"output_len
     from 40 to 1"``), or None."""
+    if before is None:
+        return None
     now = request_view(req)
     if now == before:
         return None
