@@ -245,10 +245,12 @@ def _simulate(command: str, scenario: Path | None, fmt: Format, raw: dict) -> No
         if decisions:
             from blis_simpy.trace.jsonl import write_jsonl
             write_jsonl(out.result.trace, decisions, outputs)
+        summary = _render_summary(out, fmt)   # a summary that cannot be rendered: no file
         outputs.commit()
     finally:
         outputs.abort()
-    _print(out, fmt)
+    sys.stdout.write(summary)
+    sys.stdout.flush()
 
 
 def _with_progress(plan: runner.Plan, **kw) -> runner.Outcome:
@@ -291,35 +293,39 @@ def _deployment_text(n: int, tp: int, dp: int, gpus: int) -> str:
     return f"{text} = {gpus} GPU{'s' if gpus != 1 else ''}"
 
 
-def _print_summary(out: runner.Outcome, fmt: Format) -> None:
+def _render_summary(out: runner.Outcome, fmt: Format) -> str:
+    """The run's summary as the text :func:`_print` writes: rendered before any output file
+    is committed, so a report that cannot be rendered leaves no file behind. Rich tables are
+    captured with the console of stdout (its width, its colours)."""
     from blis_simpy.metrics.blis_text import render_blis
     from blis_simpy.metrics.report import render_json
     from blis_simpy.metrics.tables import render_tables
     if fmt is Format.blis:
-        sys.stdout.write(render_blis(out.report))
-    elif fmt is Format.json:
-        sys.stdout.write(render_json(out.report))
-    else:
-        from rich.console import Console
+        return render_blis(out.report)
+    if fmt is Format.json:
+        return render_json(out.report)
+    from rich.console import Console
 
-        from blis_simpy.cli import runner
-        s = out.plan.scenario
-        console = Console(file=sys.stdout)
-        n = s.cluster.num_instances
-        extra = f" + {len(out.sessions.followups)} session follow-ups" if out.sessions else ""
+    from blis_simpy.cli import runner
+    s = out.plan.scenario
+    console = Console(file=sys.stdout)
+    n = s.cluster.num_instances
+    extra = f" + {len(out.sessions.followups)} session follow-ups" if out.sessions else ""
+    with console.capture() as captured:
         console.print(f"[bold]{out.plan.command}[/bold]: {len(out.requests)} requests{extra}, "
                       f"{_deployment_text(n, out.result.tp, s.dp, out.result.gpus)}, {s.latency.model}, "
                       f"horizon {runner.horizon_text(out.horizon_us)}")
         if out.kv_line:
             console.print(out.kv_line, highlight=False, soft_wrap=True)
         render_tables(out.report, console)
-    sys.stdout.flush()
+    return captured.get()
 
 
 def _print(out: runner.Outcome, fmt: Format) -> None:
     """The run's summary on stdout; a write error (a full disk, ``> /dev/full``) is one line
     naming stdout, exit 2 (:func:`_write_failure`)."""
-    _print_summary(out, fmt)
+    sys.stdout.write(_render_summary(out, fmt))
+    sys.stdout.flush()
 
 
 def _command(command: str, doc: str):

@@ -209,8 +209,8 @@ def comparison_row(vp: VariantPlan, out: runner.Outcome) -> dict:
             "transfer_mean_ms": xfer, "cache_hit_rate": r.kv_rates[1]}
 
 
-def render(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome], fmt: str) -> str | None:
-    """``json`` / ``blis`` text; ``table`` prints to stdout itself and returns None."""
+def render(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome], fmt: str) -> str:
+    """The summary text of ``fmt`` (``table``: rich tables captured with stdout's console)."""
     if fmt == "blis":
         from blis_simpy.metrics.blis_text import render_blis
         return "".join(f"=== Variant: {vp.name} ===\n" + render_blis(o.report)
@@ -223,11 +223,10 @@ def render(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome]
                              "overrides": vp.overrides, **report_dict(o.report)}
                             for vp, o in zip(vps, outs, strict=True)]}
         return gojson.dumps(doc) + "\n"
-    _tables(base, vps, outs)
-    return None
+    return _tables(base, vps, outs)
 
 
-def _tables(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome]) -> None:
+def _tables(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome]) -> str:
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -235,6 +234,7 @@ def _tables(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome
     from blis_simpy.metrics.tables import pd_table
     # rich falls back to 80 columns when stdout is not a terminal: too narrow for 13 columns
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else TABLE_WIDTH)
+    console.begin_capture()
     o0 = outs[0]
     extra = " + session follow-ups" if o0.sessions else ""
     title = f"{base.scenario.name}: " if base.scenario.name else ""
@@ -283,7 +283,7 @@ def _tables(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome
             console.print(pd_table(o.report.pd, title=f"Prefill/decode disaggregation: {vp.name}"))
         else:
             console.print(f"{vp.name}: no PD section (no prefill/decode pools)\n")
-    sys.stdout.flush()
+    return console.end_capture()
 
 
 def write_results_file(vps: list[VariantPlan], outs: list[runner.Outcome], path: str) -> None:
@@ -314,13 +314,12 @@ def simulate(base: runner.Plan, given: dict[str, str], fmt: str,
                                          field="output.timeline"))
     vps = plan_variants(base, given)
     outs = execute(vps, run)
+    text = render(base, vps, outs, fmt)     # a summary that cannot be rendered: no file
     results_path = base.given.get("--results-path")
     if results_path:
         write_results_file(vps, outs, results_path)
-    text = render(base, vps, outs, fmt)
-    if text is not None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def validate_lines(base: runner.Plan) -> list[str]:

@@ -61,6 +61,21 @@ def test_a_failing_results_path_leaves_no_trace_pair(cli, small_scenario, tmp_pa
     assert _left(tmp_path) == ["r.json", "small.yaml"]
 
 
+@pytest.mark.parametrize("fmt, renderer", [("json", "blis_simpy.metrics.report.render_json"),
+                                           ("table", "blis_simpy.metrics.tables.render_tables")])
+def test_a_summary_that_cannot_be_rendered_leaves_no_file(cli, small_scenario, tmp_path,
+                                                          monkeypatch, fmt, renderer):
+    # the summary is rendered before the files commit: a report that fails (a NaN no JSON
+    # can hold, say) must not leave a results file of a run that then exits non-zero
+    def fail(*a, **k):
+        raise ValueError("Out of range float values are not JSON compliant")
+    monkeypatch.setattr(renderer, fail)
+    res = cli("run", "--scenario", small_scenario, "--results-path", tmp_path / "r.json",
+              "--requests-out", tmp_path / "rows.jsonl", "--format", fmt)
+    assert res.exit_code != 0 and "Out of range float" in res.stderr
+    assert _left(tmp_path) == ["small.yaml"]
+
+
 def test_one_file_of_the_trace_pair_never_alone(cli, small_scenario, tmp_path):
     (tmp_path / "tr.csv").mkdir()
     res = cli("run", "--scenario", small_scenario, "--trace-output", tmp_path / "tr")

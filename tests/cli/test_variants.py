@@ -317,3 +317,17 @@ def test_pd_comparison_scenario_shows_the_pd_sections(cli):
         assert by[name]["pd"]["disaggregated_count"] == 60
         assert by[name]["pd"]["transfer_duration"]["mean_ms"] > 0
     assert {v["cluster"]["completed_requests"] for v in doc["variants"]} == {60}
+
+
+@pytest.mark.parametrize("fmt, renderer", [("json", "blis_simpy.cli.variants.comparison_row"),
+                                           ("table", "blis_simpy.metrics.tables.pd_table")])
+def test_a_summary_that_cannot_be_rendered_leaves_no_results_file(cli, scenario, tmp_path,
+                                                                  monkeypatch, fmt, renderer):
+    # rendered before the results file is written (a NaN no JSON can hold, say)
+    def fail(*a, **k):
+        raise ValueError("Out of range float values are not JSON compliant")
+    monkeypatch.setattr(renderer, fail)
+    out = tmp_path / "r.json"
+    res = cli("run", "--scenario", scenario, "--results-path", out, "--format", fmt)
+    assert res.exit_code != 0 and "Out of range float" in res.stderr
+    assert not out.exists()
