@@ -395,12 +395,15 @@ class Simulation:
                             m.still_running, delayed)
 
     def _done_requests(self) -> int:
+        """Offered requests that have ended (the progress bar's count). With PD pools a
+        disaggregated request ends on its decode instance: the prefill sub-requests that
+        completed and were handed on are not counted again."""
         c = self.cluster.counters
         done = c.rejected_by_admission + c.rejected_at_routing
         for inst in self.instances:
             m = inst.metrics
             done += m.completed_requests + m.dropped_unservable + m.timed_out_requests
-        return done
+        return done - getattr(self.cluster, "prefill_completed", 0)
 
     def _check_invariants(self) -> None:
         c = self.cluster.counters

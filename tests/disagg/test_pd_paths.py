@@ -153,6 +153,16 @@ def test_1p1d_checkout_timing_by_hand(impl):
 
 
 # ---------------------------------------------------------------------------- failure paths
+def test_progress_counts_each_parent_once():
+    # the progress bar's count: a disaggregated request ends once, on its decode instance,
+    # although its prefill sub-request also completed (it counted twice: 6 of 3)
+    reqs = [req(f"r{i}", 20_000 * i, 100, 5, base=1000 * i) for i in range(3)]
+    sim = Simulation(pd_scenario(), reqs)
+    seen = []
+    sim.run(progress=lambda done, offered: seen.append((done, offered)))
+    assert seen[-1] == (3, 3)
+
+
 def test_dropped_at_decode_kv_is_counted_in_pd_metrics_and_anomalies():
     """The decode pool has 4 KV blocks (64 tokens): a 100-token prompt cannot be
     pre-allocated there and is dropped at decode routing; a 30-token one fits."""
