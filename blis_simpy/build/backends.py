@@ -102,11 +102,14 @@ _TIMES_US = ("step_time_us", "lockstep_step_time_us", "queueing_time_us", "outpu
 
 
 def whole_us(value) -> int:
-    """A plugin latency model's duration as an int (µs ≥ 0; a NumPy integer is taken); a
-    ValueError saying what was expected otherwise (a float, NaN, a negative number, None)."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0:
+    """A plugin latency model's duration as an int (µs from 0 to one hour,
+    :data:`MAX_STEP_US`; a NumPy integer is taken); a ValueError saying what was expected
+    otherwise (a float, NaN, a negative number, None, a duration past any run: a queueing
+    time of 2^80 µs would silently keep its request from ever arriving)."""
+    if (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            and 0 <= value <= MAX_STEP_US):
         return int(value)
-    raise ValueError("a whole number of microseconds >= 0 (an int)")
+    raise ValueError(f"a whole number of microseconds from 0 to {MAX_STEP_US} (one hour; an int)")
 
 
 def _build(backend: str, model_cfg, gpu, tp, alpha, beta, compat: str, extra: dict,

@@ -332,6 +332,14 @@ class NoMetrics(FastInstance, name="bad-no-metrics"):
         super().finalize()
 
 
+class EndlessQueueingTime(LatencyModel, name="bad-endless-queueing"):
+    def step_time_us(self, batch):
+        return 1000
+
+    def queueing_time_us(self, req):
+        return 2**80                      # its request would never arrive (0 injected, exit 0)
+
+
 class NoQueueingTime(LatencyModel, name="bad-queueing"):
     def step_time_us(self, batch):
         return 1000
@@ -497,16 +505,16 @@ MACHINERY = {
     "latency model returns NaN": (
         [(LATENCY, "latency: {model: bad-nan-step}\n")], [],
         f"{{sc}}:3: latency.model: latency model 'bad-nan-step' ({MOD}.NaNStep) returned nan "
-        "(float) from step_time_us(); expected a whole number of microseconds >= 0 (an int)"),
+        "(float) from step_time_us(); expected a whole number of microseconds from 0 to 3600000000 (one hour; an int)"),
     "latency model returns a negative step": (
         [(LATENCY, "latency: {model: bad-negative-step}\n")], [],
         f"{{sc}}:3: latency.model: latency model 'bad-negative-step' ({MOD}.NegativeStep) "
-        "returned -5 (int) from step_time_us(); expected a whole number of microseconds >= 0 "
-        "(an int)"),
+        "returned -5 (int) from step_time_us(); expected a whole number of microseconds from 0 "
+        "to 3600000000 (one hour; an int)"),
     "latency model returns a float": (
         [(LATENCY, "latency: {model: bad-float-step}\n")], [],
         f"{{sc}}:3: latency.model: latency model 'bad-float-step' ({MOD}.FloatStep) returned "
-        "1000.5 (float) from step_time_us(); expected a whole number of microseconds >= 0 (an int)"),
+        "1000.5 (float) from step_time_us(); expected a whole number of microseconds from 0 to 3600000000 (one hour; an int)"),
     "latency model raises": (
         [(LATENCY, "latency: {model: bad-step-raises}\n")], [],
         f"{{sc}}:3: latency.model: latency model 'bad-step-raises' ({MOD}.StepRaises) failed: "
@@ -538,16 +546,21 @@ MACHINERY = {
         [("implementation: fast", "implementation: bad-instance-step")], [],
         f"{{sc}}:8: engine.implementation: engine implementation 'bad-instance-step' "
         f"({MOD}.FloatStepInstance) returned 3780.0 (float) from step_time_us(); "
-        "expected a whole number of microseconds >= 0 (an int)"),
+        "expected a whole number of microseconds from 0 to 3600000000 (one hour; an int)"),
     "engine finalize returns None": (
         [("implementation: fast", "implementation: bad-no-metrics")], [],
         f"{{sc}}:8: engine.implementation: engine implementation 'bad-no-metrics' "
         f"({MOD}.NoMetrics) returned None from finalize(); expected the instance's "
         "InstanceMetrics (return super().finalize())"),
+    "latency model queueing time past any run": (
+        [(LATENCY, "latency: {model: bad-endless-queueing}\n")], [],
+        f"{{sc}}:3: latency.model: latency model 'bad-endless-queueing' ({MOD}.EndlessQueueingTime) "
+        "returned 1208925819614629174706176 (int) from queueing_time_us(); expected a whole number "
+        "of microseconds from 0 to 3600000000 (one hour; an int)"),
     "latency model queueing time is None": (
         [(LATENCY, "latency: {model: bad-queueing}\n")], [],
         f"{{sc}}:3: latency.model: latency model 'bad-queueing' ({MOD}.NoQueueingTime) returned "
-        "None from queueing_time_us(); expected a whole number of microseconds >= 0 (an int)"),
+        "None from queueing_time_us(); expected a whole number of microseconds from 0 to 3600000000 (one hour; an int)"),
 }
 
 
