@@ -99,6 +99,7 @@ def prepare(command: str, given: dict[str, str], scenario_path: str | None = Non
         load_plugins(data.get("plugins") or [])
     elif scenario_path is not None:
         data, src = load_raw(scenario_path)
+        load_plugins()      # entry points: the scenario may name their classes with no plugins key
         plugins = data.get("plugins")
         if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
             try:

@@ -8,6 +8,7 @@ them), so the in-process CLI finds them by name.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -738,3 +739,26 @@ def test_entry_point_plugin_that_fails_to_import_is_one_line(tmp_path, body, pro
                           cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == f"error: plugin entry point 'broken' (broken_mod) {problem}\n"
+
+
+def test_entry_point_plugin_is_found_by_a_scenario_without_a_plugins_key(tmp_path):
+    """An installed entry point's classes are known to ``validate`` and ``run --scenario``
+    although the scenario lists no ``plugins:`` (entry points were loaded only with one,
+    so the router was 'unknown' to both)."""
+    dist = tmp_path / "good_ep-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: good-ep\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[blis_simpy.plugins]\ngood = good_mod\n")
+    (tmp_path / "good_mod.py").write_text(
+        "from blis_simpy.routing.base import RoundRobin\n\n\n"
+        "class EntryPointRouter(RoundRobin, name='ep-round-robin'):\n    pass\n")
+    sc = tmp_path / "scenario.yaml"
+    sc.write_text("model: meta-llama/llama-3.1-8b-instruct\nhardware: H100\n"
+                  "latency: {model: blackbox}\ncluster:\n  num_instances: 2\n"
+                  "  routing: {policy: ep-round-robin}\nworkload: {num_requests: 4}\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    for args in (["validate", str(sc)], ["run", "--scenario", str(sc), "--format", "json"]):
+        proc = subprocess.run([sys.executable, "-m", "blis_simpy", *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120, env=env)
+        assert (proc.returncode, proc.stderr) == (0, ""), args
+    assert json.loads(proc.stdout)["cluster"]["completed_requests"] == 4
