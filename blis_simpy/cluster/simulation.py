@@ -49,13 +49,15 @@ from blis_simpy.engine.instance import Instance
 from blis_simpy.engine.limits import EngineLimits
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.engine.stall import watch_for_stall
-from blis_simpy.errors import BlisError, ConfigError, InvariantError
+from blis_simpy.errors import BlisError, ConfigError, InvariantError, SimulationError
 from blis_simpy.latency.interference import InterferenceModel
 from blis_simpy.metrics.records import InstanceMetrics
 from blis_simpy.plugins import (
+    Pluggable,
     build_failure,
     call_failure,
     checked_results,
+    describe,
     is_builtin,
     raised_in_plugin,
 )
@@ -308,6 +310,8 @@ class Simulation:
         misbehaves"); the one place it is caught keeps built-in classes' hot paths as they are."""
         try:
             return self._run(progress)
+        except SimulationError as exc:
+            raise self._with_plugin_hint(exc) from None
         except (BlisError, KeyboardInterrupt):
             raise
         except BaseException as exc:   # an exception, or sys.exit() / GeneratorExit, ...
@@ -315,6 +319,36 @@ class Simulation:
             if failure is None:
                 raise
             raise failure from None
+
+    def _plugins_in_use(self) -> list:
+        """The plugin objects (not built in) this run calls: the cluster, its admission,
+        router, scorers, decider and fabric, each instance and its latency model, KV cache,
+        scheduler, priority policy and batching policy."""
+        c = self.cluster
+        router = getattr(c, "router", None)
+        objs = [c, getattr(c, "admission", None), router, getattr(c, "decider", None),
+                getattr(c, "fabric", None), *getattr(router, "scorers", ())]
+        for inst in self.instances:
+            objs += [inst, getattr(inst, "latency", None), getattr(inst, "kv", None),
+                     getattr(inst, "scheduler", None), getattr(inst, "priority_policy", None),
+                     getattr(inst, "batching", None)]
+        seen, out = set(), []
+        for o in objs:
+            if isinstance(o, Pluggable) and not o._blis_builtin and type(o) not in seen:
+                seen.add(type(o))
+                out.append(o)
+        return out
+
+    def _with_plugin_hint(self, exc: SimulationError) -> SimulationError:
+        """A simulation or invariant error of a run that calls plugin code: the same error,
+        naming those plugins (a plugin that breaks the simulator's rules without raising
+        shows up as such an error; the built-ins are tested not to)."""
+        plugins = self._plugins_in_use()
+        if not plugins:
+            return exc
+        hint = "; ".join(describe(p) for p in plugins)
+        return type(exc)(f"{exc.problem} (this run calls plugin code, check it first: {hint})",
+                         time_us=exc.time_us, instance=exc.instance, request=exc.request)
 
     def _run(self, progress: Callable[[int, int], None] | None) -> SimulationResult:
         env = self.env

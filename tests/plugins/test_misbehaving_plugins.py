@@ -263,6 +263,12 @@ class ClusterRaises(Cluster, name="bad-cluster"):
         raise ValueError(f"{req.id} lost")
 
 
+class Miscounts(Cluster, name="bad-miscounting-cluster"):
+    def on_request_done(self, inst, req, tick_us):
+        super().on_request_done(inst, req, tick_us)
+        self.counters.rejected_at_routing += 1     # a request it never rejected: no exception
+
+
 class FabricRaises(KVTransferFabric, name="bad-fabric"):
     def start(self, parent, nbytes):
         raise OSError("link down")
@@ -762,3 +768,18 @@ def test_entry_point_plugin_is_found_by_a_scenario_without_a_plugins_key(tmp_pat
                               capture_output=True, text=True, timeout=120, env=env)
         assert (proc.returncode, proc.stderr) == (0, ""), args
     assert json.loads(proc.stdout)["cluster"]["completed_requests"] == 4
+
+
+def test_a_broken_invariant_in_a_run_with_plugins_names_them(cli, tmp_path):
+    """A plugin that breaks the simulator's rules without raising shows up as a simulation
+    or invariant error (exit 1); the error names the plugin code the run calls."""
+    sc = tmp_path / "scenario.yaml"
+    sc.write_text(SCENARIO.format(engine="fast").replace(
+        "  num_instances: 2\n", "  num_instances: 2\n  implementation: bad-miscounting-cluster\n"))
+    res = cli("run", "--scenario", sc, "--results-path", tmp_path / "r.json")
+    assert res.exit_code == 1 and res.stdout == ""
+    line, = res.stderr.splitlines()
+    assert line.startswith("error: simulation error: control-plane counters inconsistent: ")
+    assert line.endswith(f"(this run calls plugin code, check it first: cluster "
+                         f"'bad-miscounting-cluster' ({MOD}.Miscounts))")
+    assert not (tmp_path / "r.json").exists()
