@@ -316,9 +316,14 @@ class Simulation:
             raise
         except BaseException as exc:   # an exception, or sys.exit() / GeneratorExit, ...
             failure = _plugin_failure(exc)
-            if failure is None:
+            if failure is not None:
+                raise failure from None
+            hint = self._plugin_hint() if isinstance(exc, Exception) else ""
+            if not hint:
                 raise
-            raise failure from None
+            # our code failed on what a plugin did (no plugin frame raised it): say so
+            log.debug("internal error in a run that calls plugin code", exc_info=True)
+            raise SimulationError(f"internal error: {type(exc).__name__}: {exc}{hint}") from exc
 
     def _plugins_in_use(self) -> list:
         """The plugin objects (not built in) this run calls: the cluster, its admission,
@@ -339,16 +344,23 @@ class Simulation:
                 out.append(o)
         return out
 
+    def _plugin_hint(self) -> str:
+        """`` (this run calls plugin code, check it first: ...)`` naming the plugins in use,
+        or "" when the run calls none."""
+        plugins = self._plugins_in_use()
+        if not plugins:
+            return ""
+        return f" (this run calls plugin code, check it first: {'; '.join(map(describe, plugins))})"
+
     def _with_plugin_hint(self, exc: SimulationError) -> SimulationError:
         """A simulation or invariant error of a run that calls plugin code: the same error,
         naming those plugins (a plugin that breaks the simulator's rules without raising
-        shows up as such an error; the built-ins are tested not to)."""
-        plugins = self._plugins_in_use()
-        if not plugins:
+        shows up as such an error, or as an internal one; the built-ins are tested not to)."""
+        hint = self._plugin_hint()
+        if not hint:
             return exc
-        hint = "; ".join(describe(p) for p in plugins)
-        return type(exc)(f"{exc.problem} (this run calls plugin code, check it first: {hint})",
-                         time_us=exc.time_us, instance=exc.instance, request=exc.request)
+        return type(exc)(f"{exc.problem}{hint}", time_us=exc.time_us, instance=exc.instance,
+                         request=exc.request)
 
     def _run(self, progress: Callable[[int, int], None] | None) -> SimulationResult:
         env = self.env

@@ -269,6 +269,12 @@ class Miscounts(Cluster, name="bad-miscounting-cluster"):
         self.counters.rejected_at_routing += 1     # a request it never rejected: no exception
 
 
+class InjectsTwice(FastInstance, name="bad-injects-twice"):
+    def inject(self, req, now_us):
+        super().inject(req, now_us)
+        super().inject(req, now_us)               # the same request twice: no exception here
+
+
 class FabricRaises(KVTransferFabric, name="bad-fabric"):
     def start(self, parent, nbytes):
         raise OSError("link down")
@@ -782,4 +788,19 @@ def test_a_broken_invariant_in_a_run_with_plugins_names_them(cli, tmp_path):
     assert line.startswith("error: simulation error: control-plane counters inconsistent: ")
     assert line.endswith(f"(this run calls plugin code, check it first: cluster "
                          f"'bad-miscounting-cluster' ({MOD}.Miscounts))")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_an_internal_error_in_a_run_with_plugins_names_them(cli, tmp_path):
+    """Our code failing on what a plugin did, with no plugin frame raising (an engine that
+    injects each request twice): a simulation error naming the plugin, not a bare
+    'internal error' (exit 1); the traceback is there with --log debug."""
+    sc = tmp_path / "scenario.yaml"
+    sc.write_text(SCENARIO.format(engine="bad-injects-twice"))
+    res = cli("run", "--scenario", sc, "--results-path", tmp_path / "r.json")
+    assert res.exit_code == 1 and res.stdout == ""
+    line, = res.stderr.splitlines()
+    assert line.startswith("error: simulation error: internal error: ")
+    assert line.endswith(f"(this run calls plugin code, check it first: engine implementation "
+                         f"'bad-injects-twice' ({MOD}.InjectsTwice))")
     assert not (tmp_path / "r.json").exists()
