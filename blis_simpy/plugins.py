@@ -219,7 +219,7 @@ _client_fields = operator.attrgetter(*CLIENT_FIELDS)
 
 def request_view(req) -> tuple | None:
     """The client fields of ``req`` and its prompt's token array (identity and length), to
-    compare with :func:`request_change` after a plugin was handed ``req``; None for anything
+    compare with :func:`check_unchanged` after a plugin was handed ``req``; None for anything
     but a :class:`~blis_simpy.request.Request` (a library caller's own view of one)."""
     mod = sys.modules.get("blis_simpy.request")    # not imported here: numpy, at CLI start-up
     if mod is None or not isinstance(req, mod.Request):
@@ -228,25 +228,21 @@ def request_view(req) -> tuple | None:
     return _client_fields(req), id(tokens), len(tokens)
 
 
-def request_change(req, before: tuple | None) -> str | None:
-    """What changed in ``req`` since :func:`request_view` gave ``before`` (``"output_len
-    from 40 to 1"``), or None."""
+def check_unchanged(plugin, method: str, req, before: tuple | None, *,
+                    field: str | None) -> None:
+    """Raise ``plugin``'s one-line error if ``req`` changed while its ``method`` ran, since
+    :func:`request_view` gave ``before`` (``changed request_0's output_len from 40 to 1 in
+    route(); ...``); nothing for a ``before`` of None (not a Request)."""
     if before is None:
-        return None
+        return
     now = request_view(req)
     if now == before:
-        return None
-    for name, old, new in zip(CLIENT_FIELDS, before[0], now[0], strict=True):
-        if old != new:
-            return f"{name} from {old!r} to {new!r}"
-    return "prompt tokens"
-
-
-def changed_request_error(plugin, method: str, req_id: str, what: str, *,
-                          field: str | None) -> ConfigError:
-    """The one-line error of a plugin that changed a request it was handed."""
-    return plugin_error(plugin, f"changed {req_id}'s {what} in {method}(); a plugin may read "
-                        "the requests it is handed, never change them", field=field)
+        return
+    what = next((f"{name} from {old!r} to {new!r}"
+                 for name, old, new in zip(CLIENT_FIELDS, before[0], now[0], strict=True)
+                 if old != new), "prompt tokens")
+    raise plugin_error(plugin, f"changed {before[0][0]}'s {what} in {method}(); a plugin may "
+                       "read the requests it is handed, never change them", field=field)
 
 
 def guard_requests(plugin, methods: tuple[str, ...], *, field: str | None):
@@ -269,9 +265,7 @@ def guard_batch_requests(plugin, name: str, *, field: str | None):
         before = [request_view(r) for r in reqs]
         res = method(batch, *args, **kw)
         for r, view in zip(reqs, before, strict=True):
-            what = request_change(r, view)
-            if what is not None:
-                raise changed_request_error(plugin, name, view[0][0], what, field=field)
+            check_unchanged(plugin, name, r, view, field=field)
         return res
 
     setattr(plugin, name, guarded)
@@ -282,9 +276,7 @@ def _guarded_method(plugin, name: str, method, field: str | None):
     def guarded(req, *args, **kw):
         before = request_view(req)
         res = method(req, *args, **kw)
-        what = request_change(req, before)
-        if what is not None:
-            raise changed_request_error(plugin, name, before[0][0], what, field=field)
+        check_unchanged(plugin, name, req, before, field=field)
         return res
     return guarded
 

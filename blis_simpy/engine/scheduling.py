@@ -19,10 +19,9 @@ from typing import ClassVar
 from blis_simpy.plugins import (
     Pluggable,
     call_failure,
-    changed_request_error,
+    check_unchanged,
     is_number,
     plugin_error,
-    request_change,
     request_view,
     shown,
 )
@@ -137,9 +136,7 @@ def checked_priorities(policy: PriorityPolicy, queue: deque, now_us: int) -> Non
             p = policy.priority(r, now_us)
         except Exception as exc:
             raise call_failure(policy, "priority", exc, field=field) from None
-        what = request_change(r, before)
-        if what is not None:
-            raise changed_request_error(policy, "priority", before[0][0], what, field=field)
+        check_unchanged(policy, "priority", r, before, field=field)
         if not is_number(p):
             raise plugin_error(policy, f"returned {shown(p)} from priority() for "
                                f"{r.id}; expected a number", field=field)
@@ -158,9 +155,7 @@ def checked_reorder(scheduler: Scheduler, queue: deque, now_us: int) -> None:
     except Exception as exc:
         raise call_failure(scheduler, "reorder", exc, field=field) from None
     for r, view in views:
-        what = request_change(r, view)
-        if what is not None:
-            raise changed_request_error(scheduler, "reorder", view[0][0], what, field=field)
+        check_unchanged(scheduler, "reorder", r, view, field=field)
     if res is not None:     # sorted(queue) returned, the queue left as it was: a silent no-op
         raise plugin_error(scheduler, f"returned {shown(res)} from reorder(); a scheduler "
                            "reorders the queue it is handed in place and returns None",

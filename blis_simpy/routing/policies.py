@@ -9,14 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from blis_simpy.plugins import (
-    call_failure,
-    changed_request_error,
-    is_number,
-    plugin_error,
-    request_change,
-    request_view,
-)
+from blis_simpy.plugins import call_failure, check_unchanged, is_number, plugin_error, request_view
 from blis_simpy.routing.base import (
     Router,
     RoutingDecision,
@@ -126,9 +119,7 @@ class Weighted(Router, name="weighted"):
             vals = scorer.score(req, snaps)
         except Exception as exc:
             raise call_failure(scorer, "score", exc, field=field) from None
-        what = request_change(req, before)
-        if what is not None:
-            raise changed_request_error(scorer, "score", before[0][0], what, field=field)
+        check_unchanged(scorer, "score", req, before, field=field)
         try:
             vals = list(vals)
         except TypeError:
