@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import blis_simpy.admission  # noqa: F401  (registers the built-in admission policies)
 import blis_simpy.routing  # noqa: F401  (registers the built-in routers and scorers)
-from blis_simpy.build.backends import whole_us
 from blis_simpy.build.pools import resolve_pools
 from blis_simpy.build.resolve import Deployment, resolve
 from blis_simpy.cluster.cluster import Cluster, ControlPlaneCounters
@@ -37,6 +36,13 @@ from blis_simpy.cluster.invariants import (
     check_pipeline_conservation,
 )
 from blis_simpy.cluster.pd import PDCluster, build_pd_cluster, finish_pd
+from blis_simpy.cluster.plugin_checks import (
+    PLUGIN_FIELDS,
+    check_instance,
+    guarded,
+    plugin_failure,
+    with_plugin_hint,
+)
 from blis_simpy.cluster.policies import build_admission, build_router
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.des import SimEnv
@@ -52,15 +58,6 @@ from blis_simpy.engine.stall import watch_for_stall
 from blis_simpy.errors import BlisError, ConfigError, InvariantError, SimulationError
 from blis_simpy.latency.interference import InterferenceModel
 from blis_simpy.metrics.records import InstanceMetrics
-from blis_simpy.plugins import (
-    Pluggable,
-    build_failure,
-    call_failure,
-    checked_results,
-    describe,
-    is_builtin,
-    raised_in_plugin,
-)
 from blis_simpy.rng import RngStreams
 from blis_simpy.trace import DecisionTrace
 
@@ -122,61 +119,6 @@ def component_classes(scenario: Scenario, pools: bool, *, instance_class: type[I
     return inst, cluster, fabric
 
 
-#: the scenario key that chooses a plugin of each family (a router knows its own key)
-_PLUGIN_FIELDS = {
-    "engine implementation": "engine.implementation", "cluster": "cluster.implementation",
-    "kv transfer fabric": "disaggregation.transfer.fabric", "latency model": "latency.model",
-    "kv cache": "engine.kv_cache", "batching policy": "engine.batching",
-    "disaggregation decider": "disaggregation.decider.policy", "scheduler": "engine.scheduler",
-    "priority policy": "engine.priority_policy", "admission policy": "cluster.admission.policy",
-    "routing policy": "cluster.routing.policy", "routing scorer": "cluster.routing.params.scorers",
-}
-
-
-def _plugin_failure(exc: BaseException):
-    """The one-line error of the plugin whose own code raised ``exc`` (on the key that chose
-    it), or None when no plugin code raised it."""
-    found = raised_in_plugin(exc)
-    if found is None:
-        return None
-    plugin, method, raised = found
-    field = getattr(plugin, "config_field", None)
-    field = f"{field}.policy" if field else _PLUGIN_FIELDS.get(type(plugin).family)
-    return call_failure(plugin, method, raised, field=field)
-
-
-def _metrics(value) -> InstanceMetrics:
-    if isinstance(value, InstanceMetrics):
-        return value
-    raise ValueError("the instance's InstanceMetrics (return super().finalize())")
-
-
-def _check_instance(inst: Instance) -> None:
-    """Check what a plugin engine class's own ``step_time_us`` (a whole number of µs >= 0)
-    and ``finalize`` (the metrics) return; hooks it does not override are not wrapped."""
-    checks = {"finalize": _metrics}
-    if type(inst).step_time_us is not Instance.step_time_us:
-        checks["step_time_us"] = whole_us
-    checked_results(inst, checks, field="engine.implementation")
-
-
-def _guarded(cls: type, field: str):
-    """``cls`` itself if it is built in; for a plugin class, a constructor whose failures are
-    reported as that plugin's one-line :class:`ConfigError` on ``field``."""
-    if is_builtin(cls):
-        return cls
-
-    def build(*args, **kw):
-        try:
-            return cls(*args, **kw)
-        except ConfigError:
-            raise
-        except Exception as exc:
-            raise build_failure(cls, exc, field=field) from None
-
-    return build
-
-
 class Simulation:
     """One cluster of instances on a shared SimPy clock, fed with ``requests``.
 
@@ -207,7 +149,7 @@ class Simulation:
         except (BlisError, KeyboardInterrupt):
             raise
         except BaseException as exc:   # a plugin's constructor: an exception or sys.exit()
-            failure = _plugin_failure(exc)
+            failure = plugin_failure(exc)
             if failure is None:
                 raise
             raise failure from None
@@ -225,12 +167,12 @@ class Simulation:
         prio_cls = PriorityPolicy.lookup(eng.priority_policy, field="engine.priority_policy")
         batching_cls = BatchingPolicy.lookup(eng.batching, field="engine.batching")
         batching_params = batching_cls.parse_params(eng.batching_params, field="engine.batching_params")
-        new_batching = _guarded(batching_cls, "engine.batching")
+        new_batching = guarded(batching_cls, "engine.batching")
         inst_cls, cluster_cls, fabric_cls = component_classes(
             scenario, plan.enabled, instance_class=instance_class, cluster_class=cluster_class,
             fabric_class=fabric_class)
         self.instance_class, self.cluster_class, self.fabric_class = inst_cls, cluster_cls, fabric_cls
-        new_instance = _guarded(inst_cls, "engine.implementation")
+        new_instance = guarded(inst_cls, "engine.implementation")
         dp = scenario.dp
         if dp > 1 and plan.enabled:
             raise ConfigError("data parallelism (dp > 1) is not supported with prefill/decode "
@@ -263,11 +205,11 @@ class Simulation:
                     raise ConfigError(str(exc), field="engine.max_model_len") from None
                 inst.model = scenario.model
                 if not inst._blis_builtin:    # what a plugin engine class returns is checked
-                    _check_instance(inst)
+                    check_instance(inst)
                 watched = next((p for p in (inst.batching, inst.kv, inst) if not p._blis_builtin),
                                None)
                 if watched is not None:    # a plugin may schedule nothing forever
-                    watch_for_stall(inst, watched, field=_PLUGIN_FIELDS[type(watched).family])
+                    watch_for_stall(inst, watched, field=PLUGIN_FIELDS[type(watched).family])
                 ranks.append(inst)
             self.instances.extend(ranks)
             if dp > 1:                     # MoE ranks step in lockstep; dense ones do not
@@ -289,12 +231,12 @@ class Simulation:
                       routing_latency_us=cl.routing_latency_us,
                       snapshot_refresh_interval_us=cl.snapshot_refresh_interval_us,
                       trace=self.trace)
-        new_cluster = _guarded(cluster_cls, "cluster.implementation")
+        new_cluster = guarded(cluster_cls, "cluster.implementation")
         if plan.enabled:
             self.cluster = build_pd_cluster(
                 self.env, self.instances, self.admission, self.router, plan, scenario, self.rng,
                 dep.block_size, cluster_class=new_cluster,
-                fabric_class=_guarded(fabric_cls, "disaggregation.transfer.fabric"), **common)
+                fabric_class=guarded(fabric_cls, "disaggregation.transfer.fabric"), **common)
         else:
             self.cluster = new_cluster(self.env, self.instances, self.admission, self.router,
                                        **common)
@@ -311,56 +253,21 @@ class Simulation:
         try:
             return self._run(progress)
         except SimulationError as exc:
-            raise self._with_plugin_hint(exc) from None
+            raise with_plugin_hint(exc, self.cluster, self.instances) from None
         except (BlisError, KeyboardInterrupt):
             raise
         except BaseException as exc:   # an exception, or sys.exit() / GeneratorExit, ...
-            failure = _plugin_failure(exc)
+            failure = plugin_failure(exc)
             if failure is not None:
                 raise failure from None
-            hint = self._plugin_hint() if isinstance(exc, Exception) else ""
-            if not hint:
+            if not isinstance(exc, Exception):
                 raise
-            # our code failed on what a plugin did (no plugin frame raised it): say so
+            # our code failed, maybe on what a plugin did (no plugin frame raised it)
+            hinted = with_plugin_hint(exc, self.cluster, self.instances)
+            if hinted is exc:
+                raise
             log.debug("internal error in a run that calls plugin code", exc_info=True)
-            raise SimulationError(f"internal error: {type(exc).__name__}: {exc}{hint}") from exc
-
-    def _plugins_in_use(self) -> list:
-        """The plugin objects (not built in) this run calls: the cluster, its admission,
-        router, scorers, decider and fabric, each instance and its latency model, KV cache,
-        scheduler, priority policy and batching policy."""
-        c = self.cluster
-        router = getattr(c, "router", None)
-        objs = [c, getattr(c, "admission", None), router, getattr(c, "decider", None),
-                getattr(c, "fabric", None), *getattr(router, "scorers", ())]
-        for inst in self.instances:
-            objs += [inst, getattr(inst, "latency", None), getattr(inst, "kv", None),
-                     getattr(inst, "scheduler", None), getattr(inst, "priority_policy", None),
-                     getattr(inst, "batching", None)]
-        seen, out = set(), []
-        for o in objs:
-            if isinstance(o, Pluggable) and not o._blis_builtin and type(o) not in seen:
-                seen.add(type(o))
-                out.append(o)
-        return out
-
-    def _plugin_hint(self) -> str:
-        """`` (this run calls plugin code, check it first: ...)`` naming the plugins in use,
-        or "" when the run calls none."""
-        plugins = self._plugins_in_use()
-        if not plugins:
-            return ""
-        return f" (this run calls plugin code, check it first: {'; '.join(map(describe, plugins))})"
-
-    def _with_plugin_hint(self, exc: SimulationError) -> SimulationError:
-        """A simulation or invariant error of a run that calls plugin code: the same error,
-        naming those plugins (a plugin that breaks the simulator's rules without raising
-        shows up as such an error, or as an internal one; the built-ins are tested not to)."""
-        hint = self._plugin_hint()
-        if not hint:
-            return exc
-        return type(exc)(f"{exc.problem}{hint}", time_us=exc.time_us, instance=exc.instance,
-                         request=exc.request)
+            raise hinted from exc
 
     def _run(self, progress: Callable[[int, int], None] | None) -> SimulationResult:
         env = self.env
