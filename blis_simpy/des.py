@@ -190,10 +190,19 @@ class Mailbox(simpy.Store):
         succeed_at(event, self._env.now, self.key, items.popleft())
         return True                    # the next waiting reader may get the next item
 
+    def deliver(self, item) -> None:
+        """Put ``item`` now, as :meth:`put` does, without the put event: a put is accepted at
+        once and nobody waits on its acceptance, so the simulator's own hand-offs skip that
+        effect-free event (a NORMAL-priority no-op in the heap). A waiting reader gets the
+        item now, at this mailbox's key, exactly as after :meth:`put`."""
+        self.items.append(item)
+        self._trigger_get(None)
+
     def put_at(self, time_us: int, item) -> Call:
-        """Put ``item`` at a later time (a keyed timed event at ``(time_us, key)`` that puts it)."""
+        """Put ``item`` at a later time (a keyed timed event at ``(time_us, key)`` that
+        delivers it, see :meth:`deliver`)."""
         env = self._env
-        ev = Call(env, self.put, item)
+        ev = Call(env, self.deliver, item)
         env.schedule(ev, self.key, time_us - env.now)
         return ev
 

@@ -134,6 +134,35 @@ def test_put_is_accepted_at_once():
     assert len(box.put_queue) == 0 and list(box.items) == ["a"]
 
 
+def _handoffs(hand):
+    """Two readers, items handed over at 5 (three of them) and 7 by ``hand(box, item)``:
+    the log and the number of events the run processed."""
+    env = SimEnv(100)
+    box = Mailbox(env, DECODE_ROUTING)
+    log = []
+    env.process(_reader(env, box, "r1", log, 2))
+    env.process(_reader(env, box, "r2", log, 2))
+    env.call_at(5, ROUTING, lambda items: [hand(box, it) for it in items], ["a", "b", "c"])
+    env.call_at(5, KV_TRANSFER_STARTED, log.append, "between")
+    env.call_at(7, ROUTING, lambda it: hand(box, it), "d")
+    n = 0
+    while env.peek() <= 100:
+        env.step()
+        n += 1
+    return log, n
+
+
+def test_deliver_is_put_without_the_acceptance_event():
+    put_log, put_events = _handoffs(lambda box, it: box.put(it))
+    log, events = _handoffs(lambda box, it: box.deliver(it))
+    # the same hand-offs at the same times and keys, in the same order
+    # (deliveries at 5 run at the mailbox's key, after the lower-keyed event at 5)
+    assert log == put_log == ["between", (5, "r1", "a"), (5, "r2", "b"), (5, "r1", "c"),
+                              (7, "r2", "d")]
+    # one event fewer per item: put()'s acceptance (a no-op at NORMAL priority)
+    assert put_events - events == 4
+
+
 # ---------------------------------------------------------------------------- succeed_at
 def test_succeed_at_fires_a_pending_event_at_time_and_key():
     env = SimEnv(100)

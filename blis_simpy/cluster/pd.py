@@ -110,6 +110,7 @@ class PDCluster(Cluster, name="pd"):
         parent = ParentRequest(req.id, req, num_kv_blocks=ceil_div(req.input_len, self.block_size),
                                arrival_us=req.arrival_us)
         self.parents[req.id] = parent
+        req.prompt_block_hashes(self.block_size)   # hashed once for both sub-requests
         sub = Request(parent.prefill_sub_id, req.arrival_us, req.tokens[: req.input_len], (),
                       max_output_len=req.max_output_len, deadline_us=req.deadline_us,
                       tenant_id=req.tenant_id, slo_class=req.slo_class, model=req.model,
@@ -131,6 +132,7 @@ class PDCluster(Cluster, name="pd"):
         sub = parent.prefill_sub
         chosen = self.choose(sub, self.prefill_pool, self.prefill_router, what="prefill sub-request")
         if chosen is None:                  # a rejection at routing (disaggregation.md)
+            _drop_hashes(parent.original)
             self.counters.rejected_at_routing += 1
             if self.sessions is not None:
                 self.sessions.on_request_rejected(parent.original, self.env.now)
@@ -166,8 +168,9 @@ class PDCluster(Cluster, name="pd"):
                       slo_class=req.slo_class, model=req.model, prefix_group=req.prefix_group,
                       prefix_length=req.prefix_length, is_decode_sub=True)
         _share_hashes(req, sub)
+        _drop_hashes(req)
         parent.decode_sub = sub
-        self.decode_inbox.put(parent)
+        self.decode_inbox.deliver(parent)
 
     # ------------------------------------------------------------------ decode pool
     def _route_decode(self, parent: ParentRequest) -> None:
@@ -226,7 +229,7 @@ class PDCluster(Cluster, name="pd"):
                     self.fabric_inbox.put_at(tick, parent)
                 else:
                     parent.prefill_complete_us = now_us
-                    self.fabric_inbox.put(parent)
+                    self.fabric_inbox.deliver(parent)
         if self._decode_done:
             done, self._decode_done = sorted(self._decode_done), []
             for rid, tick in done:
@@ -242,6 +245,7 @@ class PDCluster(Cluster, name="pd"):
 
     def _parent_failed(self, parent: ParentRequest, tick_us: int, state: int) -> None:
         """A sub-request timed out or was dropped: the parent ends in that state."""
+        _drop_hashes(parent.original)
         if self.on_parent_done is not None:
             parent.original.state = state
             self.on_parent_done(parent.original, tick_us)
@@ -252,6 +256,12 @@ def _share_hashes(src, dst) -> None:
     if src._prompt_hashes is not None:
         dst._hash_bs = src._hash_bs
         dst._prompt_hashes = src._prompt_hashes
+
+
+def _drop_hashes(req) -> None:
+    """The parent's prompt hashes are no longer needed (both sub-requests have them, or it
+    failed): a kept parent does not hold them to the end of the run."""
+    req._prompt_hashes = None
 
 
 # ---------------------------------------------------------------------------- building

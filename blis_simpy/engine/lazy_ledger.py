@@ -166,14 +166,17 @@ class LazyLedger(Ledger):
             items.extend(self.prefilling)
         if len(items) > 1:
             items.sort(key=_by_pos)
+        append = kv.append_token
         for r in items:
             if r.res_class < 0:       # prefilling
                 n = r.num_new_tokens
                 if not kv.allocate(r, r.pi, r.pi + n):  # pragma: no cover - guarded above
                     raise AssertionError(f"uniform step could not allocate {n} slots for {r.id}")
                 r.computed_tokens += n
-            else:
-                self._take_slot(r, T)
+            else:                     # a decoder's KV slot, its lazy position made true
+                d = T - r.g0
+                if not append(r, r.pi + d, r.kv_len + d):  # pragma: no cover - guarded above
+                    raise AssertionError(f"uniform step found no free block for {r.id}")
         return budget_tokens - demand
 
     def _boundary(self, T: int) -> list:
@@ -188,12 +191,6 @@ class LazyLedger(Ledger):
                 items.extend(fill)
         return items
 
-    def _take_slot(self, r, T: int) -> None:
-        """Decoder ``r``'s KV slot at tick ``T`` (its lazy position made true for the call)."""
-        d = T - r.g0
-        if not self.kv.append_token(r, r.pi + d, r.kv_len + d):  # pragma: no cover - checked
-            raise AssertionError(f"uniform step found no free block for {r.id}")
-
     def serve_decoders(self) -> None:
         """Batch formation of a *pure-decode* step (every running request decoding, all of
         them served; the caller has checked that the budget and the free blocks allow it):
@@ -205,8 +202,11 @@ class LazyLedger(Ledger):
         items = self._boundary(T)
         if len(items) > 1:
             items.sort(key=_by_pos)
-        for r in items:
-            self._take_slot(r, T)
+        append = self.kv.append_token
+        for r in items:               # each decoder's KV slot, its lazy position made true
+            d = T - r.g0
+            if not append(r, r.pi + d, r.kv_len + d):  # pragma: no cover - checked
+                raise AssertionError(f"uniform step found no free block for {r.id}")
 
     def finish_decoders(self, now_us: int, step_us: int) -> None:
         """:meth:`execute` and :meth:`complete` of a pure-decode step that completes nobody:

@@ -627,3 +627,26 @@ def test_trace_export_of_disaggregated_requests_has_chunk_times(tmp_path):
     for r in rows:
         assert int(r["first_chunk_time_us"]) > int(r["arrival_time_us"]), r["request_id"]
         assert int(r["last_chunk_time_us"]) >= int(r["first_chunk_time_us"]), r["request_id"]
+
+
+# ---------------------------------------------------------------------------- prompt hashes
+def test_a_parents_prompt_is_hashed_once_and_not_kept(monkeypatch):
+    """Both sub-requests use the parent's prompt hashes, computed once per parent; once the
+    decode sub-request has them (or the parent failed) the kept parent does not hold them."""
+    import blis_simpy.request as request_mod
+
+    calls = []
+    real = request_mod.hash_chain
+
+    def counting(tokens, block_size, prev=b""):
+        calls.append(len(tokens))
+        return real(tokens, block_size, prev)
+
+    monkeypatch.setattr(request_mod, "hash_chain", counting)
+    reqs = [req(f"r{i}", 1000 * i, 100, 5, base=1000 * i) for i in range(3)]
+    sim, res = run(pd_scenario(), reqs)
+    assert res.cluster.completed_requests == 3
+    assert calls == [96, 96, 96]          # 6 full blocks of 16 per prompt, one chain each
+    for parent in sim.cluster.parents.values():
+        assert parent.original._prompt_hashes is None
+        assert parent.decode_sub._prompt_hashes is None       # forgotten at completion
