@@ -27,7 +27,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from typer.core import TyperGroup
 
 from blis_simpy.cli import flags as F
-from blis_simpy.cli import usage
+from blis_simpy.cli import startup_gc, usage
 from blis_simpy.cli.calibrate_cmd import register as _register_calibrate
 from blis_simpy.cli.catalog_cmd import register as _register_catalog
 from blis_simpy.cli.convert_cmd import register as _register_convert
@@ -399,6 +399,7 @@ def main(argv: list[str] | None = None) -> None:
     set ``OPENBLAS_NUM_THREADS``: starting its thread pool costs more CPU than importing
     numpy itself (docs/performance.md, "Start-up")."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    startup_gc.pause()   # until the scenario is prepared (cli/startup_gc.py)
     try:
         if sys.stdout is None:      # started with stdout closed (``>&-``)
             raise OSError(errno.EBADF, os.strerror(errno.EBADF))

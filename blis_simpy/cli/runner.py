@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from blis_simpy.atomic import Batch
 from blis_simpy.build.pools import resolve_pools
 from blis_simpy.build.resolve import build_latency_model
-from blis_simpy.cli import slo_cost, streaming
+from blis_simpy.cli import slo_cost, startup_gc, streaming
 from blis_simpy.cli.flag_rules import apply_flags
 from blis_simpy.cli.flags import BY_NAME, REPLAY, flag_for_path
 from blis_simpy.cluster.simulation import Simulation, SimulationResult, component_classes
@@ -123,6 +123,7 @@ def prepare(command: str, given: dict[str, str], scenario_path: str | None = Non
     if command == REPLAY and need_trace and not isinstance(plan.scenario.workload, TraceWorkload):
         raise ConfigError("replay needs a trace: pass --trace-header and --trace-data, or a "
                           "scenario whose workload has kind: trace", field="--trace-header")
+    startup_gc.resume()     # start-up ends here (main() paused the collector)
     return plan
 
 

@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import blis_simpy.admission  # noqa: F401  (registers the built-in admission policies)
 import blis_simpy.routing  # noqa: F401  (registers the built-in routers and scorers)
@@ -59,7 +60,9 @@ from blis_simpy.errors import BlisError, ConfigError, InvariantError, Simulation
 from blis_simpy.latency.interference import InterferenceModel
 from blis_simpy.metrics.records import InstanceMetrics
 from blis_simpy.rng import RngStreams
-from blis_simpy.trace import DecisionTrace
+
+if TYPE_CHECKING:
+    from blis_simpy.trace import DecisionTrace
 
 log = logging.getLogger("blis_simpy")
 
@@ -222,8 +225,10 @@ class Simulation:
         self.router = build_router(scenario, self.rng, dep.block_size)
         tr = scenario.trace
         # the summary implies the trace (docs/metrics.md, "Decision trace")
-        self.trace = (DecisionTrace(tr.counterfactual_k) if tr.level == "decisions" or tr.summarize
-                      else None)
+        self.trace = None
+        if tr.level == "decisions" or tr.summarize:
+            from blis_simpy.trace import DecisionTrace  # only a traced run loads the trace
+            self.trace = DecisionTrace(tr.counterfactual_k)
         if self.trace is None and tr.counterfactual_k > 0:
             log.warning("counterfactual k = %d has no effect without trace level decisions",
                         tr.counterfactual_k)

@@ -24,8 +24,6 @@ targets, the met-request counts of :mod:`blis_simpy.metrics.slo` (exact: counts 
 
 from __future__ import annotations
 
-from ddsketch import DDSketch
-
 from blis_simpy.metrics.percentile import Distribution
 
 __all__ = ["RELATIVE_ACCURACY", "StreamDist", "StreamingStats", "accuracy_note"]
@@ -50,6 +48,7 @@ class StreamDist:
         self.total = 0
         self.lo = 0
         self.hi = 0
+        from ddsketch import DDSketch  # loaded by --streaming-metrics runs only
         self.sketch = DDSketch(RELATIVE_ACCURACY)
 
     def add(self, v: int) -> None:

@@ -30,14 +30,17 @@ if argv is not None:
             code = exc.code
 heavy = json.loads(sys.argv[2])
 loaded = sorted(m for m in sys.modules if any(m == h or m.startswith(h + ".") for h in heavy))
-print(json.dumps({"loaded": loaded, "code": code, "out": out.getvalue()}))
+import gc
+print(json.dumps({"loaded": loaded, "code": code, "out": out.getvalue(),
+                  "gc": [gc.get_threshold(), gc.get_freeze_count()]}))
 """
 
 
-def _probe(argv: list[str] | None) -> dict:
+def _probe(argv: list[str] | None, heavy: tuple[str, ...] = HEAVY) -> dict:
     """Run ``blis-simpy ARGV`` (or only the import, for None) in a fresh interpreter; the
-    heavy modules it loaded, its exit code and its stdout."""
-    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argv), json.dumps(HEAVY)],
+    ``heavy`` modules it loaded, its exit code, its stdout, and the collector's thresholds and
+    frozen-object count at the end."""
+    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argv), json.dumps(heavy)],
                           capture_output=True, text=True, cwd=REPO, timeout=60, check=True)
     return json.loads(proc.stdout)
 
@@ -85,3 +88,39 @@ def test_the_probe_sees_a_heavy_import():
     got = _probe(["validate", str(REPO / "scenarios" / "quickstart.yaml")])
     assert got["code"] in (None, 0) and got["out"].startswith("ok: ")
     assert "blis_simpy.cli.runner" in got["loaded"] and "pydantic" in got["loaded"]
+
+
+#: what a plain replay (no decision trace, no --streaming-metrics) must not load
+REPLAY_UNUSED = ("blis_simpy.trace", "ddsketch", "six")
+
+#: the README's example replay (40 requests, blackbox coefficients)
+EXAMPLE_REPLAY = ["replay", "--trace-header", str(REPO / "scenarios/traces/example.yaml"),
+                  "--trace-data", str(REPO / "scenarios/traces/example.csv"),
+                  "--model", "meta-llama/llama-3.1-8b-instruct",
+                  "--alpha-coeffs", "232.46,1.75,3357.44", "--beta-coeffs", "5752.7,17.25,5.999",
+                  "--total-kv-blocks", "7463", "--format", "json"]
+
+
+def test_a_plain_replay_loads_neither_the_decision_trace_nor_ddsketch():
+    got = _probe(EXAMPLE_REPLAY, REPLAY_UNUSED + ("blis_simpy.cli.runner",))
+    assert got["code"] in (None, 0) and json.loads(got["out"])["cluster"]["completed_requests"] > 0
+    assert got["loaded"] == ["blis_simpy.cli.runner"]     # the probe sees what did load
+
+
+def test_traced_and_streaming_runs_load_what_they_use():
+    got = _probe(EXAMPLE_REPLAY + ["--trace-level", "decisions", "--streaming-metrics"],
+                 REPLAY_UNUSED)
+    assert got["code"] in (None, 0)
+    assert {"blis_simpy.trace", "ddsketch"} <= set(got["loaded"])
+
+
+def test_the_start_up_gc_pause_ends_once_the_scenario_is_prepared():
+    """main() raises the collector's generation-0 threshold for the start-up; prepare()
+    freezes what start-up made and restores the default thresholds (cli/startup_gc.py)."""
+    import gc
+    default = list(gc.get_threshold())
+    got = _probe(EXAMPLE_REPLAY, ())
+    assert got["code"] in (None, 0)
+    assert got["gc"][0] == default and got["gc"][1] > 10_000
+    got = _probe(["--version"], ())        # no scenario: the pause is still on at exit
+    assert got["gc"][0][0] > default[0] and got["gc"][1] == 0
