@@ -29,6 +29,7 @@ import typer
 
 from blis_simpy.atomic import Batch
 from blis_simpy.cli import flags as F
+from blis_simpy.cli import startup_gc
 from blis_simpy.cli.logs import setup_logging
 from blis_simpy.errors import ConfigError
 
@@ -289,6 +290,10 @@ def run_observe(*, server_url: str, model: str | None, trace_header: Path | None
     cfg = ObserveConfig(server_url, cfg_model or wl.model, api_format, streaming, max_concurrency,
                         timeout_s, api_key, server_type, unconstrained_output)
     cfg.check()
+    # start-up ends here, before anything is sent: observe never reaches runner.prepare(), and
+    # the start-up pause (cli/startup_gc.py) would otherwise last through the sending, with
+    # generation-0 passes over ~100,000 objects stalling the event loop while it times chunks
+    startup_gc.resume()
     progress, stop = _progress_bar()
     try:
         run = observe(wl.requests, cfg, progress=progress,

@@ -5,8 +5,9 @@ classes, functions, pydantic schemas) and almost no cyclic garbage; the collecto
 them again and again while they are made (about a dozen generation-1 passes and one full
 pass, ~60 ms of a small run). :func:`pause` (called by ``main()``, the console entry point)
 makes generation-0 passes rare; :func:`resume` (called once the scenario is prepared, before
-anything runs) moves every object alive then into the collector's permanent generation
-(``gc.freeze``), which later passes skip, and restores the thresholds. Reference counting
+anything runs, by ``runner.prepare()``; ``observe``, which prepares none, calls it before it
+sends) moves every object alive then into the collector's permanent generation (``gc.freeze``),
+which later passes skip, and restores the thresholds. Reference counting
 frees acyclic garbage as always; nothing here changes what a run computes.
 
 A library caller (tests, a notebook) never pauses, so :func:`resume` is then a no-op and

@@ -124,3 +124,25 @@ def test_the_start_up_gc_pause_ends_once_the_scenario_is_prepared():
     assert got["gc"][0] == default and got["gc"][1] > 10_000
     got = _probe(["--version"], ())        # no scenario: the pause is still on at exit
     assert got["gc"][0][0] > default[0] and got["gc"][1] == 0
+
+
+def test_observe_ends_the_start_up_pause_before_it_sends():
+    """observe never reaches runner.prepare(): it ends the pause itself once its workload is
+    built, so the sending runs with the default thresholds (not a generation-0 pass every
+    100,000 objects in the middle of its timings) and a frozen start-up."""
+    import gc
+
+    from tests.observe.sse_server import SSEServer
+
+    srv = SSEServer().start()
+    try:
+        got = _probe(["observe", "--server-url", srv.url, "--model", "Org/Model-8B",
+                      "--rate", "20", "--num-requests", "2", "--prompt-tokens", "8",
+                      "--prompt-tokens-stdev", "8", "--prompt-tokens-min", "8",
+                      "--prompt-tokens-max", "8", "--output-tokens", "2",
+                      "--output-tokens-stdev", "2", "--output-tokens-min", "2",
+                      "--output-tokens-max", "2"], ())
+    finally:
+        srv.stop()
+    assert got["code"] in (None, 0) and "2 ok" in got["out"], got
+    assert got["gc"][0] == list(gc.get_threshold()) and got["gc"][1] > 10_000
