@@ -216,6 +216,9 @@ class PDCluster(Cluster, name="pd"):
             else:
                 self._parent_failed(self.pending_decode[rid], tick_us, req.state)
 
+    #: on_event_end acts only on sub-requests that left an instance (on_request_done)
+    quiet_steps = True
+
     def on_event_end(self, inst) -> None:
         """After each instance event: detect finished prefills and decodes (docs/disaggregation.md)."""
         now_us = self.env.now

@@ -20,15 +20,18 @@ it); any other step runs the ordinary way.
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from blis_simpy.engine.instance import Instance
 from blis_simpy.engine.lazy_ledger import LazyLedger
-from blis_simpy.engine.limits import checked_step_us
+from blis_simpy.engine.limits import MAX_STEP_US, checked_step_us
 from blis_simpy.engine.vllm_batching import VLLMBatching
 from blis_simpy.kv.cache import KVCache
 from blis_simpy.latency.base import BatchView
 
 #: the step hooks the pure-decode short path stands in for: a subclass overriding any of
 #: them keeps the ordinary step (its hook must run)
+_by_pos = attrgetter("batch_pos")
 _WINDOW_HOOKS = ("step", "begin_step", "finish_step", "form_batch", "reorder_queue",
                  "batch_view", "step_time_us", "execute", "complete", "on_step_end")
 
@@ -76,28 +79,85 @@ class FastInstance(Instance, name="fast"):
                 <= self.kv.total_blocks - self.kv.used)
 
     def _decode_tick(self, now_us: int) -> int:
-        """A pure-decode step at ``now_us`` (µs) that completes nobody; returns its end.
+        """Pure-decode steps from ``now_us`` (µs) that complete nobody; returns the end of
+        the last one.
 
-        It does exactly what :meth:`step` would — begin: the uniform service of
+        Each does exactly what :meth:`step` would — begin: the uniform service of
         :meth:`LazyLedger.serve_all` (only decoders whose slot opens or fills a block touch
         the KV cache) and the statistics; the step time from the latency model; finish: the
         ledger's execute, KV statistics and an empty completion pass — without the layers
-        of hooks, batching policy and views a general step goes through."""
-        self._touch(now_us)
+        of hooks, batching policy and views a general step goes through. While the next
+        step is again such a step and is due before every other event (what the instance
+        loop would run inline next), it runs here too, without returning to the loop."""
         self._steps_scheduled -= 1
-        self.step_count += 1
-        self.decode_ticks += 1
         ledger = self.ledger
         met = self.metrics
-        ledger.serve_decoders()
-        u = ledger.u_count
+        kv = self.kv
+        env = self.env
+        step_time_us = self.latency.step_time_us
+        bs = kv.block_size
+        classes = ledger.classes
+        comp_at = ledger.comp_at
+        append = kv.append_token
+        total = kv.total_blocks
+        horizon = self.horizon_us
         n_run = len(self.running)
-        met.running_len_sum += n_run
-        met.step_samples += 1
-        step_us = checked_step_us(self.latency.step_time_us(BatchView(
-            decode_count=u, decode_tokens=u, decode_pi_sum=ledger.u_pi_off + u * ledger.T,
-            size=n_run, entries_fn=ledger._entries)), self.id, now_us)
-        ledger.finish_decoders(now_us, step_us)
-        self._record_kv(step_us)
-        self.step_pending = True
-        return now_us + step_us
+        u = ledger.u_count
+        entries = ledger._entries
+        inst_id = self.id
+        # go on here only where the instance loop would run the next step inline and call
+        # nothing in between: no listener acting after each event, no ``step`` wrapped on
+        # this object (a wrapper sees one call per step)
+        more = (self.coalesce_steps and getattr(self.listener, "quiet_steps", False)
+                and "step" not in self.__dict__)
+        otpt_us = ledger.otpt_us
+        # the ledger's per-step flags, the same at every such step
+        ledger._skipped = []
+        ledger._literal = False
+        ledger._uniform = True
+        ledger._finished_prefill = []
+        ledger._joiners = []
+        while True:
+            if now_us > self.clock_us and now_us <= horizon:      # _touch
+                self.clock_us = now_us
+            self.step_count += 1
+            self.decode_ticks += 1
+            T = ledger.T                  # the uniform service (LazyLedger.serve_all)
+            items = list(classes[T % bs])
+            if bs > 1:
+                fill = classes[(T + 1) % bs]
+                if fill:
+                    items.extend(fill)
+            if len(items) > 1:
+                items.sort(key=_by_pos)
+            for r in items:
+                d = T - r.g0
+                if not append(r, r.pi + d, r.kv_len + d):  # pragma: no cover - checked
+                    raise AssertionError(f"uniform step found no free block for {r.id}")
+            met.running_len_sum += n_run
+            met.step_samples += 1
+            step_us = step_time_us(BatchView(
+                decode_count=u, decode_tokens=u, decode_pi_sum=ledger.u_pi_off + u * T,
+                size=n_run, entries_fn=entries))
+            if step_us < 1 or step_us > MAX_STEP_US:
+                step_us = checked_step_us(step_us, inst_id, now_us)
+            ledger.tick_end.append(now_us + step_us)    # execute: one token each, the tick
+            met.total_output_tokens += u
+            T += 1
+            ledger.T = T
+            cum = ledger.tick_cum
+            cum.append(cum[-1] + step_us + otpt_us)
+            ledger.cov.append(0)
+            if T >= ledger._next_compact:
+                ledger._compact()
+            used = kv.used                                         # _record_kv
+            if used > met.peak_kv_blocks:
+                met.peak_kv_blocks = used
+            met.kv_blocks_integral += used * step_us
+            self.step_pending = True
+            nxt = now_us + step_us
+            if not (more and nxt < env.peek() and nxt <= horizon
+                    and T + 1 not in comp_at and len(classes[T % bs]) <= total - kv.used):
+                return nxt
+            env.advance_to(nxt)
+            now_us = nxt

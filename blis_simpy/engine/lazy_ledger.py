@@ -191,32 +191,6 @@ class LazyLedger(Ledger):
                 items.extend(fill)
         return items
 
-    def serve_decoders(self) -> None:
-        """Batch formation of a *pure-decode* step (every running request decoding, all of
-        them served; the caller has checked that the budget and the free blocks allow it):
-        what :meth:`serve_all` does when nothing prefills."""
-        self._skipped = []
-        self._literal = False
-        self._uniform = True
-        T = self.T
-        items = self._boundary(T)
-        if len(items) > 1:
-            items.sort(key=_by_pos)
-        append = self.kv.append_token
-        for r in items:               # each decoder's KV slot, its lazy position made true
-            d = T - r.g0
-            if not append(r, r.pi + d, r.kv_len + d):  # pragma: no cover - checked
-                raise AssertionError(f"uniform step found no free block for {r.id}")
-
-    def finish_decoders(self, now_us: int, step_us: int) -> None:
-        """:meth:`execute` and :meth:`complete` of a pure-decode step that completes nobody:
-        one token for every decoder, the tick recorded."""
-        self.tick_end.append(now_us + step_us)
-        self._finished_prefill = []
-        self.metrics.total_output_tokens += self.u_count
-        self._next_tick(step_us)
-        self._joiners = []
-
     def _next_tick(self, step_us: int) -> None:
         """Close tick ``T`` that lasted ``step_us`` µs: its ITL value, its coverage slot."""
         self.T += 1

@@ -21,3 +21,13 @@ class InstanceListener:
     #: True: requests reach :meth:`on_request_done` with their ``itl`` list materialised
     #: under every ledger (it costs the lazy ledger O(batch) per step); ``pi`` always is.
     wants_request_state = False
+
+    #: True: :meth:`on_event_end` does nothing after a step from which no request left the
+    #: instance, so the fast engine may run such steps back to back without calling it. A
+    #: subclass that defines ``on_event_end`` is not quiet unless it says so in its class.
+    quiet_steps = True
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "on_event_end" in cls.__dict__ and "quiet_steps" not in cls.__dict__:
+            cls.quiet_steps = False

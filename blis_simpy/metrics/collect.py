@@ -63,6 +63,7 @@ class _Tap:
         self.inner = inner
         self.on_event_end = inner.on_event_end          # bound: no extra call per event
         self.wants_request_state = inner.wants_request_state
+        self.quiet_steps = getattr(inner, "quiet_steps", False)
         self._inner_done = inner.on_request_done
         self._done = collector.done
 

@@ -9,6 +9,7 @@ path and the inline steps were actually taken, so the comparison is not vacuous.
 
 from __future__ import annotations
 
+from blis_simpy.cluster.cluster import Cluster
 from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.engine.fast import FastInstance
 from tests.engine.helpers import make_requests, run, scenario
@@ -110,3 +111,47 @@ def test_output_blocks_filled_in_the_short_path_are_prefix_cache_hits_later():
     # a's KV holds its 40 prompt and 200 output slots (the completion pass reserves the
     # last one): 60 full blocks, all of them prefix-cache hits for b
     assert hits["fast"] == hits["reference"] == 60
+
+
+def test_pure_decode_steps_run_back_to_back_in_one_call(monkeypatch):
+    # With the built-in (quiet) listener, a run of pure-decode steps due before every other
+    # event is one _decode_tick call: far fewer calls than short-path steps, same results.
+    calls = []
+    real = FastInstance._decode_tick
+
+    def counting(self, now_us):
+        calls.append(now_us)
+        return real(self, now_us)
+
+    monkeypatch.setattr(FastInstance, "_decode_tick", counting)
+    specs = [(i * 10_000, 50 + 7 * i, 400 - 13 * i) for i in range(6)]
+    out = _both(specs, block_size=4, total_kv_blocks=2000)
+    _assert_equal(out)
+    ticks = out["fast"][1].decode_ticks
+    assert ticks > 300 and len(calls) < ticks / 10
+
+
+class _CountingCluster(Cluster, name="test-counting-event-end"):
+    """A listener that acts after every instance event: the engine may not skip it."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.event_ends = []
+
+    def on_event_end(self, inst) -> None:
+        self.event_ends.append(inst.env.now)
+
+
+def test_a_listener_that_acts_after_each_event_sees_every_step():
+    assert Cluster.quiet_steps and not _CountingCluster.quiet_steps
+    specs = [(i * 10_000, 50 + 7 * i, 400 - 13 * i) for i in range(6)]
+    ends = {}
+    for impl in ("reference", "fast"):
+        sim = Simulation(scenario(implementation=impl, block_size=4, total_kv_blocks=2000),
+                         make_requests(specs, seed=3), cluster_class=_CountingCluster)
+        sim.run()
+        ends[impl] = sim.cluster.event_ends
+        if impl == "fast":
+            assert sim.instances[0].decode_ticks > 300
+    # one call after every step and every other instance event, at the same times
+    assert ends["fast"] == ends["reference"]
