@@ -24,10 +24,18 @@ class InstanceListener:
 
     #: True: :meth:`on_event_end` does nothing after a step from which no request left the
     #: instance, so the fast engine may run such steps back to back without calling it. A
-    #: subclass that defines ``on_event_end`` is not quiet unless it says so in its class.
+    #: subclass whose ``on_event_end`` comes from a class (itself or a mixin) that precedes,
+    #: in its MRO, every class setting ``quiet_steps`` is not quiet unless it says so.
     quiet_steps = True
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
-        if "on_event_end" in cls.__dict__ and "quiet_steps" not in cls.__dict__:
+        if "quiet_steps" in cls.__dict__:
+            return
+        mro = cls.__mro__
+        # which class gives the subclass its on_event_end, and which its quiet_steps: a
+        # method defined below (or beside, in a mixin) the quiet declaration overrides it
+        ends = next(i for i, k in enumerate(mro) if "on_event_end" in k.__dict__)
+        quiet = next(i for i, k in enumerate(mro) if "quiet_steps" in k.__dict__)
+        if ends < quiet:
             cls.quiet_steps = False

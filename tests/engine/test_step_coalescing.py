@@ -155,3 +155,31 @@ def test_a_listener_that_acts_after_each_event_sees_every_step():
             assert sim.instances[0].decode_ticks > 300
     # one call after every step and every other instance event, at the same times
     assert ends["fast"] == ends["reference"]
+
+
+class _EventEndRecorder:
+    """A mixin (not a listener itself) that acts after every instance event."""
+
+    def on_event_end(self, inst) -> None:
+        self.event_ends.append(inst.env.now)
+
+
+class _MixedInCluster(_EventEndRecorder, Cluster, name="test-mixed-in-event-end"):
+    """``on_event_end`` comes from a mixin: the class does not define it itself, but it
+    overrides the quiet one it inherits all the same."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.event_ends = []
+
+
+def test_an_on_event_end_from_a_mixin_is_not_quiet():
+    assert not _MixedInCluster.quiet_steps
+    specs = [(i * 10_000, 50 + 7 * i, 400 - 13 * i) for i in range(6)]
+    ends = {}
+    for impl in ("reference", "fast"):
+        sim = Simulation(scenario(implementation=impl, block_size=4, total_kv_blocks=2000),
+                         make_requests(specs, seed=3), cluster_class=_MixedInCluster)
+        sim.run()
+        ends[impl] = sim.cluster.event_ends
+    assert ends["fast"] == ends["reference"]
