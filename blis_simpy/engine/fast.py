@@ -29,11 +29,12 @@ from blis_simpy.engine.vllm_batching import VLLMBatching
 from blis_simpy.kv.cache import KVCache
 from blis_simpy.latency.base import BatchView
 
+_by_pos = attrgetter("batch_pos")
 #: the step hooks the pure-decode short path stands in for: a subclass overriding any of
 #: them keeps the ordinary step (its hook must run)
-_by_pos = attrgetter("batch_pos")
 _WINDOW_HOOKS = ("step", "begin_step", "finish_step", "form_batch", "reorder_queue",
-                 "batch_view", "step_time_us", "execute", "complete", "on_step_end")
+                 "batch_view", "step_time_us", "execute", "complete", "on_step_end", "_touch",
+                 "_record_kv")
 
 
 class FastInstance(Instance, name="fast"):
@@ -58,6 +59,9 @@ class FastInstance(Instance, name="fast"):
             and all(getattr(cls, h) is getattr(FastInstance, h) for h in _WINDOW_HOOKS
                     if h != "step")
             and cls.step is FastInstance.step)
+        # Back-to-back pure-decode steps in one call stand in for the instance loop between
+        # them: only with the built-in one.
+        self._fuse_parts = cls._steps is FastInstance._steps
 
     def step(self, now_us: int) -> int | None:
         """One engine iteration at ``now_us`` — or a decode window starting there; returns
@@ -108,8 +112,8 @@ class FastInstance(Instance, name="fast"):
         # go on here only where the instance loop would run the next step inline and call
         # nothing in between: no listener acting after each event, no ``step`` wrapped on
         # this object (a wrapper sees one call per step)
-        more = (self.coalesce_steps and getattr(self.listener, "quiet_steps", False)
-                and "step" not in self.__dict__)
+        more = (self.coalesce_steps and self._fuse_parts
+                and getattr(self.listener, "quiet_steps", False) and "step" not in self.__dict__)
         otpt_us = ledger.otpt_us
         # the ledger's per-step flags, the same at every such step
         ledger._skipped = []

@@ -183,3 +183,47 @@ def test_an_on_event_end_from_a_mixin_is_not_quiet():
         sim.run()
         ends[impl] = sim.cluster.event_ends
     assert ends["fast"] == ends["reference"]
+
+
+class _KVRecorder(FastInstance, name="test-record-kv-every-step"):
+    """Overrides the per-step KV bookkeeping: it must run after every step, fused or not."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.recorded = []
+
+    def _record_kv(self, step_us: int) -> None:
+        self.recorded.append(step_us)
+        super()._record_kv(step_us)
+
+
+def test_an_instance_overriding_the_step_bookkeeping_runs_it_every_step():
+    specs = [(i * 10_000, 50 + 7 * i, 400 - 13 * i) for i in range(6)]
+    out = _both(specs, instance_class=_KVRecorder, block_size=4, total_kv_blocks=2000)
+    _assert_equal(out)
+    inst = out["fast"][1]
+    assert inst.decode_ticks == 0                        # no short path, which inlines it
+    assert len(inst.recorded) == inst.metrics.step_samples > 300
+
+
+class _OwnLoop(FastInstance, name="test-own-steps-loop"):
+    """Overrides the instance loop: its code must run between steps, so nothing is fused."""
+
+    def _steps(self):
+        return (yield from super()._steps())
+
+
+def test_an_instance_overriding_the_loop_is_not_fused(monkeypatch):
+    # (a plugin engine's step is also wrapped by the stall guard, which alone stops the
+    # fusion: without the guard, the overridden loop must stop it)
+    import blis_simpy.cluster.simulation as simulation
+    monkeypatch.setattr(simulation, "watch_for_stall", lambda *a, **kw: None)
+    calls = []
+    real = FastInstance._decode_tick
+    monkeypatch.setattr(FastInstance, "_decode_tick",
+                        lambda self, now_us: calls.append(now_us) or real(self, now_us))
+    specs = [(i * 10_000, 50 + 7 * i, 400 - 13 * i) for i in range(6)]
+    out = _both(specs, instance_class=_OwnLoop, block_size=4, total_kv_blocks=2000)
+    _assert_equal(out)
+    inst = out["fast"][1]
+    assert len(calls) == inst.decode_ticks > 300         # one short-path step per call
