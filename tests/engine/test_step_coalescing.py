@@ -142,17 +142,24 @@ class _CountingCluster(Cluster, name="test-counting-event-end"):
         self.event_ends.append(inst.env.now)
 
 
-def test_a_listener_that_acts_after_each_event_sees_every_step():
-    assert Cluster.quiet_steps and not _CountingCluster.quiet_steps
+def _event_ends(cluster_class) -> dict:
+    """The times of every ``on_event_end`` call of a ``cluster_class`` run, per engine
+    implementation (the fast one checked to take the short path)."""
     specs = [(i * 10_000, 50 + 7 * i, 400 - 13 * i) for i in range(6)]
     ends = {}
     for impl in ("reference", "fast"):
         sim = Simulation(scenario(implementation=impl, block_size=4, total_kv_blocks=2000),
-                         make_requests(specs, seed=3), cluster_class=_CountingCluster)
+                         make_requests(specs, seed=3), cluster_class=cluster_class)
         sim.run()
         ends[impl] = sim.cluster.event_ends
         if impl == "fast":
             assert sim.instances[0].decode_ticks > 300
+    return ends
+
+
+def test_a_listener_that_acts_after_each_event_sees_every_step():
+    assert Cluster.quiet_steps and not _CountingCluster.quiet_steps
+    ends = _event_ends(_CountingCluster)
     # one call after every step and every other instance event, at the same times
     assert ends["fast"] == ends["reference"]
 
@@ -175,13 +182,7 @@ class _MixedInCluster(_EventEndRecorder, Cluster, name="test-mixed-in-event-end"
 
 def test_an_on_event_end_from_a_mixin_is_not_quiet():
     assert not _MixedInCluster.quiet_steps
-    specs = [(i * 10_000, 50 + 7 * i, 400 - 13 * i) for i in range(6)]
-    ends = {}
-    for impl in ("reference", "fast"):
-        sim = Simulation(scenario(implementation=impl, block_size=4, total_kv_blocks=2000),
-                         make_requests(specs, seed=3), cluster_class=_MixedInCluster)
-        sim.run()
-        ends[impl] = sim.cluster.event_ends
+    ends = _event_ends(_MixedInCluster)
     assert ends["fast"] == ends["reference"]
 
 
