@@ -94,21 +94,15 @@ class FastInstance(Instance, name="fast"):
         step is again such a step and is due before every other event (what the instance
         loop would run inline next), it runs here too, without returning to the loop."""
         self._steps_scheduled -= 1
-        ledger = self.ledger
-        met = self.metrics
-        kv = self.kv
-        env = self.env
-        step_time_us = self.latency.step_time_us
-        bs = kv.block_size
-        classes = ledger.classes
-        comp_at = ledger.comp_at
-        append = kv.append_token
-        total = kv.total_blocks
-        horizon = self.horizon_us
-        n_run = len(self.running)
+        ledger, met, kv, env, lat = self.ledger, self.metrics, self.kv, self.env, self.latency
+        n_run = len(self.running)            # the batch and its decoders: fixed in the run
         u = ledger.u_count
-        entries = ledger._entries
-        inst_id = self.id
+        # a built-in model's step time as a function of the context, else a call per step
+        decode_us = _decode_step_fn(lat, n_run, u)
+        step_time_us, entries = lat.step_time_us, ledger._entries
+        classes, comp_at, bs = ledger.classes, ledger.comp_at, kv.block_size
+        append, total = kv.append_token, kv.total_blocks
+        horizon, inst_id = self.horizon_us, self.id
         # go on here only where the instance loop would run the next step inline and call
         # nothing in between: no listener acting after each event, no ``step`` wrapped on
         # this object (a wrapper sees one call per step)
@@ -140,9 +134,12 @@ class FastInstance(Instance, name="fast"):
                     raise AssertionError(f"uniform step found no free block for {r.id}")
             met.running_len_sum += n_run
             met.step_samples += 1
-            step_us = step_time_us(BatchView(
-                decode_count=u, decode_tokens=u, decode_pi_sum=ledger.u_pi_off + u * T,
-                size=n_run, entries_fn=entries))
+            if decode_us is not None:
+                step_us = decode_us(ledger.u_pi_off + u * T)
+            else:
+                step_us = step_time_us(BatchView(
+                    decode_count=u, decode_tokens=u, decode_pi_sum=ledger.u_pi_off + u * T,
+                    size=n_run, entries_fn=entries))
             if step_us < 1 or step_us > MAX_STEP_US:
                 step_us = checked_step_us(step_us, inst_id, now_us)
             ledger.tick_end.append(now_us + step_us)    # execute: one token each, the tick
@@ -165,3 +162,16 @@ class FastInstance(Instance, name="fast"):
                 return nxt
             env.advance_to(nxt)
             now_us = nxt
+
+
+def _decode_step_fn(lat, size: int, count: int):
+    """The latency model's pure-decode step as a function of the context
+    (:meth:`~blis_simpy.latency.base.LatencyModel.decode_step_fn`), or None: only for a
+    built-in model used as it is, not through a wrapper (whose ``step_time_us`` must see
+    every step) nor with a ``step_time_us`` set on the object."""
+    make = getattr(lat, "decode_step_fn", None)
+    if (make is None or getattr(make, "__self__", None) is not lat
+            or not getattr(type(lat), "_blis_builtin", False)
+            or "step_time_us" in getattr(lat, "__dict__", ())):
+        return None
+    return make(size, count)

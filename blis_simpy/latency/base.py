@@ -120,6 +120,17 @@ class LatencyModel(Pluggable, family="latency model"):
         """Duration of one engine step, ≥ 1 µs."""
         raise NotImplementedError
 
+    def decode_step_fn(self, size: int, count: int) -> Callable[[int], int] | None:
+        """The step time of a *pure-decode* step as a function of the context only, or None.
+
+        For a batch of ``size`` requests of which ``count`` decode one token each and none
+        prefills, a function ``f(decode_pi_sum)`` returning exactly :meth:`step_time_us` of
+        that batch's view (µs). The engine uses it for runs of such steps (docs/performance.md,
+        "Step coalescing"); a model whose step time of such a batch depends on anything else
+        (the per-request :meth:`BatchView.entries`, state) returns None, the default, and is
+        then called every step."""
+        return None
+
     def lockstep_step_time_us(self, views: list[BatchView]) -> int:
         """Duration (µs) of one lockstep step of the data-parallel ranks of one engine.
 

@@ -21,6 +21,13 @@ class BlackboxModel(LatencyModel, name="blackbox"):
         t = to_int64(b0 + b1 * batch.prefill_tokens + b2 * batch.decode_tokens)
         return t if t > 1 else 1
 
+    def decode_step_fn(self, size: int, count: int):
+        """A pure-decode step does not depend on the context: one duration for all."""
+        if type(self).step_time_us is not BlackboxModel.step_time_us:
+            return None
+        t = self.step_time_us(BatchView(decode_count=count, decode_tokens=count, size=size))
+        return lambda decode_pi_sum: t
+
     def longest_step_us(self, max_scheduled_tokens: int, max_running_reqs: int) -> float:
         """The longest step this model can time, µs, under a per-step budget of
         ``max_scheduled_tokens`` tokens and at most ``max_running_reqs`` decoders (each

@@ -135,18 +135,55 @@ class PhysicsModel(LatencyModel, name="physics"):
             return _clamp(self.combine(self.terms(batch)))
         # dense: the same arithmetic with the per-unit constants (O(prefill requests))
         pf_tokens, pf_ctx, pairs = _prefill_sums(batch)
-        n_dc = batch.decode_count
-        ctx = batch.decode_pi_sum
+        return self._dense_us(pf_tokens, len(batch.prefill), pf_ctx, pairs, batch.decode_count,
+                              batch.decode_pi_sum, batch.size)
+
+    def _dense_us(self, pf_tokens: int, n_pf: int, pf_ctx: int, pairs: float, n_dc: int,
+                  ctx: int, size: int) -> int:
+        """A dense model's step (µs) from the batch's sums: prefill tokens, prefill
+        requests, their cached context and causal pairs; decoders and their context; size."""
         pairs += ctx + n_dc
-        compute = self._pf_tok * pf_tokens + self._pf_row * len(batch.prefill) + self._dc_req * n_dc
+        compute = self._pf_tok * pf_tokens + self._pf_row * n_pf + self._dc_req * n_dc
         weights = self._weights if pf_tokens + n_dc else 0.0
         kv = self._pf_mem_tok * (pf_ctx + pf_tokens) + self._dc_kv_tok * (ctx + n_dc)
         attn = self._attn_pair * pairs
         step = ((compute if compute > weights else weights) + (attn if attn > kv else kv)
-                + self._sample_row * batch.size + self._fixed + self._per_req * batch.size)
+                + self._sample_row * size + self._fixed + self._per_req * size)
         if self.tp > 1:
             step += self.coeffs.tp_allreduce * P.tp_allreduce_us(self.shape, self.rates, pf_tokens + n_dc)
         return _clamp(step)
+
+    def decode_step_fn(self, size: int, count: int):
+        """A dense model's pure-decode step: :meth:`_dense_us` with no prefill, its terms
+        that do not depend on the context computed once. Every floating-point operation
+        is the one :meth:`_dense_us` does, on the same operands in the same order, so the
+        numbers are the same (tests/latency check it). MoE models, and a subclass with a
+        step of its own, have none."""
+        if self.is_moe or type(self).step_time_us is not PhysicsModel.step_time_us:
+            return None
+        n_dc = count
+        compute = self._pf_tok * 0 + self._pf_row * 0 + self._dc_req * n_dc
+        weights = self._weights if n_dc else 0.0
+        linear = compute if compute > weights else weights
+        kv0 = self._pf_mem_tok * 0
+        dc_kv_tok = self._dc_kv_tok
+        attn_pair = self._attn_pair
+        sample = self._sample_row * size
+        fixed = self._fixed
+        per_req = self._per_req * size
+        tp_term = (self.coeffs.tp_allreduce * P.tp_allreduce_us(self.shape, self.rates, n_dc)
+                   if self.tp > 1 else None)
+
+        def step_us(decode_pi_sum: int) -> int:
+            x = decode_pi_sum + n_dc
+            kv = kv0 + dc_kv_tok * x
+            attn = attn_pair * (0.0 + x)
+            step = linear + (attn if attn > kv else kv) + sample + fixed + per_req
+            if tp_term is not None:
+                step += tp_term
+            t = to_int64(step)
+            return t if t > 1 else 1
+        return step_us
 
     def lockstep_step_time_us(self, views: list[BatchView]) -> int:
         """DP ranks in lockstep: the MoE layers of every rank see the tokens of all ranks,

@@ -228,3 +228,45 @@ def test_an_instance_overriding_the_loop_is_not_fused(monkeypatch):
     _assert_equal(out)
     inst = out["fast"][1]
     assert len(calls) == inst.decode_ticks > 300         # one short-path step per call
+
+
+def test_runs_of_pure_decode_steps_timed_by_the_models_decode_function(monkeypatch):
+    # the default physics backend gives the engine a function of the context for runs of
+    # pure-decode steps; results equal the reference engine's, which times every step
+    from blis_simpy.config.scenario import Scenario
+    from blis_simpy.latency.physics import PhysicsModel
+
+    made = []
+    real = PhysicsModel.decode_step_fn
+
+    def recording(self, size, count):
+        f = real(self, size, count)
+        made.append(f is not None)
+        return f
+
+    monkeypatch.setattr(PhysicsModel, "decode_step_fn", recording)
+    specs = [(i * 10_000, 50 + 7 * i, 400 - 13 * i) for i in range(6)]
+    out = {}
+    for impl in ("reference", "fast"):
+        sc = Scenario(model="meta-llama/llama-3.1-8b-instruct", hardware="H100", tp=2,
+                      latency={"model": "physics"},
+                      engine={"total_kv_blocks": 2000, "block_size": 4, "implementation": impl})
+        sim = Simulation(sc, make_requests(specs, seed=3))
+        res = sim.run()
+        out[impl] = (_snapshot(res.instances[0]), sim.instances[0])
+    _assert_equal(out)
+    assert out["fast"][1].decode_ticks > 300 and made and all(made)
+
+
+def test_a_step_time_set_on_the_model_object_sees_every_step():
+    # (a wrapper around the model is covered by tests/engine/test_preemption_models.py)
+    sc = scenario(block_size=4, total_kv_blocks=2000)
+    specs = [(i * 10_000, 50 + 7 * i, 400 - 13 * i) for i in range(6)]
+    sim = Simulation(sc, make_requests(specs, seed=3))
+    inst = sim.instances[0]
+    seen = []
+    real = inst.latency.step_time_us
+    inst.latency.step_time_us = lambda view: seen.append(view.size) or real(view)
+    sim.run()
+    assert inst.decode_ticks > 300
+    assert len(seen) == inst.metrics.step_samples

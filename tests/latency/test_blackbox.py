@@ -164,3 +164,18 @@ def test_coefficient_validation(bad, which):
 def test_zero_coefficients_are_valid():
     m = BlackboxModel([0, 0, 0], [0, 0, 0])
     assert _sums(m, 5, 5) == 1
+
+
+def test_the_pure_decode_step_function_is_the_step_time_for_any_context():
+    m = BlackboxModel([100.0, 1.0, 50.0], [1000.0, 10.0, 5.5])
+    for size, count in ((1, 1), (7, 5), (300, 300)):
+        f = m.decode_step_fn(size, count)
+        for pi in (0, 17, 123_456, 9_999_999):
+            v = BatchView(decode_count=count, decode_tokens=count, decode_pi_sum=pi, size=size)
+            assert f(pi) == m.step_time_us(v) == int(1000.0 + 5.5 * count)
+
+    class Own(BlackboxModel):
+        def step_time_us(self, batch):
+            return 1 + batch.decode_pi_sum
+
+    assert Own([0.0, 0.0, 0.0], [1.0, 0.0, 0.0]).decode_step_fn(4, 4) is None

@@ -175,6 +175,46 @@ def test_fast_path_equals_the_terms_on_random_batches(tp):
         assert m.step_time_us(v) == max(1, int(PhysicsModel.combine(m.terms(v))))
 
 
+def test_the_pure_decode_step_function_equals_the_step_time():
+    # decode_step_fn (the engine's runs of pure-decode steps) must give step_time_us's
+    # number to the microsecond, over dense catalog models, GPUs, TP and coefficient sets
+    import random
+    rnd = random.Random(11)
+    models, gpus = builtin_models(), builtin_gpus()
+    dense = [n for n in models.names() if models.get(n).num_local_experts == 0][:6]
+    sets = [None, PhysicsCoefficients(), PhysicsCoefficients(weight_reads=0.5, request_cpu_us=17.0),
+            PhysicsCoefficients(decode_kv_reads=3.0, attention_compute=40.0, step_cpu_us=471.0),
+            PhysicsCoefficients(decode_kv_reads=0.001, attention_compute=1000.0),   # attention-bound
+            PhysicsCoefficients(decode_compute=500.0, weight_reads=0.01)]           # compute-bound
+    checked = 0
+    for name in dense:
+        for gpu in ("H100", "A100-80", "RTX-4090"):
+            for tp in (1, 2, 4):
+                kw = {} if (c := rnd.choice(sets)) is None else {"coefficients": c}
+                m = PhysicsModel(models.get(name), gpus.get(gpu), tp, **kw)
+                for _ in range(40):
+                    count = rnd.randrange(1, 300)
+                    size = count + rnd.randrange(0, 3)
+                    f = m.decode_step_fn(size, count)
+                    for pi in (rnd.randrange(0, 2_000_000) for _ in range(5)):
+                        v = BatchView(decode_count=count, decode_tokens=count, decode_pi_sum=pi, size=size)
+                        assert f(pi) == m.step_time_us(v), (name, gpu, tp, count, size, pi)
+                        checked += 1
+    assert checked > 5000
+
+
+def test_no_pure_decode_step_function_where_the_step_is_not_the_dense_one():
+    moe = PhysicsModel(TINY_MOE, UNIT, 1, coefficients=PhysicsCoefficients())
+    assert moe.decode_step_fn(4, 4) is None
+
+    class Own(PhysicsModel):
+        def step_time_us(self, batch):
+            return 5
+
+    own = Own(TINY, UNIT, 1, coefficients=PhysicsCoefficients())
+    assert own.decode_step_fn(4, 4) is None
+
+
 def test_lockstep_pads_moe_tokens_to_the_busiest_rank():
     m = PhysicsModel(TINY_MOE, UNIT, 1, dp=2, expert_parallel=True, coefficients=PhysicsCoefficients())
     busy = BatchView.of([req(10, 1, n_in=5), req(10, 1, n_in=5), req(10, 1, n_in=5)])
