@@ -157,9 +157,10 @@ class PhysicsModel(LatencyModel, name="physics"):
         """A dense model's pure-decode step: :meth:`_dense_us` with no prefill, its terms
         that do not depend on the context computed once. Every floating-point operation
         is the one :meth:`_dense_us` does, on the same operands in the same order, so the
-        numbers are the same (tests/latency check it). MoE models, and a subclass with a
-        step of its own, have none."""
-        if self.is_moe or type(self).step_time_us is not PhysicsModel.step_time_us:
+        numbers are the same (tests/latency check it). MoE models, and a class whose step
+        is not this module's (a subclass's own, or one patched onto the class), have none."""
+        cls = type(self)
+        if self.is_moe or cls.step_time_us is not _STEP or cls._dense_us is not _DENSE_US:
             return None
         n_dc = count
         compute = self._pf_tok * 0 + self._pf_row * 0 + self._dc_req * n_dc
@@ -210,6 +211,11 @@ class PhysicsModel(LatencyModel, name="physics"):
         v = BatchView(decode_count=batch_size, decode_tokens=batch_size,
                       decode_pi_sum=batch_size * context_tokens, size=batch_size)
         return self.step_time_us(v)
+
+
+#: the step :meth:`PhysicsModel.decode_step_fn` reproduces, as defined here (not as the class
+#: may have it later: a step patched onto the class must see every step)
+_STEP, _DENSE_US = PhysicsModel.step_time_us, PhysicsModel._dense_us
 
 
 def _prefill_sums(batch: BatchView) -> tuple[int, int, float]:

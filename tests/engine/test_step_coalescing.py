@@ -9,6 +9,8 @@ path and the inline steps were actually taken, so the comparison is not vacuous.
 
 from __future__ import annotations
 
+import pytest
+
 from blis_simpy.cluster.cluster import Cluster
 from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.engine.fast import FastInstance
@@ -270,3 +272,31 @@ def test_a_step_time_set_on_the_model_object_sees_every_step():
     sim.run()
     assert inst.decode_ticks > 300
     assert len(seen) == inst.metrics.step_samples
+
+
+@pytest.mark.parametrize("backend", ["physics", "blackbox"])
+def test_a_step_time_patched_onto_the_model_class_sees_every_step(monkeypatch, backend):
+    # the model's pure-decode function stands for the class's own step only: a step
+    # patched onto the class (a spy, a slower step) runs at every step, as in the reference
+    from blis_simpy.config.scenario import Scenario
+    from blis_simpy.latency.blackbox import BlackboxModel
+    from blis_simpy.latency.physics import PhysicsModel
+
+    cls = PhysicsModel if backend == "physics" else BlackboxModel
+    real = cls.step_time_us
+    calls = []
+    monkeypatch.setattr(cls, "step_time_us", lambda self, view: calls.append(1) or real(self, view) + 1)
+    latency = ({"model": "physics"} if backend == "physics" else
+               {"model": "blackbox", "alpha_coeffs": [100.0, 1.0, 50.0], "beta_coeffs": [1000.0, 10.0, 5.0]})
+    specs = [(i * 10_000, 50 + 7 * i, 400 - 13 * i) for i in range(6)]
+    out = {}
+    for impl in ("reference", "fast"):
+        calls.clear()
+        sc = Scenario(model="meta-llama/llama-3.1-8b-instruct", hardware="H100", tp=2, latency=latency,
+                      engine={"total_kv_blocks": 2000, "block_size": 4, "implementation": impl})
+        sim = Simulation(sc, make_requests(specs, seed=3))
+        res = sim.run()
+        out[impl] = (_snapshot(res.instances[0]), sim.instances[0])
+        assert len(calls) == sim.instances[0].metrics.step_samples
+    _assert_equal(out)
+    assert out["fast"][1].decode_ticks > 300
