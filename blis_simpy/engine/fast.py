@@ -47,28 +47,50 @@ class FastInstance(Instance, name="fast"):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.decode_ticks = 0     # steps that took the pure-decode short path
-        cls = type(self)
-        kv = self.kv
-        # What a window assumes about the parts: the built-in vLLM batching (a pure-decode
-        # step serves every decoder one token), a KV cache with no transfer latency or CPU
-        # mirror, the instance's own step hooks, and no lockstep group.
-        self._window_parts = (
-            type(self.batching) is VLLMBatching
-            and type(kv).consume_pending_transfer_latency is KVCache.consume_pending_transfer_latency
-            and type(kv).mirror_to_cpu is KVCache.mirror_to_cpu
-            and all(getattr(cls, h) is getattr(FastInstance, h) for h in _WINDOW_HOOKS
-                    if h != "step")
-            and cls.step is FastInstance.step)
+        self._window_parts: bool | None = None    # known at the first step (_parts_allow)
+        self._tick_parts: tuple | None = None     # made at the first short-path step
+        self._decode_fn = None                    # the latency model's decode_step_fn ...
+        self._decode_fn_u = -1                    # ... for this many decoders
         # Back-to-back pure-decode steps in one call stand in for the instance loop between
         # them: only with the built-in one.
-        self._fuse_parts = cls._steps is FastInstance._steps
+        self._fuse_parts = type(self)._steps is FastInstance._steps
 
     def step(self, now_us: int) -> int | None:
         """One engine iteration at ``now_us`` — or a decode window starting there; returns
         the time of the next step, or None."""
-        if self._window_parts and self._window_open():
+        parts = self._window_parts
+        if parts is None:
+            parts = self._window_parts = self._parts_allow()
+        if parts and self._window_open():
             return self._decode_tick(now_us)
         return super().step(now_us)
+
+    def _make_tick_parts(self) -> tuple:
+        """What :meth:`_decode_tick` reads at every step, fixed for the run (made at its
+        first call: the listener and any wrapper are in place by then)."""
+        ledger, kv, lat = self.ledger, self.kv, self.latency
+        # go on with the next step here only where the instance loop would run it inline and
+        # call nothing in between: no listener acting after each event, no ``step`` wrapped
+        # on this object (a wrapper sees one call per step)
+        more = bool(self.coalesce_steps and self._fuse_parts
+                    and getattr(self.listener, "quiet_steps", False)
+                    and _method_is(self, "step", FastInstance))
+        return (ledger, self.metrics, kv, self.env, lat.step_time_us, ledger._entries,
+                ledger.classes, ledger.comp_at, kv.block_size, kv.append_token, kv.total_blocks,
+                self.horizon_us, self.id, ledger.otpt_us, more)
+
+    def _parts_allow(self) -> bool:
+        """What the short path assumes about the parts, checked at the first step so that
+        hooks set on the objects before the run count too: the built-in vLLM batching (a
+        pure-decode step serves every decoder one token), a KV cache with no transfer
+        latency or CPU mirror, the instance's own step hooks, on its class and on the
+        object (``step`` itself may be wrapped there: the wrapper sees every call)."""
+        kv = self.kv
+        return (type(self.batching) is VLLMBatching
+                and _method_is(kv, "consume_pending_transfer_latency", KVCache)
+                and _method_is(kv, "mirror_to_cpu", KVCache)
+                and all(_method_is(self, h, FastInstance) for h in _WINDOW_HOOKS if h != "step")
+                and type(self).step is FastInstance.step)
 
     def _window_open(self) -> bool:
         """Is the next step a pure-decode step that completes nobody and gets its fresh
@@ -94,21 +116,16 @@ class FastInstance(Instance, name="fast"):
         step is again such a step and is due before every other event (what the instance
         loop would run inline next), it runs here too, without returning to the loop."""
         self._steps_scheduled -= 1
-        ledger, met, kv, env, lat = self.ledger, self.metrics, self.kv, self.env, self.latency
-        n_run = len(self.running)            # the batch and its decoders: fixed in the run
-        u = ledger.u_count
-        # a built-in model's step time as a function of the context, else a call per step
-        decode_us = _decode_step_fn(lat, n_run, u)
-        step_time_us, entries = lat.step_time_us, ledger._entries
-        classes, comp_at, bs = ledger.classes, ledger.comp_at, kv.block_size
-        append, total = kv.append_token, kv.total_blocks
-        horizon, inst_id = self.horizon_us, self.id
-        # go on here only where the instance loop would run the next step inline and call
-        # nothing in between: no listener acting after each event, no ``step`` wrapped on
-        # this object (a wrapper sees one call per step)
-        more = (self.coalesce_steps and self._fuse_parts
-                and getattr(self.listener, "quiet_steps", False) and "step" not in self.__dict__)
-        otpt_us = ledger.otpt_us
+        k = self._tick_parts
+        if k is None:
+            k = self._tick_parts = self._make_tick_parts()
+        (ledger, met, kv, env, step_time_us, entries, classes, comp_at, bs, append, total,
+         horizon, inst_id, otpt_us, more) = k
+        n_run = u = ledger.u_count           # every running request decodes; fixed in the run
+        if u != self._decode_fn_u:           # the model's step as a function of the context
+            self._decode_fn = _decode_step_fn(self.latency, n_run, u)
+            self._decode_fn_u = u
+        decode_us = self._decode_fn
         # the ledger's per-step flags, the same at every such step
         ledger._skipped = []
         ledger._literal = False
@@ -172,6 +189,13 @@ def _decode_step_fn(lat, size: int, count: int):
     make = getattr(lat, "decode_step_fn", None)
     if (make is None or getattr(make, "__self__", None) is not lat
             or not getattr(type(lat), "_blis_builtin", False)
-            or "step_time_us" in getattr(lat, "__dict__", ())):
+            or not _method_is(lat, "step_time_us", type(lat))):
         return None
     return make(size, count)
+
+
+def _method_is(obj, name: str, cls) -> bool:
+    """Is ``obj.name`` the method ``cls`` defines (or inherits), not one set on the object or
+    overridden by a subclass? (Read through the attribute, never ``obj.__dict__``: making
+    an object's dict costs every later attribute access on it.)"""
+    return getattr(getattr(obj, name, None), "__func__", None) is getattr(cls, name, None)

@@ -300,3 +300,21 @@ def test_a_step_time_patched_onto_the_model_class_sees_every_step(monkeypatch, b
         assert len(calls) == sim.instances[0].metrics.step_samples
     _assert_equal(out)
     assert out["fast"][1].decode_ticks > 300
+
+
+def test_a_step_hook_set_on_the_engine_object_runs_every_step():
+    # hooks set on the instance object (not its class) before the run count as overrides
+    specs = [(i * 10_000, 50 + 7 * i, 400 - 13 * i) for i in range(6)]
+    out = {}
+    for impl in ("reference", "fast"):
+        sim = Simulation(scenario(implementation=impl, block_size=4, total_kv_blocks=2000),
+                         make_requests(specs, seed=3))
+        inst = sim.instances[0]
+        seen = []
+        real = inst.step_time_us
+        inst.step_time_us = lambda view, real=real, seen=seen: seen.append(1) or real(view) + 1
+        res = sim.run()
+        out[impl] = (_snapshot(res.instances[0]), inst)
+        assert len(seen) == inst.metrics.step_samples > 300
+    _assert_equal(out)
+    assert out["fast"][1].decode_ticks == 0
