@@ -13,9 +13,10 @@ The progress of the running requests is kept by a *ledger*
 (:mod:`blis_simpy.engine.ledger`): this class uses the eager reference ledger,
 :class:`~blis_simpy.engine.fast.FastInstance` the lazy one. Hooks, listeners and policies
 see materialised request state under both: an instance whose :meth:`on_step_end` is
-overridden (or whose listener sets ``wants_request_state``) has every running and completed
-request — ``pi``, ``kv_len``, ``num_new_tokens``, ``itl`` — brought up to date before its
-hooks run; the completion rule is :func:`~blis_simpy.engine.ledger.completion_pi`.
+overridden or set on the object before the run (or whose listener sets
+``wants_request_state``) has every running and completed request — ``pi``, ``kv_len``,
+``num_new_tokens``, ``itl`` — brought up to date before its hooks run; the completion
+rule is :func:`~blis_simpy.engine.ledger.completion_pi`.
 
 A step is :meth:`begin_step` (reorder, form the batch, statistics, batch view), the
 duration, then :meth:`finish_step` (execute, KV statistics, completions, on_step_end); the
@@ -130,6 +131,11 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
     # ================================================================= process structure
     def _run(self):
         """The instance process: sleep on the doorbell, then run a chain of steps."""
+        # The process starts with the run: an ``on_step_end`` set on the instance object
+        # before it (not only one overridden by a subclass) sees materialised request state
+        # (``observed``). Read through the attribute: ``vars(self)`` would cost every later
+        # attribute access on the instance (docs/performance.md).
+        self._hooked = getattr(self.on_step_end, "__func__", None) is not Instance.on_step_end
         while True:
             self._doorbell = Event(self.env)
             yield self._doorbell

@@ -318,3 +318,24 @@ def test_a_step_hook_set_on_the_engine_object_runs_every_step():
         assert len(seen) == inst.metrics.step_samples > 300
     _assert_equal(out)
     assert out["fast"][1].decode_ticks == 0
+
+
+def test_an_on_step_end_set_on_the_engine_object_sees_materialised_state():
+    # such a hook sees the request state the reference engine shows it, as a subclass's
+    # on_step_end does (the fast engine materialised it only for a class override)
+    specs = [(i * 10_000, 50 + 7 * i, 60 - 3 * i) for i in range(6)]
+    seen = {}
+    for impl in ("reference", "fast"):
+        sim = Simulation(scenario(implementation=impl, block_size=4, total_kv_blocks=2000),
+                         make_requests(specs, seed=3))
+        inst = sim.instances[0]
+        log = seen[impl] = []
+
+        def hook(now_us, step_us, completed, inst=inst, log=log):
+            log.append((now_us, [(r.id, r.pi, r.kv_len) for r in completed],
+                        [(r.id, r.pi, r.kv_len, r.num_new_tokens) for r in inst.running]))
+
+        inst.on_step_end = hook
+        sim.run()
+        assert len(log) == inst.metrics.step_samples > 50
+    assert seen["fast"] == seen["reference"]
