@@ -302,40 +302,51 @@ def test_a_step_time_patched_onto_the_model_class_sees_every_step(monkeypatch, b
     assert out["fast"][1].decode_ticks > 300
 
 
-def test_a_step_hook_set_on_the_engine_object_runs_every_step():
-    # hooks set on the instance object (not its class) before the run count as overrides
-    specs = [(i * 10_000, 50 + 7 * i, 400 - 13 * i) for i in range(6)]
+def _runs_with_patched_instance(specs, patch) -> dict:
+    """Run ``specs`` on both engines, ``patch(inst)`` applied to the instance object before
+    the run (it returns what it records); per implementation: (snapshot, instance, record)."""
     out = {}
     for impl in ("reference", "fast"):
         sim = Simulation(scenario(implementation=impl, block_size=4, total_kv_blocks=2000),
                          make_requests(specs, seed=3))
         inst = sim.instances[0]
+        record = patch(inst)
+        res = sim.run()
+        out[impl] = (_snapshot(res.instances[0]), inst, record)
+    return out
+
+
+def test_a_step_hook_set_on_the_engine_object_runs_every_step():
+    # hooks set on the instance object (not its class) before the run count as overrides
+    def patch(inst):
         seen = []
         real = inst.step_time_us
-        inst.step_time_us = lambda view, real=real, seen=seen: seen.append(1) or real(view) + 1
-        res = sim.run()
-        out[impl] = (_snapshot(res.instances[0]), inst)
-        assert len(seen) == inst.metrics.step_samples > 300
+        inst.step_time_us = lambda view: seen.append(1) or real(view) + 1
+        return seen
+
+    out = _runs_with_patched_instance([(i * 10_000, 50 + 7 * i, 400 - 13 * i) for i in range(6)],
+                                      patch)
     _assert_equal(out)
+    for _, inst, seen in out.values():
+        assert len(seen) == inst.metrics.step_samples > 300
     assert out["fast"][1].decode_ticks == 0
 
 
 def test_an_on_step_end_set_on_the_engine_object_sees_materialised_state():
     # such a hook sees the request state the reference engine shows it, as a subclass's
     # on_step_end does (the fast engine materialised it only for a class override)
-    specs = [(i * 10_000, 50 + 7 * i, 60 - 3 * i) for i in range(6)]
-    seen = {}
-    for impl in ("reference", "fast"):
-        sim = Simulation(scenario(implementation=impl, block_size=4, total_kv_blocks=2000),
-                         make_requests(specs, seed=3))
-        inst = sim.instances[0]
-        log = seen[impl] = []
+    def patch(inst):
+        log = []
 
-        def hook(now_us, step_us, completed, inst=inst, log=log):
+        def hook(now_us, step_us, completed):
             log.append((now_us, [(r.id, r.pi, r.kv_len) for r in completed],
                         [(r.id, r.pi, r.kv_len, r.num_new_tokens) for r in inst.running]))
 
         inst.on_step_end = hook
-        sim.run()
+        return log
+
+    out = _runs_with_patched_instance([(i * 10_000, 50 + 7 * i, 60 - 3 * i) for i in range(6)],
+                                      patch)
+    for _, inst, log in out.values():
         assert len(log) == inst.metrics.step_samples > 50
-    assert seen["fast"] == seen["reference"]
+    assert out["fast"][2] == out["reference"][2]
