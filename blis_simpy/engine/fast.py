@@ -51,9 +51,6 @@ class FastInstance(Instance, name="fast"):
         self._tick_parts: tuple | None = None     # made at the first short-path step
         self._decode_fn = None                    # the latency model's decode_step_fn ...
         self._decode_fn_u = -1                    # ... for this many decoders
-        # Back-to-back pure-decode steps in one call stand in for the instance loop between
-        # them: only with the built-in one.
-        self._fuse_parts = type(self)._steps is FastInstance._steps
 
     def step(self, now_us: int) -> int | None:
         """One engine iteration at ``now_us`` — or a decode window starting there; returns
@@ -70,14 +67,14 @@ class FastInstance(Instance, name="fast"):
         first call: the listener and any wrapper are in place by then)."""
         ledger, kv, lat = self.ledger, self.kv, self.latency
         # go on with the next step here only where the instance loop would run it inline and
-        # call nothing in between: no listener acting after each event, no ``step`` wrapped
-        # on this object (a wrapper sees one call per step)
-        more = bool(self.coalesce_steps and self._fuse_parts
+        # call nothing in between: the built-in loop, no listener acting after each event, no
+        # ``step`` wrapped on this object (a wrapper sees one call per step)
+        more = bool(self.coalesce_steps and type(self)._steps is FastInstance._steps
                     and getattr(self.listener, "quiet_steps", False)
                     and _method_is(self, "step", FastInstance))
         return (ledger, self.metrics, kv, self.env, lat.step_time_us, ledger._entries,
                 ledger.classes, ledger.comp_at, kv.block_size, kv.append_token, kv.total_blocks,
-                self.horizon_us, self.id, ledger.otpt_us, more)
+                self.horizon_us, self.id, ledger.otpt_us, ledger._boundary, more)
 
     def _parts_allow(self) -> bool:
         """What the short path assumes about the parts, checked at the first step so that
@@ -120,10 +117,11 @@ class FastInstance(Instance, name="fast"):
         if k is None:
             k = self._tick_parts = self._make_tick_parts()
         (ledger, met, kv, env, step_time_us, entries, classes, comp_at, bs, append, total,
-         horizon, inst_id, otpt_us, more) = k
-        n_run = u = ledger.u_count           # every running request decodes; fixed in the run
+         horizon, inst_id, otpt_us, boundary, more) = k
+        # every running request decodes (u of them, the batch size): fixed in the run
+        u = ledger.u_count
         if u != self._decode_fn_u:           # the model's step as a function of the context
-            self._decode_fn = _decode_step_fn(self.latency, n_run, u)
+            self._decode_fn = _decode_step_fn(self.latency, u, u)
             self._decode_fn_u = u
         decode_us = self._decode_fn
         # the ledger's per-step flags, the same at every such step
@@ -138,25 +136,21 @@ class FastInstance(Instance, name="fast"):
             self.step_count += 1
             self.decode_ticks += 1
             T = ledger.T                  # the uniform service (LazyLedger.serve_all)
-            items = list(classes[T % bs])
-            if bs > 1:
-                fill = classes[(T + 1) % bs]
-                if fill:
-                    items.extend(fill)
+            items = boundary(T)
             if len(items) > 1:
                 items.sort(key=_by_pos)
             for r in items:
                 d = T - r.g0
                 if not append(r, r.pi + d, r.kv_len + d):  # pragma: no cover - checked
                     raise AssertionError(f"uniform step found no free block for {r.id}")
-            met.running_len_sum += n_run
+            met.running_len_sum += u
             met.step_samples += 1
             if decode_us is not None:
                 step_us = decode_us(ledger.u_pi_off + u * T)
             else:
                 step_us = step_time_us(BatchView(
                     decode_count=u, decode_tokens=u, decode_pi_sum=ledger.u_pi_off + u * T,
-                    size=n_run, entries_fn=entries))
+                    size=u, entries_fn=entries))
             if step_us < 1 or step_us > MAX_STEP_US:
                 step_us = checked_step_us(step_us, inst_id, now_us)
             ledger.tick_end.append(now_us + step_us)    # execute: one token each, the tick
