@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint bench bench-replay bench-startup bench-accuracy clean install-browser
+.PHONY: install run test lint catalog bench bench-replay bench-startup bench-accuracy clean install-browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: $(STAMP) install-browser
 
 lint: $(STAMP)
 	$(BIN)/ruff check blis_simpy tests bench
+
+# after editing blis_simpy/catalog/data/*.yaml: rewrite their compiled JSON copies (docs/catalog.md)
+catalog: $(STAMP)
+	$(BIN)/python -m blis_simpy.catalog.shipped
 
 # six workloads, ours (and a Go BLIS when BLIS_BIN is set): make bench [ARGS="--scale 0.1"]
 bench: $(STAMP)
