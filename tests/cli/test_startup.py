@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 #: what `import blis_simpy.cli.app`, `--help` and `--version` must not load
 HEAVY = ("numpy", "scipy", "httpx", "matplotlib", "simpy", "pydantic", "pydantic_core", "yaml",
@@ -146,3 +148,47 @@ def test_observe_ends_the_start_up_pause_before_it_sends():
         srv.stop()
     assert got["code"] in (None, 0) and "2 ok" in got["out"], got
     assert got["gc"][0] == list(gc.get_threshold()) and got["gc"][1] > 10_000
+
+
+def test_a_sub_command_line_builds_only_that_command():
+    """main() hands typer a copy of the app holding just the named sub-command (typer would
+    build the click objects of all eleven); anything else gets the whole app, unchanged."""
+    from blis_simpy.cli.app import _app_for, app
+
+    every = [c.name for c in app.registered_commands]
+    assert _app_for(["replay", "--help"]).registered_commands[0].name == "replay"
+    solo = _app_for(["replay", "--trace-header", "x"])
+    assert [c.name for c in solo.registered_commands] == ["replay"] and solo.registered_groups == []
+    solo = _app_for(["convert", "preset"])
+    assert solo.registered_commands == [] and [g.name for g in solo.registered_groups] == ["convert"]
+    for args in ([], ["--help"], ["--version"], ["runn"], ["--show-completion"]):
+        assert _app_for(args) is app, args
+    assert [c.name for c in app.registered_commands] == every and len(every) == 10
+
+
+@pytest.mark.parametrize("args", [["run", "--help"], ["replay", "--help"], ["convert", "--help"],
+                                  ["catalog", "--help"], ["run", "--bogus"], ["validate"],
+                                  ["convert", "nope"]])
+def test_a_sub_command_runs_as_in_the_whole_app(args, capsys, monkeypatch):
+    """Help, usage errors and exit codes of the one-command app are the whole app's."""
+    import gc
+    import os
+
+    from blis_simpy.cli import startup_gc
+    from blis_simpy.cli.app import _app_for, app, main
+
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", os.environ.get("OPENBLAS_NUM_THREADS", "1"))
+    thresholds = gc.get_threshold()
+    got = []
+    for run in (lambda: main(args), lambda: app(args=args, prog_name="blis-simpy")):
+        try:
+            with pytest.raises(SystemExit) as stop:
+                run()
+        finally:    # main() paused the collector and no scenario was prepared to end it
+            startup_gc._saved = None
+            gc.set_threshold(*thresholds)
+        out = capsys.readouterr()
+        got.append((stop.value.code, out.out, out.err))
+    assert _app_for(args) is not app
+    assert got[0] == got[1] and got[0][1] + got[0][2]
