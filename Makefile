@@ -28,7 +28,7 @@ test: $(STAMP) install-browser
 lint: $(STAMP)
 	$(BIN)/ruff check blis_simpy tests bench
 
-# after editing blis_simpy/catalog/data/*.yaml: rewrite their compiled JSON copies (docs/catalog.md)
+# after editing blis_simpy/catalog/data/*.yaml: rewrite their compiled JSON copies (docs/latency-models.md, "Catalogs")
 catalog: $(STAMP)
 	$(BIN)/python -m blis_simpy.catalog.shipped
 
