@@ -56,7 +56,7 @@ def read_shipped(name: str) -> object:
     text = _data().joinpath(name).read_text("utf-8")
     try:
         blob = json.loads(_data().joinpath(_compiled_name(name)).read_text("utf-8"))
-        if isinstance(blob, dict) and blob.get("yaml_sha256") == _digest(text):
+        if isinstance(blob, dict) and "data" in blob and blob.get("yaml_sha256") == _digest(text):
             return blob["data"]
     except (OSError, ValueError):
         pass

@@ -67,11 +67,15 @@ def test_a_copy_with_the_right_hash_is_what_is_read(tmp_path, monkeypatch):
     assert read_shipped("gpus.yaml")["H100"]["tflops_peak"] == 1.5
 
 
-@pytest.mark.parametrize("content", ["", "{not json", "[1, 2]", '{"yaml_sha256": 3}'])
+@pytest.mark.parametrize("content", ["", "{not json", "[1, 2]", '{"yaml_sha256": 3}', "no data"])
 def test_a_missing_or_broken_copy_falls_back_to_the_yaml(tmp_path, monkeypatch, content):
     dst = _copy_of_data(tmp_path, monkeypatch)
     target = dst / "compiled/models.json"
-    if content:
+    if content == "no data":    # the right hash but no values
+        blob = json.loads(target.read_text("utf-8"))
+        del blob["data"]
+        target.write_text(json.dumps(blob))
+    elif content:
         target.write_text(content)
     else:
         target.unlink()

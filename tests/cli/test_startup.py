@@ -179,14 +179,15 @@ def test_a_sub_command_runs_as_in_the_whole_app(args, capsys, monkeypatch):
 
     monkeypatch.setenv("COLUMNS", "100")
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", os.environ.get("OPENBLAS_NUM_THREADS", "1"))
-    thresholds = gc.get_threshold()
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)   # typer's __call__ replaces it
+    thresholds, saved = gc.get_threshold(), startup_gc._saved
     got = []
     for run in (lambda: main(args), lambda: app(args=args, prog_name="blis-simpy")):
         try:
             with pytest.raises(SystemExit) as stop:
                 run()
         finally:    # main() paused the collector and no scenario was prepared to end it
-            startup_gc._saved = None
+            startup_gc._saved = saved
             gc.set_threshold(*thresholds)
         out = capsys.readouterr()
         got.append((stop.value.code, out.out, out.err))
