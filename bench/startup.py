@@ -1,13 +1,14 @@
-"""Start-up benchmark: ``blis-simpy --help``, ``--version`` and a 300-request replay, each
-in a fresh child process, N times in alternation; prints the median wall time, the median
+"""Start-up benchmark: ``blis-simpy --help``, ``--version``, a 1-request replay (the start-up
+alone: imports, configuration, reading the trace) and a 300-request replay, each in a fresh
+child process, N times in alternation; prints the median wall time, the median
 CPU time (user + system, from ``wait4``) and the minimum wall time per case.
 
-The replay is the single-instance blackbox replay of bench/bench_replay.py (Llama-3.1-8B
-blackbox coefficients, 200,000 KV blocks) on a 300-request TraceV2 written by its
-``write_workload``, printed with ``--format json``: at that size nearly all of its time is
-start-up (imports and configuration), not simulation. The interpreter alone
-(``python -c pass``) is shown as the floor. Target (issue 11): ``--help`` and the replay
-under 0.3 s wall each. The children run with bytecode caching on (one warm-up run per case
+The replays are the single-instance blackbox replay of bench/bench_replay.py (Llama-3.1-8B
+blackbox coefficients, 200,000 KV blocks) on TraceV2 files of 1 and 300 requests written by
+its ``write_workload``, printed with ``--format json``: at 300 requests most of the time is
+start-up (imports and configuration), not simulation; the 1-request replay shows how much.
+The interpreter alone (``python -c pass``) is shown as the floor. Target (issue 11):
+``--help`` and the 300-request replay under 0.3 s wall each. The children run with bytecode caching on (one warm-up run per case
 writes the ``.pyc`` files an installed package would have).
 
 Usage: ``python bench/startup.py [--runs 11] [--requests 300] [--source DIR]``;
@@ -41,19 +42,28 @@ def blis_command(source: str | None) -> list[str]:
     return [sys.executable, "-m", "blis_simpy"]
 
 
-def cases(prefix: Path, source: str | None) -> dict[str, list[str]]:
+def replay_command(blis: list[str], prefix: Path) -> list[str]:
+    """The benchmark replay of the trace at ``prefix`` (``.yaml`` header, ``.csv`` data)."""
+    return blis + [
+        "replay", "--trace-header", str(prefix.with_suffix(".yaml")),
+        "--trace-data", str(prefix.with_suffix(".csv")),
+        "--model", "meta-llama/llama-3.1-8b-instruct", "--latency-model", "blackbox",
+        "--alpha-coeffs", ALPHA, "--beta-coeffs", BETA, "--total-kv-blocks", str(KV_BLOCKS),
+        "--format", "json"]
+
+
+def cases(prefixes: list[Path], source: str | None) -> dict[str, list[str]]:
+    """The timed command lines: the interpreter, ``--help``, ``--version`` and one replay per
+    trace in ``prefixes`` (named after the trace: ``replay w300``)."""
     blis = blis_command(source)
-    return {
+    out = {
         "python -c pass": [sys.executable, "-c", "pass"],
         "blis-simpy --help": blis + ["--help"],
         "blis-simpy --version": blis + ["--version"],
-        f"replay {prefix.name}": blis + [
-            "replay", "--trace-header", str(prefix.with_suffix(".yaml")),
-            "--trace-data", str(prefix.with_suffix(".csv")),
-            "--model", "meta-llama/llama-3.1-8b-instruct", "--latency-model", "blackbox",
-            "--alpha-coeffs", ALPHA, "--beta-coeffs", BETA, "--total-kv-blocks", str(KV_BLOCKS),
-            "--format", "json"],
     }
+    for prefix in prefixes:
+        out[f"replay {prefix.name}"] = replay_command(blis, prefix)
+    return out
 
 
 #: the children may write .pyc files (an installed package has them; with
@@ -87,14 +97,16 @@ def main() -> None:
     if not 1 <= args.runs <= 1000 or not 1 <= args.requests <= 1_000_000:
         raise SystemExit("--runs must be in [1, 1000] and --requests in [1, 1000000]")
     with tempfile.TemporaryDirectory() as tmp:
-        prefix = Path(tmp) / f"w{args.requests}"
-        write_workload(prefix, args.requests, 36.0)
+        prefixes = []
+        for n in sorted({1, args.requests}):     # 1 request: the start-up alone
+            prefixes.append(Path(tmp) / f"w{n}")
+            write_workload(prefixes[-1], n, 36.0)
         env = dict(CHILD_ENV)
         if args.source and not (Path(args.source) / "blis_simpy" / "__init__.py").is_file():
             raise SystemExit(f"--source {args.source}: no blis_simpy package there")
         if args.source:
             env["PYTHONPATH"] = str(Path(args.source).resolve())
-        todo = cases(prefix, args.source)
+        todo = cases(prefixes, args.source)
         failed: dict[str, str] = {}
         for name, cmd in todo.items():      # one warm-up each (page cache, .pyc files)
             got = run_once(cmd, env)

@@ -21,7 +21,8 @@ def _table(*args: str) -> dict[str, list[str]]:
 
 def test_every_case_ran_and_has_three_figures():
     rows = _table()
-    assert list(rows) == ["python -c pass", "blis-simpy --help", "blis-simpy --version", "replay w20"]
+    assert list(rows) == ["python -c pass", "blis-simpy --help", "blis-simpy --version", "replay w1",
+                          "replay w20"]
     for name, figures in rows.items():
         assert len(figures) == 3 and all(f.isdigit() for f in figures), (name, figures)
 
@@ -37,7 +38,7 @@ def test_a_case_that_fails_is_reported_in_its_row(tmp_path: Path):
         "    sys.exit('error: no such option')\n")
     rows = _table("--source", str(tmp_path))
     assert rows["blis-simpy --help"][0].isdigit()
-    for name in ("blis-simpy --version", "replay w20"):
+    for name in ("blis-simpy --version", "replay w1", "replay w20"):
         assert rows[name] == ["failed", "(status", "1):", "error:", "no", "such", "option"], rows[name]
 
 
