@@ -10,6 +10,7 @@ Bad input: ``error: <one line>``, exit 2 (the CLI's ``_Guarded`` group).
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import typer
@@ -34,7 +35,7 @@ def report(inputs: list[str], out_dir: str, knee_factor: float) -> None:
         raise ConfigError(f"cannot write the report: {exc.strerror or exc}", file=out_dir,
                           field="--out") from None
     for s in specs:
-        print(f"{out_dir}/figures/{s.name}.png  {s.title}")
+        print(f"{os.path.join(out_dir, 'figures', s.name + '.png')}  {s.title}")
     print(f"{page}  ({len(specs)} figure{'s' if len(specs) != 1 else ''} from "
           f"{len(loaded)} input{'s' if len(loaded) != 1 else ''})")
 

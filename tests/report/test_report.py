@@ -161,10 +161,11 @@ def test_absent_data_gives_no_figure(tmp_path):
 
 
 def test_only_results_gives_only_cdfs(inputs, tmp_path):
-    res = _cli("report", inputs["results"], "--out", tmp_path / "r")
+    res = _cli("report", inputs["results"], "--out", f"{tmp_path / 'r'}/")   # a trailing slash
     assert res.exit_code == 0, res.output
     assert [p.name for p in (tmp_path / "r" / "figures").iterdir()] == ["latency_cdf.png"]
     assert "1 figure from 1 input" in res.stdout
+    assert res.stdout.splitlines()[0].startswith(f"{tmp_path / 'r' / 'figures' / 'latency_cdf.png'}  ")
 
 
 def test_same_bytes_twice(inputs, report, tmp_path):
