@@ -9,6 +9,7 @@ All runs must be on one GPU: a set describes a GPU, never a model.
 from __future__ import annotations
 
 import inspect
+import logging
 import shlex
 import sys
 from pathlib import Path
@@ -22,6 +23,8 @@ from blis_simpy.cli.options import flag_parameters, given_flags
 from blis_simpy.errors import ConfigError
 
 MAX_BUDGET_S = 7 * 24 * 3600.0
+log = logging.getLogger("blis_simpy.fit")
+
 #: blackbox's start when the run's model has no catalog row: 5 ms a step, 0.5 µs a prefill
 #: token, 50 µs a decode token (the magnitude of the catalog's 8B rows)
 BLACKBOX_START = "5000,0.5,50"
@@ -82,6 +85,10 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
 
         res = fit(space, cases, time_budget_s=budget_s, max_evaluations=max_evaluations,
                   cross_validate=cross_validate, on_eval=on_eval)
+    if res.budget_hit:   # the one way the fitted set can depend on the machine, not the inputs
+        log.warning("the time budget (--time-budget %g s) ended a search before it converged or "
+                    "used --max-evaluations: the fitted set depends on how fast this machine ran; "
+                    "raise --time-budget for a reproducible fit", budget_s)
     provenance = {
         "command": "blis-simpy " + " ".join(shlex.quote(a) for a in argv),
         "runs": [c.run.name for c in cases],

@@ -43,6 +43,9 @@ class FitResult:
     in_sample: list[Comparison] = field(default_factory=list)
     held_out: list[Comparison] = field(default_factory=list)   # leave-one-out, one per run
     prefit: PrefitResult | None = None             # the step-level pre-fit (physics with ticks)
+    #: some search (a start of the main fit or a held-out fit) ended at the time budget: the
+    #: result then depends on how fast this machine ran, not only on the inputs
+    budget_hit: bool = False
 
 
 @contextmanager
@@ -95,21 +98,25 @@ def fit(space: Space, cases: list[Case], *, time_budget_s: float = 600.0,
     starts = [None] + ([start] if start is not None else [])
     best = None
     evaluations = 0
+    budget_hit = False
     for j, st in enumerate(starts):
         left = t0 + time_budget_s * main_share - time.monotonic()
         found = _search(space, cases, time.monotonic() + left / (len(starts) - j), max_evaluations, on_eval, st)
         evaluations += found[0].evaluations
+        budget_hit |= found[1] == "budget"
         if best is None or found[2] < best[2]:
             best = found
     obj, stopped, cost = best
     x = obj.best_x
     result = FitResult(x, space.to_set(x), cost, evaluations, 0.0, stopped,
-                       in_sample=[obj.comparison(c, x) for c in cases], prefit=pre)
+                       in_sample=[obj.comparison(c, x) for c in cases], prefit=pre,
+                       budget_hit=budget_hit)
     if cv:
         per = (t0 + time_budget_s - time.monotonic()) / k
         for i, held in enumerate(cases):
             rest = cases[:i] + cases[i + 1:]
-            o, _, _ = _search(space, rest, time.monotonic() + max(per, 1.0), max_evaluations, on_eval)
+            o, why, _ = _search(space, rest, time.monotonic() + max(per, 1.0), max_evaluations, on_eval)
+            result.budget_hit |= why == "budget"
             result.held_out.append(o.comparison(held, o.best_x))
     result.seconds = time.monotonic() - t0
     return result

@@ -43,6 +43,7 @@ def test_fit_closes_the_gap_to_the_run(measured, tmp_path):
     out = tmp_path / "set.yaml"
     res = _cli("fit", prefix, "--scenario", wrong, "-o", out, "--time-budget", "120")
     assert res.exit_code == 0, res.output
+    assert "time budget" not in res.stderr       # it converged: the set depends on the inputs only
     cs = yaml.safe_load(out.read_text())
     assert cs["backend"] == "blackbox" and cs["fit"]["stopped"] == "converged"
     # beta0 (per step) and beta2 x batch trade off at this load, so the betas are not
@@ -102,6 +103,18 @@ def test_time_budget_keeps_the_best_point_seen(measured):
     obj, stopped, cost = _search(space, [case], time.monotonic() - 1.0, 100)
     assert stopped == "budget" and obj.evaluations == 1
     assert obj.best_x == space.x0() and cost == obj.history[0]
+
+
+def test_a_fit_the_time_budget_ended_says_so(measured, tmp_path):
+    """A budget too short to converge: the set is written (the best point seen), the table
+    says 'budget', and a warning says the result depends on the machine's speed."""
+    prefix, wrong = measured
+    res = _cli("fit", prefix, "--scenario", wrong, "-o", tmp_path / "s.yaml", "--time-budget", "0.001")
+    assert res.exit_code == 0, res.output
+    assert "simulations, " in res.stdout and ", budget)" in res.stdout
+    assert ("the time budget (--time-budget 0.001 s) ended a search before it converged"
+            in res.stderr), res.stderr
+    assert (tmp_path / "s.yaml").exists()
 
 
 def test_blackbox_fit_of_a_model_with_no_catalog_row(tmp_path):
