@@ -1,7 +1,7 @@
 """Speed baseline: single-instance blackbox replays of 10k and 100k requests.
 
 For each size this script writes a TraceV2 workload (Llama-3.1-8B blackbox coefficients on
-one H100, arrivals at a constant rate chosen so that about 64 requests run at once), then
+one H100, arrivals at a constant rate, 36 req/s, at which 50-60 requests run at once), then
 replays it in a fresh child process exactly as ``blis-simpy replay ... --format json``
 would, and reports:
 
