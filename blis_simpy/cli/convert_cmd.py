@@ -44,6 +44,11 @@ def _emit_spec(spec, output: Path | None) -> None:
         print(f"wrote {output}")
 
 
+def _check_prefix(output: Path) -> None:
+    from blis_simpy.observed.converted import paths
+    paths(output, field="--output")
+
+
 def _emit_run(run: ObservedRun, output: Path) -> None:
     from blis_simpy.observed.converted import converted_files, write_files
     written = write_files(converted_files(run, output))
@@ -109,6 +114,7 @@ def vllm_log_cmd(
     """Convert a real vLLM request log into TraceV2 (with the real prompt token IDs), a
     scenario with the run's settings, and its timeseries."""
     from blis_simpy.observed.vllm_log import load_vllm_log
+    _check_prefix(output)
     _emit_run(load_vllm_log(run, workload), output)
 
 
@@ -121,6 +127,7 @@ def vllm_bench_cmd(
 ) -> None:
     """Convert a `vllm bench serve` result file into TraceV2 (mode real, no token IDs)."""
     from blis_simpy.observed.vllm_bench import load_vllm_bench
+    _check_prefix(output)
     _emit_run(load_vllm_bench(result), output)
 
 

@@ -39,9 +39,14 @@ SUFFIXES = {"header": ".header.yaml", "data": ".csv", "scenario": ".scenario.yam
 TIMESERIES_COLUMNS = ("t_s", "running", "waiting", "kv_cache_pct", "prompt_throughput", "gen_throughput")
 
 
-def paths(prefix: str | os.PathLike) -> dict[str, Path]:
-    """``{"header": PREFIX.header.yaml, "data": PREFIX.csv, ...}``."""
+def paths(prefix: str | os.PathLike, field: str | None = None) -> dict[str, Path]:
+    """``{"header": PREFIX.header.yaml, "data": PREFIX.csv, ...}``. A prefix with no name of
+    its own (empty, ``.``, ``..``, ``/``, ``DIR/.``) is a ConfigError naming it (and
+    ``field``, the flag that gave it)."""
     p = Path(prefix)
+    if p.name in ("", ".."):
+        raise ConfigError(f"{str(prefix)!r} is not a file PREFIX (it names a directory): give "
+                          "DIR/NAME for DIR/NAME.header.yaml, DIR/NAME.csv, ...", field=field)
     return {k: p.with_name(p.name + s) for k, s in SUFFIXES.items()}
 
 
@@ -188,7 +193,7 @@ def load_observed(path: str | os.PathLike, workload: str | os.PathLike | None = 
     if p.is_dir():
         return load_vllm_log(p, workload)
     for s in (".scenario.yaml", ".header.yaml", ".csv"):
-        if p.name.endswith(s):
+        if p.name.endswith(s) and p.name != s:
             return load_converted(p.with_name(p.name[: -len(s)]))
     if p.suffix == ".json":
         return load_vllm_bench(p)

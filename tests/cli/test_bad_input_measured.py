@@ -146,3 +146,24 @@ def test_absurd_kv_block_count_is_refused_not_a_memory_error():
     assert res.exit_code == 2
     assert res.stderr.startswith("error: --total-kv-blocks:") and res.stderr.count("\n") == 1
     assert "100000000" in res.stderr
+
+
+@pytest.mark.parametrize("prefix", ["", "/", "..", "x/.."])
+@pytest.mark.parametrize("kind", ["vllm-bench", "vllm-log"])
+def test_convert_output_prefix_without_a_name(cli, tmp_path, monkeypatch, kind, prefix):
+    """An --output PREFIX naming a directory was a ValueError from Path.with_name (exit 1,
+    'internal error'); it is refused before anything is read or written."""
+    monkeypatch.chdir(tmp_path)
+    run = write_run(tmp_path)
+    src = ["--result", BENCH] if kind == "vllm-bench" else ["--run", run]
+    line = _one_error(cli("convert", kind, *src, "--output", prefix))
+    assert line.startswith("error: --output: '") and "is not a file PREFIX (it names a directory)" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vllm-rtx4090-tiny", "workload-wl.jsonl"]
+
+
+@pytest.mark.parametrize("name", [".csv", ".header.yaml", ".scenario.yaml"])
+def test_calibrate_converted_file_without_a_prefix(cli, tmp_path, name):
+    """`calibrate DIR/.csv` was Path.with_name('') -> ValueError (exit 1)."""
+    (tmp_path / name).write_text("")
+    line = _one_error(cli("calibrate", tmp_path / name))
+    assert line.startswith(f"error: {tmp_path / name}: not a vLLM run folder"), line
