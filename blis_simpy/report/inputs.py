@@ -70,8 +70,8 @@ class Input:
         return f"plan result: {len(self.deployments)} deployment(s)"
 
 
-def _bad(path: str, problem: str) -> ConfigError:
-    return ConfigError(problem, file=path, field=FIELD)
+def _bad(path: str, problem: str, line: int | None = None) -> ConfigError:
+    return ConfigError(problem, file=path, line=line, field=FIELD)
 
 
 def _pos(v) -> bool:
@@ -112,6 +112,8 @@ def _from_json(path: str) -> Input:
             doc = json.load(fh)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _bad(path, f"not JSON: {exc}".splitlines()[0]) from None
+    except RecursionError:
+        raise _bad(path, "not JSON: nested too deeply") from None
     if isinstance(doc, dict) and isinstance(doc.get("requests"), list):
         return _from_rows(path, doc["requests"])
     if isinstance(doc, dict) and "completed_requests" in doc:      # a run with no request row
@@ -130,6 +132,7 @@ def _from_json(path: str) -> Input:
 
 def _from_jsonl(path: str) -> Input:
     rows = []
+    n = 0
     try:
         with open(path, encoding="utf-8") as fh:
             for n, line in enumerate(fh, 1):
@@ -137,8 +140,12 @@ def _from_jsonl(path: str) -> Input:
                     raise _bad(path, f"more than {MAX_ROWS} rows")
                 if line.strip():
                     rows.append(json.loads(line))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _bad(path, f"not a --requests-out .jsonl file: {exc}".splitlines()[0]) from None
+    except UnicodeDecodeError as exc:     # decoded by blocks: the line is not known
+        raise _bad(path, f"not a --requests-out .jsonl file: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise _bad(path, f"not a --requests-out .jsonl file: {exc}", line=n) from None
+    except RecursionError:
+        raise _bad(path, "not a --requests-out .jsonl file: nested too deeply", line=n) from None
     if rows and not all(isinstance(r, dict) and "requestID" in r for r in rows):
         raise _bad(path, "not a --requests-out .jsonl file (rows without requestID)")
     return _from_rows(path, rows)

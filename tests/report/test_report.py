@@ -183,6 +183,11 @@ def test_same_bytes_twice(inputs, report, tmp_path):
     (lambda d: _write(d / "x.csv", "a,b\n1,2\n"), "not a timeline: missing column(s) t_us"),
     (lambda d: _write(d / "x.parquet", "not parquet"), "not a readable Parquet file"),
     (lambda d: _mkdir(d / "empty"), "not a sweep dataset"),
+    # deep nesting was a RecursionError (exit 1, internal error); a bad row is located by line
+    (lambda d: _write(d / "deep.json", "[" * 100_000 + "]" * 100_000), "INPUT: not JSON: nested too deeply"),
+    (lambda d: _write(d / "deep.jsonl", '{"requestID": 1}\n' + "[" * 100_000 + "]" * 100_000 + "\n"),
+     ":2: INPUT: not a --requests-out .jsonl file: nested too deeply"),
+    (lambda d: _write(d / "bad.jsonl", '{"requestID": 1}\n\n{nope\n'), ":3: INPUT: not a --requests-out .jsonl file"),
 ])
 def test_bad_inputs_exit_2_one_line(tmp_path, make, needle):
     path = make(tmp_path)
