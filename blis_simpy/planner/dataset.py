@@ -17,7 +17,9 @@ dotted key: ``workload.rate``; a list or mapping value is JSON text), ``status``
 ``deployment.<...>`` when the report has them) and ``config`` (the resolved scenario, JSON).
 
 Resume: :func:`read` keeps one row per config hash (an ``ok`` row over an ``error`` row,
-then the latest); a point whose hash has an ``ok`` row is not run again.
+then the latest); a point whose hash has an ``ok`` row is not run again. The part files hold
+the rows in completion order (it depends on the workers); :func:`read` returns them sorted by
+the axis values, then the seed, then the config hash.
 
 Summary: :func:`summarize` groups the ``ok`` rows by ``config_key`` and gives, for every
 numeric metric, the mean over the seeds and its 95 % confidence interval (Student's t,
@@ -230,7 +232,17 @@ def read(out_dir: str, *, required: bool = False):
         j = keep.get(h)
         if j is None or s == "ok" or status[j] != "ok":
             keep[h] = i
-    return table.take(sorted(keep.values()))
+    return table.take(sorted(keep.values(), key=_row_order(table)))
+
+
+def _row_order(table):
+    """Sort key of a row index: the axis values, then the seed, then the config hash. The part
+    files hold the rows in the order the points completed, which depends on the workers;
+    this order does not, so a dataset reads (and summarizes) the same however it was run."""
+    cols = [table.column(n).to_pylist() for n in axis_names(table.column_names)]
+    for n in ("seed", "config_hash"):
+        cols.append(table.column(n).to_pylist() if n in table.column_names else [None] * table.num_rows)
+    return lambda i: tuple(_sort_key(c[i]) for c in cols)
 
 
 def read_part(path: str) -> list[dict]:
@@ -278,6 +290,10 @@ def _sort_key(v):
     return (v is None, isinstance(v, str), v if v is not None else 0)
 
 
+def _seed_order(row: dict) -> tuple:
+    return _sort_key(row.get("seed")), _sort_key(row.get("config_hash"))
+
+
 def summarize(table) -> dict:
     """Per configuration (``config_key``): axis values, seeds run, failed points and, for every
     numeric metric, ``{"mean", "ci95_low", "ci95_high"}`` over its ``ok`` rows."""
@@ -296,11 +312,15 @@ def summarize(table) -> dict:
             g["rows"].append(r)
         else:
             g["failed"] += 1
-            g["errors"].append(r.get("error") or "")
+            g["errors"].append((_seed_order(r), r.get("error") or ""))
     configs = []
     for key, g in groups.items():
+        # seed order, not the table's: the CI's float sums, and the errors kept, would
+        # otherwise depend on the order the points completed in
+        g["rows"].sort(key=_seed_order)
+        g["errors"].sort()
         out = {"config_key": key, "axes": g["axes"], "n": len(g["rows"]), "seeds": sorted(g["seeds"]),
-               "failed": g["failed"], "errors": g["errors"][:3], "metrics": {}}
+               "failed": g["failed"], "errors": [e for _, e in g["errors"][:3]], "metrics": {}}
         for m in metrics:
             vals = [float(r[m]) for r in g["rows"] if isinstance(r.get(m), (int, float))
                     and not isinstance(r.get(m), bool) and not math.isnan(float(r[m]))]
