@@ -222,9 +222,16 @@ def read(out_dir: str, *, required: bool = False):
             tables.append(pq.read_table(f))
         except (OSError, pa.ArrowException) as exc:
             raise ConfigError(f"not a readable Parquet file: {exc}".replace("\n", " "), file=f) from None
-    table = pa.concat_tables(tables, promote_options="permissive")
+    try:
+        table = pa.concat_tables(tables, promote_options="permissive")
+    except pa.ArrowException as exc:    # part files whose columns cannot be one table
+        raise ConfigError(f"part files do not agree: {exc}".replace("\n", " "), file=out_dir) from None
     if not {"config_hash", "status", "config_key"} <= set(table.column_names):
         raise ConfigError("not a sweep dataset (no config_hash/status columns)", file=out_dir)
+    for name in ("config_hash", "status", "config_key"):
+        kind = table.schema.field(name).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise ConfigError(f"not a sweep dataset (column {name} is {kind}, not text)", file=out_dir)
     hashes = table.column("config_hash").to_pylist()
     status = table.column("status").to_pylist()
     keep: dict[str, int] = {}
@@ -232,7 +239,8 @@ def read(out_dir: str, *, required: bool = False):
         j = keep.get(h)
         if j is None or s == "ok" or status[j] != "ok":
             keep[h] = i
-    return table.take(sorted(keep.values(), key=_row_order(table)))
+    # an int64 array: an empty Python list would infer Arrow's null type, which take() refuses
+    return table.take(pa.array(sorted(keep.values(), key=_row_order(table)), type=pa.int64()))
 
 
 def _row_order(table):

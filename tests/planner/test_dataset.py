@@ -62,3 +62,33 @@ def test_read_and_summary_do_not_depend_on_completion_order(tmp_path):
     assert a.equals(b)
     swapped = pa.Table.from_pylist([rows[i] for i in (2, 1, 0, 5, 3, 4)])
     assert summarize(swapped) == summarize(pa.Table.from_pylist(rows))
+
+
+def _part(path, name, table):
+    import pyarrow.parquet as pq
+    path.mkdir(exist_ok=True)
+    pq.write_table(table, str(path / f"part-{name}.parquet"))
+
+
+def test_bad_part_files_are_one_config_error_not_an_arrow_error(tmp_path):
+    """Found by fuzzing `sweep --summary` and `report`: a part file with no rows made take([])
+    an ArrowNotImplementedError (null-typed indices), parts whose columns cannot merge an
+    ArrowTypeError, and a non-text config_hash a TypeError: each was an internal error
+    (exit 1). An empty part reads as no rows; the others are ConfigErrors naming the folder."""
+    import pytest
+
+    from blis_simpy.errors import ConfigError
+    good = pa.Table.from_pylist(_rows())
+    _part(tmp_path / "empty", "a", good.slice(0, 0))
+    assert read(str(tmp_path / "empty")).num_rows == 0
+    assert summarize(read(str(tmp_path / "empty")))["points"] == 0
+    _part(tmp_path / "clash", "a", good)
+    i = good.schema.get_field_index("workload.rate")
+    _part(tmp_path / "clash", "b", good.set_column(i, "workload.rate", pa.array([[1]] * good.num_rows)))
+    with pytest.raises(ConfigError, match="part files do not agree: .*workload.rate") as ei:
+        read(str(tmp_path / "clash"))
+    assert ei.value.file == str(tmp_path / "clash")
+    i = good.schema.get_field_index("config_hash")
+    _part(tmp_path / "hash", "a", good.set_column(i, "config_hash", pa.array([[1]] * good.num_rows)))
+    with pytest.raises(ConfigError, match=r"column config_hash is list<element: int64>, not text"):
+        read(str(tmp_path / "hash"))
