@@ -22,6 +22,7 @@ MAX_ROWS = 1_000_000                     # lines of one JSONL / CSV file
 MAX_FILE_BYTES = 2 << 30                 # 2 GiB: any one input file
 MAX_META_BYTES = 64 << 20                # meta.json
 MAX_TOKEN_IDS = MAX_TOKEN_IDS_PER_FILE   # token IDs of one workload file (all lines)
+MAX_TOKEN_ID = 2**31 - 1                 # a token ID: the traces store them as int32
 
 
 def is_number(v, *, integer: bool = False) -> bool:
@@ -71,8 +72,8 @@ def _read_jsonl(path: Path, numbers: tuple[str, ...], integers: tuple[str, ...],
                     raise ConfigError(f"missing or not {kind}", file=str(path), line=ln, field=key)
             for key in id_lists:
                 ids = row.get(key)
-                if not isinstance(ids, list) or not all(type(x) is int and x >= 0 for x in ids):
-                    raise ConfigError("missing or not a list of token IDs (integers >= 0)",
+                if not isinstance(ids, list) or not all(type(x) is int and 0 <= x <= MAX_TOKEN_ID for x in ids):
+                    raise ConfigError(f"missing or not a list of token IDs (integers 0 to {MAX_TOKEN_ID})",
                                       file=str(path), line=ln, field=key)
                 n_ids += len(ids)
                 if n_ids > MAX_TOKEN_IDS:

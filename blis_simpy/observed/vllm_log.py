@@ -36,16 +36,21 @@ import numpy as np
 from blis_simpy.errors import ConfigError
 from blis_simpy.observed.files import is_number, read_jsonl, read_ticks
 from blis_simpy.observed.run import ObservedRun, RealRequest, latencies
+from blis_simpy.observed.vllm_bench import MAX_SECONDS
 from blis_simpy.observed.vllm_meta import engine_settings, read_meta
 from blis_simpy.rng import numpy_rng
 from blis_simpy.workload.replay import VOCAB_SIZE
 from blis_simpy.workload.tracev2 import TraceHeader, TraceRecord, TraceServer
 
 
-def _index(rid: str, ln: int) -> int:
+def _index(rid: str, ln: int, file: str) -> int:
     """The workload line of a request: the number ending its id (``bench-12`` → 12), else
-    its own line index."""
+    its own line index. A number of more than 18 digits is an error (no workload has that
+    many lines; int() would refuse thousands of digits)."""
     m = re.fullmatch(r"[A-Za-z_-]*?(\d+)", rid)
+    if m and len(m.group(1).lstrip("0")) > 18:
+        raise ConfigError("the number ending the id is too large for a workload line", file=file,
+                          line=ln, field="request_id")
     return int(m.group(1)) if m else ln - 1
 
 
@@ -77,13 +82,16 @@ def real_requests(rows: list[dict], *, file: str = "requests.jsonl") -> list[Rea
         if not q <= first <= last or n_out < 1 or int(r["input_toks"]) < 1:
             raise ConfigError("needs queued_ts <= first_token_ts <= last_token_ts and at least one "
                               "input and one output token", file=file, line=ln)
+        if last - q0 > MAX_SECONDS:     # µs of such times overflow (1e308 s was an OverflowError)
+            raise ConfigError(f"more than {MAX_SECONDS:g} s after the earliest queued_ts", file=file,
+                              line=ln, field="last_token_ts" if q - q0 <= MAX_SECONDS else "queued_ts")
         sched = _scheduled(r, q, first, file, ln)
         rid = str(r.get("request_id", f"bench-{ln - 1}"))
         ttft, e2e, tpot = latencies(first, last, q, n_out)
         out.append(RealRequest(
             id=rid, arrival_us=round((q - q0) * 1e6), input_toks=int(r["input_toks"]),
             output_toks=n_out, first_token_s=first, last_token_s=last, ttft_ms=ttft, e2e_ms=e2e,
-            tpot_ms=tpot, trace_id=_index(rid, ln),
+            tpot_ms=tpot, trace_id=_index(rid, ln, file),
             sched_ms=None if sched is None else (sched - q) * 1000.0, scheduled_s=sched))
     return out
 

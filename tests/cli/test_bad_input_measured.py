@@ -3,6 +3,7 @@ field, no traceback, no output file (regressions found by a bad-input review).""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -27,6 +28,13 @@ def _meta(run: Path, change) -> None:
     (run / "meta.json").write_text(json.dumps(meta))
 
 
+def _rows(run: Path, change) -> None:
+    path = run / "requests.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    change(rows)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 # (what to do to the run folder, the expected error line after "error: <run>/")
 LOG_CASES = {
     "deeply nested JSON row": (
@@ -41,6 +49,14 @@ LOG_CASES = {
     "absurd max_num_seqs": (
         lambda run: _meta(run, lambda m: m["engine_kwargs"].__setitem__("max_num_seqs", 10**40)),
         "meta.json: engine_kwargs.max_num_seqs: missing or not a positive integer <= 2147483647"),
+    # internal errors (exit 1) found by fuzzing: OverflowError rounding 1e308 s to µs,
+    # int() of a 5000-digit id, an int32 array of a token ID beyond int32
+    "last token 1e308 s": (
+        lambda run: _rows(run, lambda rows: rows[1].__setitem__("last_token_ts", 1e308)),
+        "requests.jsonl:2: last_token_ts: more than 1e+09 s after the earliest queued_ts"),
+    "id of 5000 digits": (
+        lambda run: _rows(run, lambda rows: rows[1].__setitem__("request_id", "bench-" + "9" * 5000)),
+        "requests.jsonl:2: request_id: the number ending the id is too large for a workload line"),
     "absurd KV blocks": (
         lambda run: _meta(run, lambda m: m["kv_cache"].__setitem__("num_gpu_blocks", 2**40)),
         "meta.json: kv_cache.num_gpu_blocks: not a positive integer <= 2147483647"),
@@ -56,6 +72,18 @@ def test_convert_vllm_log_bad_run(cli, tmp_path, case):
     line = _one_error(cli("convert", "vllm-log", "--run", run, "--output", out))
     assert line == f"error: {run}/{expected}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["vllm-rtx4090-tiny", "workload-wl.jsonl"]
+
+
+def test_convert_vllm_log_token_id_beyond_int32(cli, tmp_path):
+    """A token ID past int32 was an OverflowError (exit 1) building the trace's int32 array."""
+    run = write_run(tmp_path)
+    work = tmp_path / "workload-wl.jsonl"
+    rows = [json.loads(x) for x in work.read_text().splitlines()]
+    rows[1]["input_tok_ids"][0] = 2**31
+    work.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _meta(run, lambda m: m.__setitem__("dataset_hash", hashlib.sha256(work.read_bytes()).hexdigest()))
+    line = _one_error(cli("convert", "vllm-log", "--run", run, "--output", tmp_path / "out"))
+    assert line == f"error: {work}:2: input_tok_ids: missing or not a list of token IDs (integers 0 to 2147483647)"
 
 
 BENCH_CASES = {
