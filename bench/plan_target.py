@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from blis_simpy.cli.plan_cmd import quiet_simulator_logs
+from blis_simpy.cli.plan_cmd import DEFAULT_PARALLEL, quiet_simulator_logs
 from blis_simpy.cli.point import run_point
 from blis_simpy.planner.plan_run import run_plan
 from blis_simpy.planner.plan_spec import load_plan
@@ -37,7 +37,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plan", default=str(ROOT / "scenarios" / "plans" / "qwen3_14b_h100.yaml"))
     ap.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes")
-    ap.add_argument("--parallel", type=int, default=None, help="families in flight (default: workers)")
+    ap.add_argument("--parallel", type=int, default=None, help="families in flight (default: the CLI's, plan_cmd.DEFAULT_PARALLEL)")
     ap.add_argument("--serial", action="store_true", help="run points in this process, no Dask")
     args = ap.parse_args()
     plan = load_plan(args.plan)
@@ -52,14 +52,14 @@ def main() -> int:
 
     quiet_simulator_logs()
     if args.serial:
-        search, ts, brute, tb = both(lambda pts: [run_point(p) for p in pts], args.parallel or 1)
+        search, ts, brute, tb = both(lambda pts: [run_point(p) for p in pts], args.parallel or DEFAULT_PARALLEL)
         where = "serial (this process)"
     else:
         from blis_simpy.planner.executor import Executor
         with Executor(n_workers=args.workers) as ex:
             ex.client.run(quiet_simulator_logs)
             search, ts, brute, tb = both(lambda pts: ex.map(run_point, pts, progress=False),
-                                         args.parallel or args.workers)
+                                         args.parallel or DEFAULT_PARALLEL)
         where = f"Dask LocalCluster, {args.workers} workers"
     s, b = search["cheapest"], brute["cheapest"]
     print(f"plan {args.plan} on {where}")

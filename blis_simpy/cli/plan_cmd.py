@@ -98,6 +98,13 @@ def _plan_key(plan, exc) -> tuple | None:
     return loc if len(loc) > 1 and loc[1] in set_keys and plan.src.has(loc[:2]) else None
 
 
+#: --parallel when not given. A constant, not the executor's workers: the families searched
+#: side by side decide which points the search runs (the bound prunes what a family started
+#: earlier already ran), so a default tied to the workers made the plan document differ
+#: between --serial, --workers 1 and --workers 2 (docs/determinism.md, INV-6)
+DEFAULT_PARALLEL = 2
+
+
 def quiet_simulator_logs(level: int = logging.CRITICAL + 1) -> int:
     """Silence the simulator's per-run log lines (dropped requests, KV allocation failures):
     a plan judges every run by its SLOs and records why it fails. Returns the old level."""
@@ -113,11 +120,12 @@ def execute(plan, *, scheduler: str | None, workers: int | None, serial: bool,
     from blis_simpy.cli.point import run_point
     from blis_simpy.planner.plan_run import run_plan
     status = _Status(progress)
+    k = parallel or DEFAULT_PARALLEL
     try:
         if serial:
             old = quiet_simulator_logs()
             try:
-                return run_plan(plan, lambda pts: [run_point(p) for p in pts], parallel=parallel or 1,
+                return run_plan(plan, lambda pts: [run_point(p) for p in pts], parallel=k,
                                 brute=brute, on_batch=status.advance)
             finally:
                 quiet_simulator_logs(old)
@@ -125,7 +133,6 @@ def execute(plan, *, scheduler: str | None, workers: int | None, serial: bool,
         with Executor(scheduler=scheduler, n_workers=workers) as ex:
             if scheduler is None:     # our own local workers (a shared cluster keeps its logging)
                 ex.client.run(quiet_simulator_logs)
-            k = parallel or max(1, ex.n_workers)
             return run_plan(plan, lambda pts: ex.map(run_point, pts, progress=False), parallel=k,
                             brute=brute, on_batch=status.advance)
     finally:
@@ -245,7 +252,8 @@ def register(app: typer.Typer) -> None:
                                                           "(default: the machine's cores)"),
         serial: bool = typer.Option(False, "--serial", help="run points in this process, no Dask"),
         parallel: int = typer.Option(None, "--parallel", min=1, max=256,
-                                     help="families bisected side by side (default: the workers)"),
+                                     help=f"families bisected side by side (default {DEFAULT_PARALLEL}, "
+                                          "whatever the executor: the points run depend on it)"),
         brute_force: bool = typer.Option(False, "--brute-force",
                                          help="run the whole cross product instead of the search"),
     ) -> None:

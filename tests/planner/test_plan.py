@@ -122,6 +122,26 @@ def test_plan_on_a_local_dask_cluster(tmp_path, executor):
     assert all(p["status"] == "ok" for p in doc["points"])
 
 
+def _no_wall(obj):
+    if isinstance(obj, dict):
+        return {k: _no_wall(v) for k, v in obj.items() if k != "wall_s"}
+    return [_no_wall(v) for v in obj] if isinstance(obj, list) else obj
+
+
+def test_plan_document_does_not_depend_on_the_executor(tmp_path):
+    """--parallel defaults to a constant, not the executor's workers: the families searched
+    side by side decide which points run and in what order (their ids, the Pareto fronts'
+    runs), so a default tied to the workers made --serial and --workers 2 write different
+    documents for the same plan. Only the wall times may differ."""
+    path = write_plan(tmp_path, 20)
+    docs = []
+    for how in (["--serial"], ["--workers", "2"]):
+        res = CliRunner().invoke(app, ["plan", str(path), "--format", "json", *how])
+        assert res.exit_code == 0, res.output
+        docs.append(_no_wall(json.loads(res.stdout)))
+    assert docs[0] == docs[1]
+
+
 # ---------------------------------------------------------------------------- max rate
 def test_max_rate_bisection_matches_a_fine_sweep(tmp_path):
     plan = load_plan(str(write_plan(tmp_path, 10)))
