@@ -213,6 +213,10 @@ def _trace_rows(path: str) -> list[tuple[float, float, float, str]]:
                 rows.append((start, rate, cv, rec[3].strip()))
     except OSError as exc:
         raise ConfigError(f"cannot read file: {exc.strerror or exc}", file=path) from None
+    except UnicodeDecodeError as exc:   # raised by the reader's iteration, outside the row's try
+        raise ConfigError(f"not valid UTF-8 ({exc.reason})", file=path) from None
+    except csv.Error as exc:            # e.g. a field over the csv module's size limit
+        raise ConfigError(f"not CSV: {exc}", file=path) from None
     return rows
 
 
@@ -245,6 +249,8 @@ def _first_window(path: str, span_start: float, span_end: float):
         return None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read ServeGen dataset: {exc}", file=path) from None
+    except RecursionError:
+        raise ConfigError("cannot read ServeGen dataset: JSON nested too deeply", file=path) from None
     if not isinstance(data, dict):
         raise ConfigError("a ServeGen dataset must be a JSON object of windows", file=path)
     keyed = []

@@ -121,3 +121,21 @@ def test_inference_perf_section_or_whole_spec(tmp_path):
         inference_perf_workload(str(bad))
     assert (ei.value.file, ei.value.line, ei.value.field) == (
         str(bad), 5, "shared_prefix.num_unique_system_prompts")
+
+
+@pytest.mark.parametrize(("name", "data", "problem"), [
+    ("chunk-a-trace.csv", b"0,2.0,1.5,Gamma\n" + bytes(range(128, 256)), "not valid UTF-8"),
+    ("chunk-a-trace.csv", b"0," + b"1" * 200_000 + b",1.5,Gamma\n", "not CSV: field larger than field limit"),
+    ("chunk-a-dataset.json", b"[" * 100_000 + b"]" * 100_000, "JSON nested too deeply"),
+])
+def test_servegen_unreadable_chunk_is_a_located_error(tmp_path, name, data, problem):
+    """Found by CLI fuzzing: these were a UnicodeDecodeError, a csv.Error and a RecursionError,
+    reported as internal errors (exit 1)."""
+    d = tmp_path / "sg"
+    d.mkdir()
+    (d / "chunk-a-trace.csv").write_text("0,2.0,1.5,Gamma\n")
+    (d / "chunk-a-dataset.json").write_text(json.dumps({"0": {"input_tokens": "{64: 1}", "output_tokens": "{8: 1}"}}))
+    (d / name).write_bytes(data)
+    with pytest.raises(ConfigError, match=problem) as ei:
+        servegen_workload(str(d))
+    assert ei.value.file == str(d / name)
