@@ -32,7 +32,7 @@ from typing import Annotated, Literal
 import pydantic
 from pydantic import Field, field_validator, model_validator
 
-from blis_simpy.config.loader import Source, load_raw, read_yaml, validation_problem
+from blis_simpy.config.loader import Source, load_raw, read_yaml, validate, validation_problem
 from blis_simpy.config.scenario import MAX_DP, LengthDist, Strict
 from blis_simpy.errors import ConfigError
 from blis_simpy.planner.plan_points import families
@@ -311,7 +311,11 @@ def load_plan(path: str) -> LoadedPlan:
     if w.scenario:
         base_path = w.scenario if os.path.isabs(w.scenario) else os.path.join(here, w.scenario)
         try:
-            base, _ = load_raw(base_path)
+            base, base_src = load_raw(base_path)
+            # the types of every key, as `run --scenario` checks them (a plan file's
+            # `gpus: [H100]` in a base was an AttributeError); the cross-key rules wait for
+            # the plan's workload keys, which replace the base's
+            validate(copy.deepcopy(base), base_src, semantic=False)
         except ConfigError as exc:
             raise src.error(f"base scenario: {exc.one_line()}", ("workload", "scenario")) from None
         if base.get("variants"):

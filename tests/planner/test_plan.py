@@ -298,6 +298,23 @@ def test_bad_plan_files_exit_2_with_one_line(tmp_path, text, expected):
     assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path}/{expected}"), lines
 
 
+@pytest.mark.parametrize("bad, expected", [
+    # a plan file's `gpus:` list in a base scenario: AttributeError (exit 1) in gpu_catalog
+    ("gpus: [A100-80]\n", "base.yaml:9: gpus: input should be a mapping"),
+    ("hardware_config: [1]\n", "base.yaml:9: hardware_config: input should be a valid string"),
+    ("cluster: []\n", "base.yaml:9: cluster: input should be a mapping"),
+])
+def test_a_base_scenario_of_wrong_types_is_one_located_line(tmp_path, bad, expected):
+    """The base scenario is validated as `run --scenario` validates it: its file and key."""
+    (tmp_path / "base.yaml").write_text(BASE + bad)
+    p = tmp_path / "plan.yaml"
+    p.write_text(PLAN.format(rate=5))
+    res = CliRunner().invoke(app, ["plan", str(p), "--serial"])
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert lines == [f"error: {p}:3: workload.scenario: base scenario: {tmp_path}/{expected}"], lines
+
+
 def test_a_plan_no_deployment_can_build_is_an_error(tmp_path):
     """vLLM v0.11.0 has no trained A100-80 rows: every candidate fails validation."""
     (tmp_path / "base.yaml").write_text(BASE.replace("v0.8.4", "v0.11.0"))
