@@ -11,6 +11,10 @@ safe loader) refuses, while composing and before anything is built from the docu
 * aliases that would add more than :data:`MAX_ALIAS_NODES` nodes when expanded (each
   alias counts the nodes of what it names, its own aliases expanded), and an alias to an
   enclosing node;
+* with :attr:`CappedLoader.max_nodes` set (a subclass per kind of file: plan files), more
+  keys and values than that written in the document (aliases have their own cap): a
+  three-megabyte list of a million items takes PyYAML half a minute and a gigabyte to
+  build, so a file whose kind is small is refused while composing instead;
 * a mapping key that YAML reads as a boolean or null (``yes:``, ``on:``, ``~:``): no key
   of ours is one, and quoted (``'yes':``) it is the string (reported as the key's field).
 
@@ -43,6 +47,11 @@ _NULL = "tag:yaml.org,2002:null"
 class CappedLoader(yaml.SafeLoader):
     """PyYAML's safe loader with the caps of this module enforced while composing."""
 
+    #: nodes (keys, values, items) written in a document at most; None: no cap
+    max_nodes: int | None = None
+    #: what the document is, for the refusal of ``max_nodes`` ("a plan file")
+    kind: str = "this file"
+
     def __init__(self, stream):
         super().__init__(stream)
         self._depth = 0
@@ -68,6 +77,7 @@ class CappedLoader(yaml.SafeLoader):
             raise _refuse(f"nested too deeply (more than {MAX_DEPTH} levels)", event)
         start = self._nodes
         self._nodes += 1
+        self._check_nodes(event)
         name = event.anchor
         if name is not None:
             self._open.add(name)
@@ -77,6 +87,11 @@ class CappedLoader(yaml.SafeLoader):
             self._size[name] = self._nodes - start
         self._depth -= 1
         return node
+
+    def _check_nodes(self, event) -> None:
+        if self.max_nodes is not None and self._nodes - self._alias_nodes > self.max_nodes:
+            raise _refuse(f"more than {self.max_nodes:,} keys and values, the most {self.kind} "
+                          "may have", event)
 
     def compose_mapping_node(self, anchor):
         node = super().compose_mapping_node(anchor)

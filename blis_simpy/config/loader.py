@@ -13,6 +13,7 @@ of a workload-spec workload) resolve against the directory of the scenario file.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -116,10 +117,17 @@ def set_dotted(data: dict, key: str, value) -> bool:
 
 
 # ---------------------------------------------------------------------------- reading
-def read_yaml(path: str) -> tuple[object, Source]:
+@functools.cache
+def _node_capped(max_nodes: int, kind: str) -> type[_Loader]:
+    return type("_NodeCappedLoader", (_Loader,), {"max_nodes": max_nodes, "kind": kind})
+
+
+def read_yaml(path: str, *, max_nodes: int | None = None, kind: str = "this file") -> tuple[object, Source]:
     """Parse one YAML document through the capped reader (:mod:`blis_simpy.yaml_input`:
-    size, nesting and alias caps); returns the data and its :class:`Source`."""
+    size, nesting and alias caps; ``max_nodes`` keys and values at most, refused while
+    composing as too many for ``kind``); returns the data and its :class:`Source`."""
     path = str(path)
+    loader = _Loader if max_nodes is None else _node_capped(max_nodes, kind)
     text = read_text(path)
     found: list[Source] = []
 
@@ -127,7 +135,7 @@ def read_yaml(path: str) -> tuple[object, Source]:
         found.append(Source.from_node(path, node))
         _check_duplicate_keys(node, found[0])
 
-    data, _ = parse(text, path, loader=_Loader, check=check)
+    data, _ = parse(text, path, loader=loader, check=check)
     return data, (found[0] if found else Source(path))
 
 

@@ -12,6 +12,7 @@ format); its result row carries ``status``, ``m.<metric>`` and ``slo.<key>`` col
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -101,30 +102,54 @@ def price_of(spec: PlanSpec, gpu: str) -> float:
     return float(spec.cost.gpu_hour_usd[gpu]) if spec.priced else 1.0
 
 
+def _fitting(counts: list[int], per: int, max_gpus: int | None) -> list[int]:
+    """The instance counts (ascending) whose deployments of ``per`` GPUs an instance stay
+    within ``max_gpus``."""
+    return counts if max_gpus is None else counts[:bisect.bisect_right(counts, max_gpus // per)]
+
+
 def families(spec: PlanSpec) -> list[Family]:
     """Every family of the search space (budget ``max_gpus`` applied), none empty.
-    Disaggregated shapes use DP 1 only: the simulator has no data parallelism with PD pools."""
+    Disaggregated shapes use DP 1 only: the simulator has no data parallelism with PD pools.
+    The work is proportional to the deployments built (:func:`deployment_count` first)."""
     s = spec.search
     if s is None:
         return []
     counts = s.instance_counts
-    cap = spec.max_gpus or math.inf
     out = []
     for gpu in spec.gpus:
         for tp in s.tp:
             for dp in s.dp:
+                fit = _fitting(counts, tp * dp, spec.max_gpus)
+                if not fit:
+                    continue
                 for ep in s.ep:
-                    per = tp * dp
                     if s.pd.colocated:
-                        c = tuple(n for n in counts if n * per <= cap)
-                        if c:
-                            out.append(Family(gpu, tp, dp, ep, 0, c, price_of(spec, gpu)))
+                        out.append(Family(gpu, tp, dp, ep, 0, tuple(fit), price_of(spec, gpu)))
                     if s.pd.disaggregated and dp == 1:   # the simulator has no DP with PD pools
-                        for p in range(1, max(counts)):
-                            c = tuple(n - p for n in counts if n > p and n * per <= cap)
-                            if c:
-                                out.append(Family(gpu, tp, dp, ep, p, c, price_of(spec, gpu)))
+                        for p in range(1, fit[-1]):
+                            c = tuple(n - p for n in fit[bisect.bisect_right(fit, p):])
+                            out.append(Family(gpu, tp, dp, ep, p, c, price_of(spec, gpu)))
     return out
+
+
+def deployment_count(spec: PlanSpec) -> int:
+    """``sum(len(f.counts) for f in families(spec))``, counted without building them: a
+    disaggregated family of P holds every fitting count N > P, so each fitting N is in N - 1
+    of them."""
+    s = spec.search
+    if s is None:
+        return 0
+    counts = s.instance_counts
+    total = 0
+    for tp in s.tp:
+        for dp in s.dp:
+            fit = _fitting(counts, tp * dp, spec.max_gpus)
+            if s.pd.colocated:
+                total += len(fit)
+            if s.pd.disaggregated and dp == 1:
+                total += sum(fit) - len(fit)
+    return total * len(s.ep) * len(spec.gpus)
 
 
 def fixed_deployment(d: FixedDeployment) -> Deployment:

@@ -35,7 +35,7 @@ from pydantic import Field, field_validator, model_validator
 from blis_simpy.config.loader import Source, load_raw, read_yaml, validate, validation_problem
 from blis_simpy.config.scenario import MAX_DP, LengthDist, Strict
 from blis_simpy.errors import ConfigError
-from blis_simpy.planner.plan_points import families
+from blis_simpy.planner.plan_points import deployment_count
 from blis_simpy.units import MAX_INT64
 
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -51,6 +51,9 @@ MAX_INSTANCES = 4096
 MAX_CHOICES = 64
 MAX_SEEDS = 100
 MAX_CANDIDATES = 100_000
+#: keys and values of a plan file (YAML nodes), refused while parsing: the longest lists
+#: (search.instances, 4096 items) and the rest fit many times over
+MAX_PLAN_NODES = 20_000
 
 
 class InstanceRange(Strict):
@@ -166,6 +169,13 @@ class Search(Strict):
     seeds: list[Annotated[int, Field(ge=-MAX_INT64 - 1, le=MAX_INT64)]] = Field(default_factory=lambda: [42])
     runner_ups: Annotated[int, Field(ge=0, le=20)] = 2
 
+    @field_validator("instances", mode="before")
+    @classmethod
+    def _instances(cls, v):
+        if isinstance(v, list) and len(v) > MAX_INSTANCES:   # before its items are checked
+            raise ValueError(f"at most {MAX_INSTANCES} instance counts, got {len(v)}")
+        return v
+
     @field_validator("tp")
     @classmethod
     def _tp(cls, v):
@@ -243,6 +253,13 @@ class Cost(Strict):
 
     gpu_hour_usd: dict[str, PosFloat] = Field(default_factory=dict)
 
+    @field_validator("gpu_hour_usd", mode="before")
+    @classmethod
+    def _prices(cls, v):
+        if isinstance(v, dict) and len(v) > MAX_CHOICES:   # one price per candidate GPU
+            raise ValueError(f"at most {MAX_CHOICES} prices, got {len(v)}")
+        return v
+
 
 class PlanSpec(Strict):
     name: str = ""
@@ -293,7 +310,7 @@ class LoadedPlan:
 
 def load_plan(path: str) -> LoadedPlan:
     """Read, validate and check a plan file; raises a located :class:`ConfigError`."""
-    data, src = read_yaml(path)
+    data, src = read_yaml(path, max_nodes=MAX_PLAN_NODES, kind="a plan file")
     if not isinstance(data, dict):
         raise ConfigError("a plan must be a mapping of keys", file=src.path, line=1)
     try:
@@ -367,7 +384,7 @@ def _check(spec: PlanSpec, src: Source, base: dict) -> None:
         if True in s.ep and moe is False:
             raise src.error(f"{spec.model} is a dense model; ep applies to MoE models only",
                             ("search", "ep"))
-        n = sum(len(f.counts) for f in families(spec))
+        n = deployment_count(spec)     # counted, not built: the grid may be astronomical
         if n == 0:
             raise src.error("no deployment fits: every candidate exceeds max_gpus", ("max_gpus",))
         if n > MAX_CANDIDATES:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,11 +19,19 @@ from typer.testing import CliRunner
 
 from blis_simpy.cli.app import app
 from blis_simpy.cli.point import run_point
+from blis_simpy.errors import ConfigError
 from blis_simpy.planner.pareto import front
 from blis_simpy.planner.plan import brute_force, max_rate_search, search_cheapest
-from blis_simpy.planner.plan_points import Family, fixed_deployment, judge_row, point
+from blis_simpy.planner.plan_points import (
+    Family,
+    deployment_count,
+    families,
+    fixed_deployment,
+    judge_row,
+    point,
+)
 from blis_simpy.planner.plan_run import run_plan
-from blis_simpy.planner.plan_spec import FixedDeployment, load_plan
+from blis_simpy.planner.plan_spec import FixedDeployment, PlanSpec, load_plan
 
 BASE = """\
 model: meta-llama/llama-3.1-8b-instruct
@@ -313,6 +322,64 @@ def test_a_base_scenario_of_wrong_types_is_one_located_line(tmp_path, bad, expec
     assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
     assert lines == [f"error: {p}:3: workload.scenario: base scenario: {tmp_path}/{expected}"], lines
+
+
+_NO_BASE = PLAN.format(rate=5).replace("scenario: base.yaml, ", "").replace(
+    "rate: 5}", "rate: 5, num_requests: 100}")
+
+
+@pytest.mark.parametrize("text, expected", [
+    # a 1,000,000-item instance list took 40 s and 1.7 GB of YAML building before it was
+    # refused; now parsing stops at the node cap (these 25,000 items were accepted)
+    (_NO_BASE.replace("{min: 1, max: 4}", "[" + ", ".join(["1"] * 25_000) + "]"),
+     "plan.yaml:5: more than 20,000 keys and values, the most a plan file may have"),
+    (_NO_BASE.replace("{min: 1, max: 4}", str(list(range(1, 5001)))),
+     "plan.yaml:5: search.instances: at most 4096 instance counts, got 5000"),
+    (_NO_BASE.replace("A100-80: 1.5", ", ".join(f"G{i}: 1" for i in range(65))),
+     "plan.yaml:6: cost.gpu_hour_usd: at most 64 prices, got 65"),
+])
+def test_plan_sizes_are_capped_while_parsing(tmp_path, text, expected):
+    p = tmp_path / "plan.yaml"
+    p.write_text(text)
+    res = CliRunner().invoke(app, ["plan", str(p), "--serial"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip().splitlines() == [f"error: {tmp_path}/{expected}"]
+
+
+def test_the_search_space_is_counted_before_it_is_built(tmp_path):
+    """4.2 million disaggregated deployments: refused from their count, with no family built
+    (building them peaked at 110 MB traced; larger grids ended in a MemoryError)."""
+    p = tmp_path / "plan.yaml"
+    p.write_text(_NO_BASE.replace("{min: 1, max: 4}, tp: [1, 2]",
+                                  "{min: 1, max: 1024}, tp: [1, 2, 3, 4, 5, 6, 7, 8], "
+                                  "pd: {disaggregated: true}"))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match=r"plan.yaml:5: search: the search space has 4198400 "
+                                              r"deployments \(at most 100000\)"):
+            load_plan(str(p))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 << 20, peak
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_deployment_count_equals_the_families_built(seed):
+    rng = random.Random(seed)
+    spec = PlanSpec.model_validate({
+        "model": "m", "gpus": rng.sample(["A", "B", "C"], rng.randint(1, 3)),
+        "max_gpus": rng.choice([None, 1, 3, 8, 20]),
+        "workload": {"rate": 1}, "slo": {"ttft_p99_ms": 1},
+        "search": {"instances": rng.choice([{"min": rng.randint(1, 3), "max": rng.randint(3, 12)},
+                                            rng.sample(range(1, 16), rng.randint(1, 6))]),
+                   "tp": rng.sample([1, 2, 4, 8], rng.randint(1, 4)),
+                   "dp": rng.sample([1, 2, 3], rng.randint(1, 3)),
+                   "ep": rng.sample([False, True], rng.randint(1, 2)),
+                   "pd": rng.choice([{"colocated": True, "disaggregated": True},
+                                     {"colocated": False, "disaggregated": True},
+                                     {"colocated": True}])}})
+    assert deployment_count(spec) == sum(len(f.counts) for f in families(spec))
 
 
 def test_a_plan_no_deployment_can_build_is_an_error(tmp_path):
