@@ -25,7 +25,7 @@ import re
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from blis_simpy.config.loader import Source, read_yaml, validation_problem
 from blis_simpy.errors import ConfigError
@@ -49,18 +49,34 @@ class RangeAxis(_Strict):
 
     range: Annotated[list[int | Number], Field(min_length=3, max_length=3)]
 
-    @model_validator(mode="after")
-    def _check(self) -> RangeAxis:
-        start, stop, step = self.range
+    @field_validator("range", mode="before")
+    @classmethod
+    def _int64(cls, v):
+        # before the union: an integer past int64 would pass as a float (or, in the
+        # dataset's int64 column, overflow after the points ran)
+        for i, x in enumerate(v if isinstance(v, list) else ()):
+            if isinstance(x, int) and not isinstance(x, bool) and not -MAX_INT64 - 1 <= x <= MAX_INT64:
+                raise ValueError(f"{_WHICH[i] if i < 3 else f'item {i}'} ({x}) is out of the signed "
+                                 "64-bit integer range")
+        return v
+
+    @field_validator("range")
+    @classmethod
+    def _check(cls, v):
+        start, stop, step = v
         if step <= 0:
             raise ValueError(f"step must be > 0, got {step}")
         if stop < start:
             raise ValueError(f"stop ({stop}) must be >= start ({start})")
-        return self
+        n = _count(start, stop, step)
+        if n > MAX_POINTS:     # before anything is expanded
+            raise ValueError(f"range has {n:,} values, more than a sweep's {MAX_POINTS:,} points"
+                             if n != math.inf else
+                             f"range has more values than a sweep's {MAX_POINTS:,} points")
+        return v
 
     def count(self) -> int:
-        start, stop, step = self.range
-        return math.floor((stop - start) / step + 1e-9) + 1
+        return _count(*self.range)
 
     def values(self) -> list:
         start, _, step = self.range
@@ -68,6 +84,18 @@ class RangeAxis(_Strict):
         if all(isinstance(v, int) for v in self.range):
             return [start + i * step for i in range(n)]
         return [round(start + i * step, 12) for i in range(n)]
+
+
+_WHICH = ("start", "stop", "step")
+
+
+def _count(start, stop, step) -> int | float:
+    """Values of a range: exact for integers; ``math.inf`` when the float quotient is not
+    finite (a span of 1e308 by steps of 1e-308)."""
+    if all(isinstance(x, int) for x in (start, stop, step)):
+        return (stop - start) // step + 1
+    q = (stop - start) / step
+    return math.floor(q + 1e-9) + 1 if math.isfinite(q) else math.inf
 
 
 AxisValues = Annotated[list[Any], Field(min_length=1)] | RangeAxis
@@ -124,9 +152,12 @@ def _check_axes(spec: SweepSpec, src: Source) -> None:
         for other in keys:
             if other != key and other.startswith(key + "."):
                 raise src.error(f"overlaps axis {other}", loc)
-        if isinstance(spec.axes[key], RangeAxis) and spec.axes[key].count() > MAX_POINTS:
-            raise src.error(f"range has {spec.axes[key].count():,} values, more than a sweep's "
-                            f"{MAX_POINTS:,} points", loc + ("range",))
+        axis = spec.axes[key]
+        for i, v in enumerate(axis if isinstance(axis, list) else ()):
+            # a dataset column of integers is int64: past it the rows could not be written
+            # (an OverflowError once the points had run)
+            if isinstance(v, int) and not isinstance(v, bool) and not -MAX_INT64 - 1 <= v <= MAX_INT64:
+                raise src.error(f"{v} is out of the signed 64-bit integer range", loc + (i,))
     if spec.mode == "list" and keys:
         n = _axis_len(spec.axes[keys[0]])
         for key in keys[1:]:

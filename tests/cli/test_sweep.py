@@ -254,6 +254,15 @@ BAD = [
      "the last seed, base seed 9223372036854775807 + 1, is out of the int64 range"),
     ("base: base.yaml\nseeds: [1, 9223372036854775808]\n", 2, "seeds[1]",
      "input should be less than or equal to 9223372036854775807"),
+    # (1e308 - 1) / 1e-308 is inf: 'internal error: OverflowError' (exit 1) counting the values
+    ("base: base.yaml\naxes:\n  workload.rate: {range: [1, 1e308, 1e-308]}\n", 3,
+     "axes.workload.rate.range", "range has more values than a sweep's 100,000 points"),
+    # integers past int64 ran every point, then could not be written to the int64 column:
+    # 'internal error: OverflowError' (exit 1) and an empty --out folder left behind
+    ("base: base.yaml\naxes:\n  workload.rate: {range: [1, 10000000000000000000000, 1000000000000000000000]}\n",
+     3, "axes.workload.rate.range", "stop (10000000000000000000000) is out of the signed 64-bit integer range"),
+    ("base: base.yaml\naxes:\n  workload.rate: [1, 100000000000000000000]\n", 3, "axes.workload.rate[1]",
+     "100000000000000000000 is out of the signed 64-bit integer range"),
 ]
 
 
