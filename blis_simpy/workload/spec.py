@@ -17,7 +17,7 @@ import math
 import os
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from blis_simpy.bounds import MAX_REQUESTS
 from blis_simpy.errors import ConfigError
@@ -174,12 +174,20 @@ class ServeGenDataSpec(_Strict):
     span_end: NonNegFloat = 0.0
 
 
+#: an inference-perf stage's rate (req/s) and duration (s) ranges: 10,000 stages of the longest
+#: duration end before 2^63 µs, and a multi-turn client's rounds (rate x duration) and think
+#: time (N·M / rate in µs) fit int64; outside them the expansion overflowed
+MIN_STAGE_RATE = 1e-6
+MAX_STAGE_RATE = 1e9
+MAX_STAGE_DURATION_S = 1e8
+
+
 class StageSpec(_Strict):
-    rate: Annotated[float, Field(gt=0, allow_inf_nan=False)]      # req/s
-    duration: Annotated[float, Field(gt=0, allow_inf_nan=False)]  # s
+    rate: Annotated[float, Field(ge=MIN_STAGE_RATE, le=MAX_STAGE_RATE, allow_inf_nan=False)]
+    duration: Annotated[float, Field(gt=0, le=MAX_STAGE_DURATION_S, allow_inf_nan=False)]
 
 
-#: inference-perf: the most clients (system prompts x users) and stages a definition expands to
+#: inference-perf: the most clients (stages x system prompts x users) and stages a definition expands to
 MAX_INFERENCE_PERF_CLIENTS = 100_000
 MAX_INFERENCE_PERF_STAGES = 10_000
 
@@ -202,10 +210,15 @@ class InferencePerfSpec(_Strict):
 
     @field_validator("shared_prefix")
     @classmethod
-    def _few_clients(cls, v: SharedPrefixSpec) -> SharedPrefixSpec:
+    def _few_clients(cls, v: SharedPrefixSpec, info: ValidationInfo) -> SharedPrefixSpec:
         n = v.num_unique_system_prompts * v.num_users_per_system_prompt
         if n > MAX_INFERENCE_PERF_CLIENTS:
             raise ValueError(f"{n} clients (system prompts x users), at most {MAX_INFERENCE_PERF_CLIENTS}")
+        # every stage has its own N x M clients: 10,000 stages of 100,000 were 10^9 clients
+        stages = len(info.data.get("stages") or ())
+        if stages * n > MAX_INFERENCE_PERF_CLIENTS:
+            raise ValueError(f"{stages * n} clients ({stages} stages x {n} system prompts x users), "
+                             f"at most {MAX_INFERENCE_PERF_CLIENTS}")
         return v
 
 

@@ -121,6 +121,24 @@ IP_CASES = {
         "stages: [" + ", ".join(["{rate: 1, duration: 1}"] * 10_001) + "]\nshared_prefix: {num_unique_system_prompts: "
         "1, num_users_per_system_prompt: 1}\n",
         ":1: stages: list should have at most 10000 items"),
+    # found by CLI fuzzing: these overflowed expanding (OverflowError, an internal error, exit 1)
+    # or asked for 10^9 clients
+    "absurd stage duration": (
+        "stages: [{rate: 2, duration: 1}, {rate: 2, duration: 1e308}]\nshared_prefix: "
+        "{num_unique_system_prompts: 1, num_users_per_system_prompt: 1}\n",
+        ":1: stages[1].duration: input should be less than or equal to 100000000, got 1e+308"),
+    "absurd stage rate, multi-turn": (
+        IP_SECTION.replace("6.0", "1e308") % "num_unique_system_prompts: 1, num_users_per_system_prompt: 1, "
+        "enable_multi_turn_chat: true",
+        ":1: stages[0].rate: input should be less than or equal to 1000000000, got 1e+308"),
+    "tiny stage rate, multi-turn": (
+        IP_SECTION.replace("6.0", "1e-300") % "num_unique_system_prompts: 1, num_users_per_system_prompt: 1, "
+        "enable_multi_turn_chat: true",
+        ":1: stages[0].rate: input should be greater than or equal to 0.000001, got 1e-300"),
+    "too many clients over the stages": (
+        "stages: [" + ", ".join(["{rate: 1, duration: 1}"] * 10_000) + "]\nshared_prefix: {num_unique_system_prompts: "
+        "100, num_users_per_system_prompt: 1000}\n",
+        ":2: shared_prefix: 1000000000 clients (10000 stages x 100000 system prompts x users), at most 100000"),
     "deeply nested YAML": ("a: " + "[" * 50_000 + "]" * 50_000 + "\n", ":1: nested too deeply (more than 64 levels)"),
     "file over 16 MiB": ("# " + "x" * (16 << 20) + "\n", ": larger than 16777216 bytes"),
 }
