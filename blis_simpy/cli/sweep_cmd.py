@@ -52,8 +52,10 @@ def run_sweep(path: str, out: str, *, scheduler: str | None = None, workers: int
     one; ``flush_s``: seconds between part files (default :data:`~blis_simpy.planner.dataset.FLUSH_S`)."""
     from blis_simpy.cli.point import check_point, run_point
     from blis_simpy.planner import dataset, points
-    from blis_simpy.planner.executor import Executor
+    from blis_simpy.planner.executor import Executor, check_options
     from blis_simpy.planner.spec import axis_values
+    if executor is None:    # a bad option is the only line: before the sweep file is expanded
+        check_options(scheduler, workers)
     sweep = points.load(path)
     pts = points.expand(sweep, check_point)
     kinds = dataset.axis_columns({k: axis_values(a) for k, a in sweep.spec.axes.items()})

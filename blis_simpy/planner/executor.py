@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 
 from blis_simpy.errors import ConfigError
 
-__all__ = ["MAX_WORKERS", "Executor", "error_row"]
+__all__ = ["MAX_WORKERS", "Executor", "check_options", "error_row"]
 
 #: a local cluster's worker processes at most (each is a Python process of ~100 MB)
 MAX_WORKERS = 256
@@ -53,6 +53,27 @@ def error_row(item, exc: BaseException) -> dict:
     return row
 
 
+def check_options(scheduler: str | None, n_workers: int | None) -> None:
+    """The executor's options, checked without starting or connecting anything (a caller
+    checks them before its own work): ``n_workers`` in [1, :data:`MAX_WORKERS`], and
+    ``scheduler`` a Dask address of a known scheme (``tcp://host:8786``, ``host:8786``)."""
+    if n_workers is not None and not 1 <= n_workers <= MAX_WORKERS:
+        raise ConfigError(f"must be in [1, {MAX_WORKERS}], got {n_workers}", field="--workers")
+    if not scheduler:
+        return
+    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.registry import get_backend
+    try:
+        scheme, loc = parse_address(scheduler)
+        get_backend(scheme)
+        if scheme in ("tcp", "tls", "ws", "wss") and not 0 < parse_host_port(loc)[1] < 65536:
+            raise ValueError("the port must be in [1, 65535]")
+    except ValueError as exc:
+        msg = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError(f"not a Dask scheduler address (tcp://host:8786): {msg}",
+                          field="--scheduler") from None
+
+
 class Executor:
     """A Dask client over a local cluster (default) or a running scheduler.
 
@@ -61,8 +82,7 @@ class Executor:
     """
 
     def __init__(self, scheduler: str | None = None, n_workers: int | None = None):
-        if n_workers is not None and not 1 <= n_workers <= MAX_WORKERS:
-            raise ConfigError(f"must be in [1, {MAX_WORKERS}], got {n_workers}", field="--workers")
+        check_options(scheduler, n_workers)
         from dask.distributed import Client
         self.cluster = None
         self.scheduler = scheduler

@@ -279,6 +279,23 @@ def test_bad_sweep_file_is_one_located_line(tmp_path, cli, body, line, field, pr
     assert not (tmp_path / "out").exists()     # nothing ran, nothing written
 
 
+@pytest.mark.parametrize(("option", "problem"), [
+    (["--workers", "0"], "--workers: must be in [1, 256], got 0"),
+    (["--workers", "-1"], "--workers: must be in [1, 256], got -1"),
+    (["--workers", "100000"], "--workers: must be in [1, 256], got 100000"),
+    (["--scheduler", "zzz"], "--scheduler: not a Dask scheduler address (tcp://host:8786): "
+                             "missing port number in address 'zzz'"),
+    (["--scheduler", "tcp://localhost:99999"], "--scheduler: not a Dask scheduler address "
+                                               "(tcp://host:8786): the port must be in [1, 65535]"),
+])
+def test_a_bad_executor_option_is_the_only_line(tmp_path, cli, option, problem):
+    """Checked before the sweep file is expanded: no 'N points ... to run' line first."""
+    path = write_sweep(tmp_path, SIX)
+    r = cli("sweep", str(path), "--out", str(tmp_path / "out"), *option)
+    assert (r.exit_code, r.stdout, r.stderr) == (2, "", f"error: {problem}\n")
+    assert not (tmp_path / "out").exists()
+
+
 def test_summary_of_a_missing_dataset(tmp_path, cli):
     r = cli("sweep", "--summary", str(tmp_path / "none"))
     assert r.exit_code == 2 and r.stderr == f"error: {tmp_path / 'none'}: no such dataset\n"
