@@ -24,13 +24,13 @@ naming the file and line (``error: FILE:LINE: problem``; the CLI exits 2).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import yaml
 
 from blis_simpy.errors import ConfigError
+from blis_simpy.infile import open_input
 
 #: the largest YAML file read, bytes (our files are kilobytes; PyYAML needs minutes for
 #: hundreds of megabytes)
@@ -120,12 +120,8 @@ def read_text(path: str, *, max_bytes: int = MAX_YAML_BYTES) -> str:
     missing, unreadable, undecodable or larger file is a ConfigError naming it."""
     path = str(path)
     try:
-        # O_NONBLOCK: opening a FIFO that no process writes would wait for a writer forever;
-        # back to blocking reads once open, so a pipe with a writer (``<(cat x.yaml)``) reads
-        # whole, and one without reads as empty
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        os.set_blocking(fd, True)
-        with open(fd, "rb") as f:
+        # a FIFO that no process writes reads as empty instead of blocking in open() for ever
+        with open_input(path, "rb") as f:
             raw = f.read(max_bytes + 1)
     except FileNotFoundError:
         raise ConfigError("no such file", file=path) from None

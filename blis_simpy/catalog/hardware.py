@@ -30,6 +30,7 @@ from functools import lru_cache
 from blis_simpy.catalog.shipped import read_shipped
 from blis_simpy.catalog.types import GPUSpec
 from blis_simpy.errors import ConfigError
+from blis_simpy.infile import open_input
 
 #: our field name -> BLIS hardware_config.json key
 BLIS_KEYS = {"tflops_peak": "TFlopsPeak", "tflops_fp8": "TFlopsFP8", "bw_peak_tbs": "BwPeakTBs",
@@ -177,7 +178,7 @@ def read_hardware_json(path: str, *, field: str = "hardware_config") -> dict[str
     (see :meth:`GPUCatalog.merged`) or take the defaults.
     """
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_input(path, encoding="utf-8") as f:
             raw = json.load(f)
     except FileNotFoundError:
         raise ConfigError(f"no such file: {path}", field=field) from None

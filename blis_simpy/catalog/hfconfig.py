@@ -56,6 +56,7 @@ from pathlib import Path
 
 from blis_simpy.catalog.types import ModelConfig
 from blis_simpy.errors import ConfigError
+from blis_simpy.infile import read_input_text
 
 #: torch dtype name → bytes per parameter (activations and KV cache use this).
 DTYPE_BYTES = {
@@ -83,7 +84,7 @@ def load_hf_json(path: str | os.PathLike) -> dict:
     """Read a config.json (or ``<folder>/config.json``) into a dict."""
     p = _config_path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_input_text(p)
     except FileNotFoundError:
         raise ConfigError("no such file", file=str(p)) from None
     except OSError as exc:

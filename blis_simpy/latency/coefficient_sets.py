@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from blis_simpy.atomic import atomic_write
 from blis_simpy.errors import ConfigError, validation_problem
+from blis_simpy.infile import read_input_text
 from blis_simpy.yaml_input import parse as parse_yaml
 
 _Mult = Field(1.0, ge=0, le=1000, allow_inf_nan=False)
@@ -140,7 +141,7 @@ def read_set(path: str) -> CoefficientSet:
         if p.stat().st_size > MAX_SET_BYTES:
             raise ConfigError(f"larger than {MAX_SET_BYTES} bytes: not a coefficient set", file=path,
                               field=FIELD)
-        text = p.read_text(encoding="utf-8")
+        text = read_input_text(p)
     except FileNotFoundError:
         raise ConfigError("no such file", file=path, field=FIELD) from None
     except IsADirectoryError:

@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 from blis_simpy.errors import ConfigError
+from blis_simpy.infile import open_input, read_input_text
 from blis_simpy.observed.run import Tick
 from blis_simpy.workload.tracev2 import MAX_TOKEN_IDS_PER_FILE
 
@@ -52,7 +53,7 @@ def _read_jsonl(path: Path, numbers: tuple[str, ...], integers: tuple[str, ...],
         raise ConfigError(f"larger than {MAX_FILE_BYTES} bytes", file=str(path))
     rows = []
     n_ids = 0
-    with open(path, encoding="utf-8") as f:
+    with open_input(path, encoding="utf-8") as f:
         for ln, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -92,7 +93,7 @@ def read_json_object(path: Path, max_bytes: int) -> dict:
     if path.stat().st_size > max_bytes:
         raise ConfigError(f"larger than {max_bytes} bytes", file=str(path))
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_input_text(path))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"not JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
     except RecursionError:
@@ -119,7 +120,7 @@ def _read_ticks(path: Path) -> list[Tick]:
     if not path.is_file():
         raise ConfigError("missing file", file=str(path))
     ticks = []
-    with open(path, encoding="utf-8", newline="") as f:
+    with open_input(path, encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f)
         names = reader.fieldnames or []
         t_col = "t_s" if "t_s" in names and "t" not in names else "t"

@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass, field
 
 from blis_simpy.errors import ConfigError
+from blis_simpy.infile import open_input
 from blis_simpy.metrics.timeline_file import COLUMNS as TIMELINE_COLUMNS
 from blis_simpy.metrics.timeline_file import read_timeline
 
@@ -108,7 +109,7 @@ def _from_json(path: str) -> Input:
     if os.path.getsize(path) > MAX_JSON_BYTES:
         raise _bad(path, f"larger than {MAX_JSON_BYTES >> 20} MiB")
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open_input(path, encoding="utf-8") as fh:
             doc = json.load(fh)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _bad(path, f"not JSON: {exc}".splitlines()[0]) from None
@@ -134,7 +135,7 @@ def _from_jsonl(path: str) -> Input:
     rows = []
     n = 0
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open_input(path, encoding="utf-8") as fh:
             for n, line in enumerate(fh, 1):
                 if n > MAX_ROWS:
                     raise _bad(path, f"more than {MAX_ROWS} rows")

@@ -21,6 +21,7 @@ import os
 import re
 
 from blis_simpy.errors import ConfigError
+from blis_simpy.infile import open_input
 from blis_simpy.workload.spec import (
     ArrivalSpec,
     ClientSpec,
@@ -196,7 +197,7 @@ def _trace_rows(path: str) -> list[tuple[float, float, float, str]]:
     row that is not numeric is taken as a header, silently)."""
     rows = []
     try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
+        with open_input(path, newline="", encoding="utf-8-sig") as f:
             for i, rec in enumerate(csv.reader(f)):
                 if not rec or all(not x.strip() for x in rec):
                     continue
@@ -242,7 +243,7 @@ def _first_window(path: str, span_start: float, span_end: float):
     """The input and output PDFs of the first dataset window (by start time) inside the
     span that has both strings, or None."""
     try:
-        with open(path, encoding="utf-8-sig") as f:
+        with open_input(path, encoding="utf-8-sig") as f:
             data = json.load(f)
     except FileNotFoundError:
         log.warning("ServeGen dataset %s is missing", path)

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from blis_simpy.bounds import MAX_TOKENS
 from blis_simpy.errors import ConfigError
+from blis_simpy.infile import open_input
 from blis_simpy.workload import _yaml
 from blis_simpy.workload.tracev2 import (
     EXTENSION_COLUMNS,
@@ -273,7 +274,7 @@ def iter_trace_records(path: str | os.PathLike, *, unique_ids: bool = True) -> I
     if csv.field_size_limit() < MAX_FIELD_CHARS:
         csv.field_size_limit(MAX_FIELD_CHARS)
     try:
-        with open(path, encoding="utf-8-sig", newline="") as f:
+        with open_input(path, encoding="utf-8-sig", newline="") as f:
             reader = csv.reader(lines(f), strict=True)
             header_seen = False
             ids_col = sched_col = -1
