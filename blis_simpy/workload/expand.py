@@ -192,13 +192,16 @@ def _servegen_dir(path: str, base_dir: str | None) -> str:
     return cand
 
 
-def _trace_rows(path: str) -> list[tuple[float, float, float, str]]:
-    """``(start_s, rate, cv, pattern)`` rows; bad rows are skipped with a warning (a first
-    row that is not numeric is taken as a header, silently)."""
+def _trace_rows(path: str) -> tuple[list[tuple[float, float, float, str, int]], tuple[int, str] | None]:
+    """``(start_s, rate, cv, pattern, line)`` rows, and the line and problem of the first bad
+    row; bad rows are skipped with a warning (a first row that is not numeric is taken as a
+    header, silently)."""
     rows = []
+    first_bad = None
     try:
         with open_input(path, newline="", encoding="utf-8-sig") as f:
-            for i, rec in enumerate(csv.reader(f)):
+            reader = csv.reader(f)
+            for i, rec in enumerate(reader):
                 if not rec or all(not x.strip() for x in rec):
                     continue
                 try:
@@ -209,16 +212,17 @@ def _trace_rows(path: str) -> list[tuple[float, float, float, str]]:
                         raise ValueError("start and rate must be finite")
                 except ValueError as exc:
                     if i > 0 or _is_number(rec[0] if rec else ""):
-                        log.warning("%s:%d: skipping bad ServeGen row (%s)", path, i + 1, exc)
+                        log.warning("%s:%d: skipping bad ServeGen row (%s)", path, reader.line_num, exc)
+                        first_bad = first_bad or (reader.line_num, str(exc))
                     continue
-                rows.append((start, rate, cv, rec[3].strip()))
+                rows.append((start, rate, cv, rec[3].strip(), reader.line_num))
     except OSError as exc:
         raise ConfigError(f"cannot read file: {exc.strerror or exc}", file=path) from None
     except UnicodeDecodeError as exc:   # raised by the reader's iteration, outside the row's try
         raise ConfigError(f"not valid UTF-8 ({exc.reason})", file=path) from None
     except csv.Error as exc:            # e.g. a field over the csv module's size limit
         raise ConfigError(f"not CSV: {exc}", file=path) from None
-    return rows
+    return rows, first_bad
 
 
 def _is_number(x: str) -> bool:
@@ -246,7 +250,6 @@ def _first_window(path: str, span_start: float, span_end: float):
         with open_input(path, encoding="utf-8-sig") as f:
             data = json.load(f)
     except FileNotFoundError:
-        log.warning("ServeGen dataset %s is missing", path)
         return None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read ServeGen dataset: {exc}", file=path) from None
@@ -300,25 +303,47 @@ def load_servegen(spec: WorkloadSpecV2, base_dir: str | None = None) -> Workload
     if not names:
         raise ConfigError(f"no chunk-<id>-trace.csv files in {sg.path}", field="servegen_data.path")
     clients: list[ClientSpec] = []
+    unusable: list[ConfigError] = []     # why each skipped chunk was skipped, naming its file
+    span = f"[{sg.span_start:g}, {sg.span_end:g})" if sg.span_start or sg.span_end else ""
     for name in names:
         cid = _TRACE_FILE.match(name).group(1)
+        trace = os.path.join(folder, name)
+        rows, first_bad = _trace_rows(trace)
         best = None
-        for row in _trace_rows(os.path.join(folder, name)):
+        for row in rows:
             if _in_span(row[0], sg.span_start, sg.span_end) and (best is None or row[1] > best[1]):
                 best = row
         if best is None or best[1] <= 0:
-            log.info("ServeGen chunk %s: no positive rate in the span, skipped", cid)
+            if best is not None:
+                why = ConfigError(f"the highest rate{' in the span ' + span if span else ''} is "
+                                  f"{best[1]:g} req/s, not > 0", file=trace, line=best[4])
+            elif rows:
+                why = ConfigError(f"no row starts in the span {span}", file=trace)
+            elif first_bad:
+                why = ConfigError(f"no valid row (the first bad one: {first_bad[1]})", file=trace,
+                                  line=first_bad[0])
+            else:
+                why = ConfigError("no rows", file=trace)
+            log.info("ServeGen chunk %s: %s, skipped", cid, why)
+            unusable.append(why)
             continue
-        pdfs = _first_window(os.path.join(folder, f"chunk-{cid}-dataset.json"),
-                             sg.span_start, sg.span_end)
+        dataset = os.path.join(folder, f"chunk-{cid}-dataset.json")
+        pdfs = _first_window(dataset, sg.span_start, sg.span_end)
         if pdfs is None:
-            log.warning("ServeGen chunk %s: no dataset window with both PDFs in the span, skipped", cid)
+            why = ConfigError("missing file" if not os.path.lexists(dataset) else
+                              f"no window{' in the span ' + span if span else ''} with both "
+                              "input_tokens and output_tokens PDFs", file=dataset)
+            log.warning("ServeGen chunk %s: %s, skipped", cid, why)
+            unusable.append(why)
             continue
         clients.append(ClientSpec(
             id=f"servegen-chunk-{cid}", tenant_id=f"chunk-{cid}", rate_fraction=best[1],
             arrival=_arrival(best[3], best[2]),
             input_distribution=DistSpec(type="empirical", params=pdfs[0]),
             output_distribution=DistSpec(type="empirical", params=pdfs[1])))
-    if not clients:
-        raise ConfigError(f"no usable ServeGen chunk in {sg.path}", field="servegen_data.path")
+    if not clients:     # name the file (and line) that made the first chunk unusable
+        first = unusable[0]
+        more = f"; none of its {len(unusable)} chunks is usable" if len(unusable) > 1 else ""
+        raise ConfigError(f"no usable ServeGen chunk in {sg.path}: {first.problem}{more}",
+                          file=first.file, line=first.line)
     return spec.model_copy(update={"clients": clients, "servegen_data": None})

@@ -139,3 +139,30 @@ def test_servegen_unreadable_chunk_is_a_located_error(tmp_path, name, data, prob
     with pytest.raises(ConfigError, match=problem) as ei:
         servegen_workload(str(d))
     assert ei.value.file == str(d / name)
+
+
+_DATASET = json.dumps({"0": {"input_tokens": "{64: 1}", "output_tokens": "{8: 1}"}})
+
+
+@pytest.mark.parametrize(("files", "where", "problem"), [
+    ({"chunk-a-trace.csv": "start_s,rate,cv,pattern\n0,abc,1.5,Gamma\n10,2\n", "chunk-a-dataset.json": _DATASET},
+     ("chunk-a-trace.csv", 2), "no valid row (the first bad one: could not convert string to float: 'abc')"),
+    ({"chunk-a-trace.csv": "0,-2,1.5,Gamma\n", "chunk-a-dataset.json": _DATASET},
+     ("chunk-a-trace.csv", 1), "the highest rate is -2 req/s, not > 0"),
+    ({"chunk-a-trace.csv": "0,2,1.5,Gamma\n", "chunk-a-dataset.json": '{"0": {"input_tokens": ""}}'},
+     ("chunk-a-dataset.json", None), "no window with both input_tokens and output_tokens PDFs"),
+    ({"chunk-a-trace.csv": "0,2,1.5,Gamma\n", "chunk-b-trace.csv": ""},
+     ("chunk-a-dataset.json", None), "missing file; none of its 2 chunks is usable"),
+])
+def test_servegen_no_usable_chunk_names_the_file(tmp_path, files, where, problem):
+    """Found by CLI fuzzing: the error named servegen_data.path and the folder, not the file
+    (and line) that made the chunks unusable."""
+    d = tmp_path / "sg"
+    d.mkdir()
+    for name, text in files.items():
+        (d / name).write_text(text)
+    with pytest.raises(ConfigError) as ei:
+        servegen_workload(str(d))
+    e = ei.value
+    assert (e.file, e.line, e.field) == (str(d / where[0]), where[1], None)
+    assert e.problem == f"no usable ServeGen chunk in {d}: {problem}"
