@@ -22,6 +22,7 @@ import enum
 import logging
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,12 +61,16 @@ class ObservedWorkload:
 
 # ---------------------------------------------------------------------------- workload
 def observe_workload(given: dict[str, str], scenario_path: str | None = None,
-                     input_trace: tuple[str, str] | None = None) -> ObservedWorkload:
+                     input_trace: tuple[str, str] | None = None, *,
+                     before_build: Callable[[str], None] | None = None) -> ObservedWorkload:
     """Build the requests as ``run`` (or, for a trace, ``replay``) would.
 
     ``given`` maps the :data:`WORKLOAD_FLAGS` the user passed to their text. A trace (the
     ``input_trace`` pair, or a scenario whose workload is a trace) takes ``--seed`` (token
     IDs), ``--num-requests`` (the first N by arrival) and ``--horizon`` (arrivals before it).
+    ``before_build(model)`` (the scenario's model, or "") runs once the flags, the scenario
+    and the expected count are checked, before any request is built: up to 10,000,000
+    requests take minutes and gigabytes, which a dead server should not cost.
     """
     from blis_simpy.cli import flag_rules, runner
     from blis_simpy.config.loader import Source, check_scenario, load_raw, validate
@@ -101,6 +106,9 @@ def observe_workload(given: dict[str, str], scenario_path: str | None = None,
     if expected is not None and expected > MAX_REQUESTS:
         raise plan.attribute(ConfigError(f"{expected:,.0f} requests is more than observe sends "
                                          f"({MAX_REQUESTS:,})", field="workload.num_requests"))
+    model = data.get("model") if isinstance(data.get("model"), str) else ""
+    if before_build is not None:
+        before_build(model)
     requests, _, sessions, seed = runner.build_workload(plan)
     if isinstance(w, TraceWorkload):
         if s.horizon_us is not None:
@@ -111,7 +119,6 @@ def observe_workload(given: dict[str, str], scenario_path: str | None = None,
         raise ConfigError(f"{len(requests):,} requests is more than observe sends ({MAX_REQUESTS:,})",
                           field="--num-requests")
     spec_path = w.path if isinstance(w, SpecWorkload) else ""
-    model = data.get("model") if isinstance(data.get("model"), str) else ""
     return ObservedWorkload(requests, sessions, seed, spec_path, model)
 
 
@@ -260,7 +267,14 @@ def run_observe(*, server_url: str, model: str | None, trace_header: Path | None
                 unconstrained_output: bool, rtt_ms: float | None, scenario: Path | None,
                 input_trace_header: Path | None, input_trace_data: Path | None, given: dict) -> None:
     """The ``observe`` command: check the flags, build the workload, send it, write outputs."""
-    from blis_simpy.observe import ObserveConfig, endpoint_url, observe, results_document, summarize
+    from blis_simpy.observe import (
+        ObserveConfig,
+        check_server,
+        endpoint_url,
+        observe,
+        results_document,
+        summarize,
+    )
     from blis_simpy.observe.records import carries_token_ids, trace_records, write_json
     from blis_simpy.workload.tracev2_write import write_trace_files
 
@@ -284,11 +298,22 @@ def run_observe(*, server_url: str, model: str | None, trace_header: Path | None
                 raise ConfigError("no such file", file=str(p), field=flag)
         inputs = (str(input_trace_header), str(input_trace_data))
     cfg_model = model or ""
-    ObserveConfig(server_url, cfg_model or "-", api_format, streaming, max_concurrency, timeout_s,
-                  api_key, server_type, unconstrained_output).check()   # flags first, then files
-    wl = observe_workload(given, str(scenario) if scenario is not None else None, inputs)
-    cfg = ObserveConfig(server_url, cfg_model or wl.model, api_format, streaming, max_concurrency,
-                        timeout_s, api_key, server_type, unconstrained_output)
+
+    def config(model: str) -> ObserveConfig:
+        return ObserveConfig(server_url, model, api_format, streaming, max_concurrency, timeout_s,
+                             api_key, server_type, unconstrained_output)
+
+    def before_build(scenario_model: str) -> None:
+        # the flags, the files and the sizes are checked; the server is next, and only then
+        # are the requests built (a dead server answered only after them)
+        pre = config(cfg_model or scenario_model)
+        pre.check()
+        check_server(pre)
+
+    config(cfg_model or "-").check()   # flags first, then files
+    wl = observe_workload(given, str(scenario) if scenario is not None else None, inputs,
+                          before_build=before_build)
+    cfg = config(cfg_model or wl.model)
     cfg.check()
     # start-up ends here, before anything is sent: observe never reaches runner.prepare(), and
     # the start-up pause (cli/startup_gc.py) would otherwise last through the sending, with

@@ -10,7 +10,7 @@ Nothing here imports SimPy: observing a server needs no simulator.
 """
 
 from blis_simpy.observe.body import API_FORMATS, chat_text, endpoint_url, request_body
-from blis_simpy.observe.client import MAX_REQUESTS, ObserveConfig, ObserveRun, observe
+from blis_simpy.observe.client import MAX_REQUESTS, ObserveConfig, ObserveRun, check_server, observe
 from blis_simpy.observe.records import (
     Observation,
     results_document,
@@ -21,6 +21,6 @@ from blis_simpy.observe.records import (
 
 __all__ = [
     "API_FORMATS", "MAX_REQUESTS", "ObserveConfig", "ObserveRun", "Observation", "chat_text",
-    "endpoint_url", "observe", "request_body", "results_document", "summarize",
+    "check_server", "endpoint_url", "observe", "request_body", "results_document", "summarize",
     "trace_records", "write_json",
 ]

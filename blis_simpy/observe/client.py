@@ -105,6 +105,17 @@ def observe(requests: Sequence, config: ObserveConfig, *,
     return asyncio.run(_Runner(config, progress, on_done).run(list(requests)))
 
 
+def check_server(config: ObserveConfig) -> None:
+    """The check that :func:`observe` makes before its first request, on its own: one ``GET``
+    of the server URL; a ConfigError naming ``--server-url`` if nothing answers (within
+    :data:`PREFLIGHT_TIMEOUT_S`). ``observe`` runs it before building the workload."""
+    async def go() -> None:
+        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        async with httpx.AsyncClient(headers=headers, timeout=None) as client:
+            await _preflight(client, config.server_url)
+    asyncio.run(go())
+
+
 class _Runner:
     def __init__(self, cfg: ObserveConfig, progress, on_done):
         self.cfg = cfg

@@ -180,6 +180,20 @@ def test_unreachable_server_exits_2_without_a_trace(tmp_path: Path):
     assert not h.exists() and not d.exists()
 
 
+def test_a_dead_server_is_reported_before_the_workload_is_built(monkeypatch):
+    """Found by CLI fuzzing: `observe --num-requests 10000000` against a port with nothing
+    listening built all ten million requests (minutes, ~15 GB) before it found the server
+    dead. The flags and sizes are checked first, then the server, then the requests built."""
+    from blis_simpy.cli import runner
+
+    def built(*_a, **_k):
+        raise AssertionError("the workload was built before the server was checked")
+    monkeypatch.setattr(runner, "build_workload", built)
+    r = cli("--server-url", f"http://127.0.0.1:{_closed_port()}", "--model", "m", "--num-requests", "10000000")
+    assert r.exit_code == 2, r.stderr
+    assert r.stderr.startswith("error: --server-url: cannot reach the server") and r.stderr.count("\n") == 1
+
+
 @pytest.mark.parametrize("args, message", [
     (["--num-requests", "20000000"], "--num-requests: input should be less than or equal to 10000000, got 20000000"),
     (["--trace-header", "x.yaml"], "--trace-header: must be given together with --trace-data"),
