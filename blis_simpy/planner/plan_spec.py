@@ -147,6 +147,14 @@ class PDSplits(Strict):
         return self
 
 
+def _capped(v, kind: type, cap: int, what: str):
+    """``v`` as given, unless it is a ``kind`` (list, dict) of more than ``cap`` items: a
+    "before" validator's check, so an absurd length is refused before its items are."""
+    if isinstance(v, kind) and len(v) > cap:
+        raise ValueError(f"at most {cap} {what}, got {len(v)}")
+    return v
+
+
 def _choices(v: list, what: str) -> list:
     if not v:
         raise ValueError(f"give at least one {what}")
@@ -172,9 +180,7 @@ class Search(Strict):
     @field_validator("instances", mode="before")
     @classmethod
     def _instances(cls, v):
-        if isinstance(v, list) and len(v) > MAX_INSTANCES:   # before its items are checked
-            raise ValueError(f"at most {MAX_INSTANCES} instance counts, got {len(v)}")
-        return v
+        return _capped(v, list, MAX_INSTANCES, "instance counts")
 
     @field_validator("tp")
     @classmethod
@@ -256,9 +262,7 @@ class Cost(Strict):
     @field_validator("gpu_hour_usd", mode="before")
     @classmethod
     def _prices(cls, v):
-        if isinstance(v, dict) and len(v) > MAX_CHOICES:   # one price per candidate GPU
-            raise ValueError(f"at most {MAX_CHOICES} prices, got {len(v)}")
-        return v
+        return _capped(v, dict, MAX_CHOICES, "prices")     # one price per candidate GPU
 
 
 class PlanSpec(Strict):
