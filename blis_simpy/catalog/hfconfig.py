@@ -56,7 +56,7 @@ from pathlib import Path
 
 from blis_simpy.catalog.types import ModelConfig
 from blis_simpy.errors import ConfigError
-from blis_simpy.infile import read_input_text
+from blis_simpy.infile import open_input
 
 #: torch dtype name → bytes per parameter (activations and KV cache use this).
 DTYPE_BYTES = {
@@ -80,19 +80,32 @@ def _config_path(path: str | os.PathLike) -> Path:
     return p / "config.json" if p.is_dir() else p
 
 
+#: a HuggingFace config.json is a few KB; refuse one over this many bytes before reading it all
+MAX_CONFIG_BYTES = 4 << 20
+
+
 def load_hf_json(path: str | os.PathLike) -> dict:
-    """Read a config.json (or ``<folder>/config.json``) into a dict."""
+    """Read a config.json (or ``<folder>/config.json``) into a dict. A file over
+    :data:`MAX_CONFIG_BYTES`, not UTF-8, not JSON or nested too deeply is a ConfigError."""
     p = _config_path(path)
     try:
-        text = read_input_text(p)
+        with open_input(p, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError("no such file", file=str(p)) from None
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror or exc}", file=str(p)) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"larger than {MAX_CONFIG_BYTES} bytes: not a HuggingFace config.json",
+                          file=str(p))
     try:
-        data = json.loads(text)
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not valid UTF-8 ({exc.reason} at byte {exc.start})", file=str(p)) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"invalid JSON: {exc.msg}", file=str(p), line=exc.lineno) from None
+    except RecursionError:
+        raise ConfigError("invalid JSON: nested too deeply", file=str(p)) from None
     if not isinstance(data, dict):
         raise ConfigError("a HuggingFace config.json must be a JSON object", file=str(p))
     return data

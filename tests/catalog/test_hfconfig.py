@@ -329,3 +329,18 @@ def test_file_errors(tmp_path):
         parse_hf_config(arr)
     with pytest.raises(TypeError):
         parse_hf_config(42)
+
+
+@pytest.mark.parametrize(("data", "problem"), [
+    (b'{"hidden_size": "\xff"}', r"not valid UTF-8 \(invalid start byte at byte 17\)"),
+    (b"\xff\xfe\x00{}", "not valid UTF-8"),
+    (b"[" * 100_000 + b"]" * 100_000, "invalid JSON: nested too deeply"),
+    (b" " * (4 << 20) + b"{}", "larger than 4194304 bytes"),
+])
+def test_unreadable_config_json_is_a_located_error(tmp_path, data, problem):
+    """Found by CLI fuzzing: these were UnicodeDecodeError and RecursionError internal errors
+    (exit 1), and a file of any size was read whole."""
+    (tmp_path / "config.json").write_bytes(data)
+    with pytest.raises(ConfigError, match=problem) as ei:
+        load_hf_json(tmp_path)
+    assert ei.value.file == str(tmp_path / "config.json")
