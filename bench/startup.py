@@ -8,8 +8,8 @@ blackbox coefficients, 200,000 KV blocks) on TraceV2 files of 1 and 300 requests
 its ``write_workload``, printed with ``--format json``: at 300 requests most of the time is
 start-up (imports and configuration), not simulation; the 1-request replay shows how much.
 The interpreter alone (``python -c pass``) is shown as the floor. Target (issue 11):
-``--help`` and the 300-request replay under 0.3 s wall each. The children run with bytecode caching on (one warm-up run per case
-writes the ``.pyc`` files an installed package would have).
+``--help`` and the 300-request replay under 0.3 s wall each. The children run with bytecode
+caching on (one warm-up run per case writes the ``.pyc`` files an installed package would have).
 
 Usage: ``python bench/startup.py [--runs 11] [--requests 300] [--source DIR]``;
 ``make bench-startup``.

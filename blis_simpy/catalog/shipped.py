@@ -88,11 +88,10 @@ def compiled_text(name: str) -> str:
 
 def write_compiled() -> list[str]:
     """Rewrite every compiled copy whose content changed; the names rewritten."""
-    folder = _data().joinpath("compiled")
     written = []
     for name in SHIPPED:
         want = compiled_text(name)
-        target = folder.joinpath(_compiled_name(name).split("/", 1)[1])
+        target = _data().joinpath(_compiled_name(name))
         try:
             have = target.read_text("utf-8")
         except OSError:
