@@ -108,6 +108,19 @@ def _fitting(counts: list[int], per: int, max_gpus: int | None) -> list[int]:
     return counts if max_gpus is None else counts[:bisect.bisect_right(counts, max_gpus // per)]
 
 
+def _shapes(spec: PlanSpec):
+    """``(tp, dp, fitting counts, co-located?, disaggregated?)`` of every TP x DP with a count
+    within ``max_gpus``: the one place that says which families exist, for :func:`families`
+    and :func:`deployment_count`. Disaggregated shapes use DP 1 only: the simulator has no
+    data parallelism with PD pools."""
+    s = spec.search
+    for tp in s.tp:
+        for dp in s.dp:
+            fit = _fitting(s.instance_counts, tp * dp, spec.max_gpus)
+            if fit:
+                yield tp, dp, fit, s.pd.colocated, s.pd.disaggregated and dp == 1
+
+
 def families(spec: PlanSpec) -> list[Family]:
     """Every family of the search space (budget ``max_gpus`` applied), none empty.
     Disaggregated shapes use DP 1 only: the simulator has no data parallelism with PD pools.
@@ -115,21 +128,17 @@ def families(spec: PlanSpec) -> list[Family]:
     s = spec.search
     if s is None:
         return []
-    counts = s.instance_counts
     out = []
     for gpu in spec.gpus:
-        for tp in s.tp:
-            for dp in s.dp:
-                fit = _fitting(counts, tp * dp, spec.max_gpus)
-                if not fit:
-                    continue
-                for ep in s.ep:
-                    if s.pd.colocated:
-                        out.append(Family(gpu, tp, dp, ep, 0, tuple(fit), price_of(spec, gpu)))
-                    if s.pd.disaggregated and dp == 1:   # the simulator has no DP with PD pools
-                        for p in range(1, fit[-1]):
-                            c = tuple(n - p for n in fit[bisect.bisect_right(fit, p):])
-                            out.append(Family(gpu, tp, dp, ep, p, c, price_of(spec, gpu)))
+        price = price_of(spec, gpu)
+        for tp, dp, fit, colocated, disaggregated in _shapes(spec):
+            for ep in s.ep:
+                if colocated:
+                    out.append(Family(gpu, tp, dp, ep, 0, tuple(fit), price))
+                if disaggregated:
+                    for p in range(1, fit[-1]):
+                        c = tuple(n - p for n in fit[bisect.bisect_right(fit, p):])
+                        out.append(Family(gpu, tp, dp, ep, p, c, price))
     return out
 
 
@@ -140,16 +149,9 @@ def deployment_count(spec: PlanSpec) -> int:
     s = spec.search
     if s is None:
         return 0
-    counts = s.instance_counts
-    total = 0
-    for tp in s.tp:
-        for dp in s.dp:
-            fit = _fitting(counts, tp * dp, spec.max_gpus)
-            if s.pd.colocated:
-                total += len(fit)
-            if s.pd.disaggregated and dp == 1:
-                total += sum(fit) - len(fit)
-    return total * len(s.ep) * len(spec.gpus)
+    per = sum(len(fit) * colocated + (sum(fit) - len(fit)) * disaggregated
+              for _, _, fit, colocated, disaggregated in _shapes(spec))
+    return per * len(s.ep) * len(spec.gpus)
 
 
 def fixed_deployment(d: FixedDeployment) -> Deployment:
