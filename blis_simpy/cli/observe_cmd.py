@@ -313,8 +313,7 @@ def run_observe(*, server_url: str, model: str | None, trace_header: Path | None
     config(cfg_model or "-").check()   # flags first, then files
     wl = observe_workload(given, str(scenario) if scenario is not None else None, inputs,
                           before_build=before_build)
-    cfg = config(cfg_model or wl.model)
-    cfg.check()
+    cfg = config(cfg_model or wl.model)     # the config before_build checked (same model)
     # start-up ends here, before anything is sent: observe never reaches runner.prepare(), and
     # the start-up pause (cli/startup_gc.py) would otherwise last through the sending, with
     # generation-0 passes over ~100,000 objects stalling the event loop while it times chunks
