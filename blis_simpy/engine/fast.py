@@ -72,9 +72,17 @@ class FastInstance(Instance, name="fast"):
         more = bool(self.coalesce_steps and type(self)._steps is FastInstance._steps
                     and getattr(self.listener, "quiet_steps", False)
                     and _method_is(self, "step", FastInstance))
+        # the model's decode_step_fn, only for a built-in model used as it is: not through a
+        # wrapper (whose ``step_time_us`` must see every step) nor with a ``step_time_us`` set
+        # on the object; None: every step goes through ``step_time_us``
+        make = getattr(lat, "decode_step_fn", None)
+        if (make is None or getattr(make, "__self__", None) is not lat
+                or not getattr(type(lat), "_blis_builtin", False)
+                or not _method_is(lat, "step_time_us", type(lat))):
+            make = None
         return (ledger, self.metrics, kv, self.env, lat.step_time_us, ledger._entries,
                 ledger.classes, ledger.comp_at, kv.block_size, kv.append_token, kv.total_blocks,
-                self.horizon_us, self.id, ledger.otpt_us, ledger._boundary, more)
+                self.horizon_us, self.id, ledger.otpt_us, ledger._boundary, more, make)
 
     def _parts_allow(self) -> bool:
         """What the short path assumes about the parts, checked at the first step so that
@@ -117,11 +125,11 @@ class FastInstance(Instance, name="fast"):
         if k is None:
             k = self._tick_parts = self._make_tick_parts()
         (ledger, met, kv, env, step_time_us, entries, classes, comp_at, bs, append, total,
-         horizon, inst_id, otpt_us, boundary, more) = k
+         horizon, inst_id, otpt_us, boundary, more, make) = k
         # every running request decodes (u of them, the batch size): fixed in the run
         u = ledger.u_count
         if u != self._decode_fn_u:           # the model's step as a function of the context
-            self._decode_fn = _decode_step_fn(self.latency, u, u)
+            self._decode_fn = make(u, u) if make is not None else None
             self._decode_fn_u = u
         decode_us = self._decode_fn
         # the ledger's per-step flags, the same at every such step
@@ -173,19 +181,6 @@ class FastInstance(Instance, name="fast"):
                 return nxt
             env.advance_to(nxt)
             now_us = nxt
-
-
-def _decode_step_fn(lat, size: int, count: int):
-    """The latency model's pure-decode step as a function of the context
-    (:meth:`~blis_simpy.latency.base.LatencyModel.decode_step_fn`), or None: only for a
-    built-in model used as it is, not through a wrapper (whose ``step_time_us`` must see
-    every step) nor with a ``step_time_us`` set on the object."""
-    make = getattr(lat, "decode_step_fn", None)
-    if (make is None or getattr(make, "__self__", None) is not lat
-            or not getattr(type(lat), "_blis_builtin", False)
-            or not _method_is(lat, "step_time_us", type(lat))):
-        return None
-    return make(size, count)
 
 
 def _method_is(obj, name: str, cls) -> bool:
