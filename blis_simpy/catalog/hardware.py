@@ -169,6 +169,10 @@ def builtin_gpus() -> GPUCatalog:
     return GPUCatalog(entries)
 
 
+#: a hardware_config.json lists a few dozen GPUs; refuse one over this many characters
+MAX_HARDWARE_CHARS = 4 << 20
+
+
 def read_hardware_json(path: str, *, field: str = "hardware_config") -> dict[str, GPUEntry]:
     """GPUs of a BLIS ``hardware_config.json`` (``{KEY: {TFlopsPeak: …, …}}``).
 
@@ -179,13 +183,19 @@ def read_hardware_json(path: str, *, field: str = "hardware_config") -> dict[str
     """
     try:
         with open_input(path, encoding="utf-8") as f:
-            raw = json.load(f)
+            text = f.read(MAX_HARDWARE_CHARS + 1)
+        if len(text) > MAX_HARDWARE_CHARS:
+            raise ConfigError(f"larger than {MAX_HARDWARE_CHARS} characters: not a hardware_config.json",
+                              file=path, field=field)
+        raw = json.loads(text)
     except FileNotFoundError:
         raise ConfigError(f"no such file: {path}", field=field) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read: {exc}", file=path, field=field) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"invalid JSON: {exc.msg}", file=path, line=exc.lineno, field=field) from None
+    except RecursionError:
+        raise ConfigError("invalid JSON: nested too deeply", file=path, field=field) from None
     if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
         raise ConfigError("expected an object of GPU objects ({\"H100\": {\"TFlopsPeak\": …}})",
                           file=path, field=field)

@@ -101,3 +101,16 @@ def test_scenario_gpus_override_and_extend():
     assert cat.get("LAB").tflops_peak == 10.0 and cat.get("LAB").source == "my lab"
     assert cat.get("H100").tflops_peak == 10.0                 # the scenario wins
     assert not math.isclose(builtin_gpus().get("H100").tflops_peak, 10.0)
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("[" * 100_000 + "]" * 100_000, "invalid JSON: nested too deeply"),
+    (" " * (4 << 20) + "{}", "larger than 4194304 characters"),
+])
+def test_an_unreadable_hardware_config_is_a_located_error(tmp_path, text, problem):
+    """A deeply nested file was a RecursionError internal error; a file of any size was read."""
+    path = tmp_path / "hw.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=problem) as ei:
+        read_hardware_json(str(path))
+    assert ei.value.file == str(path) and ei.value.field == "hardware_config"
