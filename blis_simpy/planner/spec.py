@@ -39,6 +39,12 @@ _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 Number = Annotated[float, Field(allow_inf_nan=False)]
 
 
+def _past_int64(x) -> bool:
+    """An integer (not a bool) outside the signed 64-bit range: a dataset's int64 column
+    cannot hold it."""
+    return isinstance(x, int) and not isinstance(x, bool) and not -MAX_INT64 - 1 <= x <= MAX_INT64
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -55,7 +61,7 @@ class RangeAxis(_Strict):
         # before the union: an integer past int64 would pass as a float (or, in the
         # dataset's int64 column, overflow after the points ran)
         for i, x in enumerate(v if isinstance(v, list) else ()):
-            if isinstance(x, int) and not isinstance(x, bool) and not -MAX_INT64 - 1 <= x <= MAX_INT64:
+            if _past_int64(x):
                 raise ValueError(f"{_WHICH[i] if i < 3 else f'item {i}'} ({x}) is out of the signed "
                                  "64-bit integer range")
         return v
@@ -156,7 +162,7 @@ def _check_axes(spec: SweepSpec, src: Source) -> None:
         for i, v in enumerate(axis if isinstance(axis, list) else ()):
             # a dataset column of integers is int64: past it the rows could not be written
             # (an OverflowError once the points had run)
-            if isinstance(v, int) and not isinstance(v, bool) and not -MAX_INT64 - 1 <= v <= MAX_INT64:
+            if _past_int64(v):
                 raise src.error(f"{v} is out of the signed 64-bit integer range", loc + (i,))
     if spec.mode == "list" and keys:
         n = _axis_len(spec.axes[keys[0]])
