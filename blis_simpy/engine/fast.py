@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-from blis_simpy.engine.instance import Instance
+from blis_simpy.engine.instance import Instance, _method_is
 from blis_simpy.engine.lazy_ledger import LazyLedger
 from blis_simpy.engine.limits import MAX_STEP_US, checked_step_us
 from blis_simpy.engine.vllm_batching import VLLMBatching
@@ -182,9 +182,3 @@ class FastInstance(Instance, name="fast"):
             env.advance_to(nxt)
             now_us = nxt
 
-
-def _method_is(obj, name: str, cls) -> bool:
-    """Is ``obj.name`` the method ``cls`` defines (or inherits), not one set on the object or
-    overridden by a subclass? (Read through the attribute, never ``obj.__dict__``: making
-    an object's dict costs every later attribute access on it.)"""
-    return getattr(getattr(obj, name, None), "__func__", None) is getattr(cls, name, None)

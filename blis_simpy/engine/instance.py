@@ -133,9 +133,8 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         """The instance process: sleep on the doorbell, then run a chain of steps."""
         # The process starts with the run: an ``on_step_end`` set on the instance object
         # before it (not only one overridden by a subclass) sees materialised request state
-        # (``observed``). Read through the attribute: ``vars(self)`` would cost every later
-        # attribute access on the instance (docs/performance.md).
-        self._hooked = getattr(self.on_step_end, "__func__", None) is not Instance.on_step_end
+        # (``observed``).
+        self._hooked = not _method_is(self, "on_step_end", Instance)
         while True:
             self._doorbell = Event(self.env)
             yield self._doorbell
@@ -443,3 +442,10 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         met.kv_thrashing_rate = self.kv.kv_thrashing_rate()
         self.ledger.finalize(met)
         return met
+
+
+def _method_is(obj, name: str, cls) -> bool:
+    """Is ``obj.name`` the method ``cls`` defines (or inherits), not one set on the object or
+    overridden by a subclass? (Read through the attribute, never ``obj.__dict__``: making
+    an object's dict costs every later attribute access on it, docs/performance.md.)"""
+    return getattr(getattr(obj, name, None), "__func__", None) is getattr(cls, name, None)
