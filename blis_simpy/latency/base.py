@@ -125,8 +125,9 @@ class LatencyModel(Pluggable, family="latency model"):
 
         For a batch of ``size`` requests of which ``count`` decode one token each and none
         prefills, a function ``f(decode_pi_sum)`` returning exactly :meth:`step_time_us` of
-        that batch's view (µs). The engine uses it for runs of such steps (docs/performance.md,
-        "Step coalescing"); a model whose step time of such a batch depends on anything else
+        that batch's view (µs). The fast engine uses it for runs of such steps of the built-in
+        models only, used unwrapped (docs/performance.md, "Step coalescing"): a plugin model's
+        override is not called, its :meth:`step_time_us` is, every step. A model whose step time of such a batch depends on anything else
         (the per-request :meth:`BatchView.entries`, state) returns None, the default, and is
         then called every step."""
         return None
