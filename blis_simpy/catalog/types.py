@@ -36,6 +36,9 @@ class GPUSpec:
     #: memory bandwidth sustained by real kernels, TB/s, where a measurement is published;
     #: 0 = unknown (the ``physics`` backend then uses ``bw_peak_tbs``)
     bw_sustained_tbs: float = 0.0
+    #: dense BF16/FP16 tensor rate large GEMMs sustain, TFLOP/s, where a measurement is
+    #: published; 0 = unknown (the ``physics`` backend then uses ``tflops_peak``)
+    tflops_sustained: float = 0.0
     #: on-demand price of one GPU-hour, USD, where a source is given; None = unknown (the
     #: shipped catalog gives none: cost needs ``--gpu-hour-cost`` or a priced entry)
     price_per_hour_usd: float | None = None

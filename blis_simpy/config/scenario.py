@@ -85,6 +85,8 @@ class GPUEntry(Strict):
         None, description="fixed cost of one collective, µs")
     bw_sustained_tbs: NonNegFloat | None = Field(
         None, description="measured sustained memory bandwidth, TB/s (0 = unknown: physics uses the peak)")
+    tflops_sustained: NonNegFloat | None = Field(
+        None, description="measured large-GEMM dense BF16 rate, TFLOP/s (0 = unknown: physics uses the peak)")
     price_per_hour_usd: PosFloat | None = Field(
         None, description="USD per GPU-hour (deployment cost; docs/metrics.md)")
 

@@ -67,6 +67,7 @@ class PhysicsCoefficients(_Set):
     tp_allreduce: float = _Mult
     ep_dispatch_combine: float = _Mult
     sampling: float = _Mult
+    elementwise: float = _Mult
     layer_launch_us: float = _Cost
     request_cpu_us: float = _Cost
     step_cpu_us: float = _Cost

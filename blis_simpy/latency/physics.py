@@ -65,11 +65,13 @@ class PhysicsModel(LatencyModel, name="physics"):
         self._pf_tok = c.prefill_compute * P.prefill_compute_us(s, r, 1, 0)
         self._pf_row = c.prefill_compute * P.prefill_compute_us(s, r, 0, 1)
         self._dc_req = c.decode_compute * P.decode_compute_us(s, r, 1)
+        self._pad_tok = c.decode_compute * P.prefill_compute_us(s, r, 1, 0)
         self._attn_pair = c.attention_compute * P.attention_compute_us(s, r, 1.0)
         self._pf_mem_tok = c.prefill_memory * P.prefill_memory_us(s, r, 1, 0)
         self._dc_kv_tok = c.decode_kv_reads * P.decode_kv_reads_us(s, r, 1, 0)
         self._weights = c.weight_reads * P.weight_reads_us(s, r)
         self._sample_row = c.sampling * P.sampling_us(s, r, 1)
+        self._elem_tok = c.elementwise * P.elementwise_us(s, r, 1)
         self._fixed = c.layer_launch_us * s.layers + c.step_cpu_us
         self._per_req = c.request_cpu_us
         self._queue = c.queueing_us
@@ -101,10 +103,13 @@ class PhysicsModel(LatencyModel, name="physics"):
         ctx = batch.decode_pi_sum
         pairs += ctx + n_dc                    # each decode query attends to its context + itself
         tokens = pf_tokens + n_dc
+        padded = P.cudagraph_tokens(tokens)
         routed = tokens * s.dp if routed_tokens is None else routed_tokens
         return {
             "prefill_compute": c.prefill_compute * P.prefill_compute_us(s, r, pf_tokens, n_pf),
             "decode_compute": c.decode_compute * P.decode_compute_us(s, r, n_dc),
+            "cudagraph_padding": c.decode_compute * P.prefill_compute_us(s, r, padded - tokens, 0),
+            "elementwise": c.elementwise * P.elementwise_us(s, r, padded),
             "weight_reads": c.weight_reads * P.weight_reads_us(s, r) if tokens else 0.0,
             "attention_compute": c.attention_compute * P.attention_compute_us(s, r, pairs),
             "prefill_memory": c.prefill_memory * P.prefill_memory_us(s, r, pf_ctx, pf_tokens),
@@ -122,11 +127,11 @@ class PhysicsModel(LatencyModel, name="physics"):
     @staticmethod
     def combine(t: dict[str, float]) -> float:
         """The kernel-group roofline over the terms (see the module docstring), µs."""
-        linear = max(t["prefill_compute"] + t["decode_compute"], t["weight_reads"])
+        linear = max(t["prefill_compute"] + t["decode_compute"] + t["cudagraph_padding"], t["weight_reads"])
         attention = max(t["attention_compute"], t["prefill_memory"] + t["decode_kv_reads"])
         experts = max(t["moe_compute"], t["moe_expert_reads"])
         return (linear + attention + experts + t["tp_allreduce"] + t["ep_dispatch_combine"]
-                + t["sampling"] + t["layer_launch"] + t["request_cpu"] + t["step_cpu"])
+                + t["sampling"] + t["elementwise"] + t["layer_launch"] + t["request_cpu"] + t["step_cpu"])
 
     def step_time_us(self, batch: BatchView) -> int:
         if batch.size == 0 and not batch.prefill and batch.decode_count == 0:
@@ -143,12 +148,15 @@ class PhysicsModel(LatencyModel, name="physics"):
         """A dense model's step (µs) from the batch's sums: prefill tokens, prefill
         requests, their cached context and causal pairs; decoders and their context; size."""
         pairs += ctx + n_dc
-        compute = self._pf_tok * pf_tokens + self._pf_row * n_pf + self._dc_req * n_dc
-        weights = self._weights if pf_tokens + n_dc else 0.0
+        tokens = pf_tokens + n_dc
+        padded = P.cudagraph_tokens(tokens)
+        compute = (self._pf_tok * pf_tokens + self._pf_row * n_pf + self._dc_req * n_dc
+                   + self._pad_tok * (padded - tokens))
+        weights = self._weights if tokens else 0.0
         kv = self._pf_mem_tok * (pf_ctx + pf_tokens) + self._dc_kv_tok * (ctx + n_dc)
         attn = self._attn_pair * pairs
         step = ((compute if compute > weights else weights) + (attn if attn > kv else kv)
-                + self._sample_row * size + self._fixed + self._per_req * size)
+                + self._sample_row * size + self._elem_tok * padded + self._fixed + self._per_req * size)
         if self.tp > 1:
             step += self.coeffs.tp_allreduce * P.tp_allreduce_us(self.shape, self.rates, pf_tokens + n_dc)
         return _clamp(step)
@@ -163,13 +171,16 @@ class PhysicsModel(LatencyModel, name="physics"):
         if self.is_moe or cls.step_time_us is not _STEP or cls._dense_us is not _DENSE_US:
             return None
         n_dc = count
-        compute = self._pf_tok * 0 + self._pf_row * 0 + self._dc_req * n_dc
+        padded = P.cudagraph_tokens(n_dc)
+        compute = (self._pf_tok * 0 + self._pf_row * 0 + self._dc_req * n_dc
+                   + self._pad_tok * (padded - n_dc))
         weights = self._weights if n_dc else 0.0
         linear = compute if compute > weights else weights
         kv0 = self._pf_mem_tok * 0
         dc_kv_tok = self._dc_kv_tok
         attn_pair = self._attn_pair
         sample = self._sample_row * size
+        elem = self._elem_tok * padded
         fixed = self._fixed
         per_req = self._per_req * size
         tp_term = (self.coeffs.tp_allreduce * P.tp_allreduce_us(self.shape, self.rates, n_dc)
@@ -179,7 +190,7 @@ class PhysicsModel(LatencyModel, name="physics"):
             x = decode_pi_sum + n_dc
             kv = kv0 + dc_kv_tok * x
             attn = attn_pair * (0.0 + x)
-            step = linear + (attn if attn > kv else kv) + sample + fixed + per_req
+            step = linear + (attn if attn > kv else kv) + sample + elem + fixed + per_req
             if tp_term is not None:
                 step += tp_term
             t = to_int64(step)

@@ -18,8 +18,12 @@ Conventions (see docs/latency-models.md, "physics"):
   the same). A batch of ``T`` routed tokens touches ``E·(1 − (1 − k/E)^T)`` distinct experts
   in expectation (uniform top-k routing).
 * Gated MLPs (SwiGLU/GeGLU, every catalog model) have three matrices, others two.
-* Rates: ``F`` FLOP/µs = TFLOPS·1e6 (the FP8 peak when weights are 1 byte and the GPU has
-  FP8 tensor cores), ``W`` B/µs = TB/s·1e6, a link's B/µs = GB/s·1e3.
+* Rates: ``F`` FLOP/µs = TFLOPS·1e6: the rate large GEMMs *sustain* where the catalog has a
+  measurement (``tflops_sustained``), else the datasheet peak; the FP8 rate when weights are
+  1 byte and the GPU has FP8 tensor cores (scaled by the same sustained fraction). ``W`` B/µs
+  = TB/s·1e6 (sustained bandwidth where measured, else the peak), a link's B/µs = GB/s·1e3.
+* CUDA graphs: vLLM pads a step's token count up to the next captured batch size
+  (:func:`cudagraph_tokens`); the GEMMs and the element-wise kernels run on the padded rows.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class Shape:
     nonexpert_macs_per_token: float   # per GPU: attention projections, dense MLP, shared experts, router
     lm_head_macs_per_row: float   # per GPU: d·V/TP
     nonexpert_weight_bytes: float     # per GPU, read once per step (includes lm_head)
+    elementwise_bytes_per_token: float    # per GPU, all layers: norms, residual adds, activation, rotary
     num_experts: int
     top_k: int
     expert_params: float          # one routed expert, all matrices
@@ -100,11 +105,21 @@ def build_shape(model: ModelConfig, tp: int, dp: int = 1, expert_parallel: bool 
     macs = L * attn + n_dense * dense_mlp + n_moe * (shared + router)
     lm_head = float(d) * V / tp
     norms = float(2 * L * d + d)
+    # element-wise kernels per token and layer, in activation elements read + written: two
+    # RMSNorms (d in, d out each), two residual adds (2d in, d out each), the gated
+    # activation (2·f in, f out; f the local FFN width, routed experts at k·f), rotary on the
+    # local q and k heads (read and write)
+    f_act = f_dense / tp if n_dense else 0.0
+    f_moe = (model.num_experts_per_tok * f_exp + model.shared_expert_intermediate_size) / tp
+    act_io = 3.0 if n_mat == 3 else 2.0      # gated: gate and up in, product out; else in, out
+    act_elems = (L * (4.0 * d + 6.0 * d + 2.0 * (H / tp + hkv_local) * hd)
+                 + act_io * (n_dense * f_act + n_moe * f_moe))
     return Shape(
         layers=L, moe_layers=n_moe, dense_layers=n_dense, hidden=d, vocab=V,
         heads_local=H / tp, head_dim=hd, kv_bytes_per_token=kv_tok, act_bytes=act, weight_bytes=wb,
         nonexpert_macs_per_token=macs, lm_head_macs_per_row=lm_head,
         nonexpert_weight_bytes=(macs + lm_head + norms) * wb,
+        elementwise_bytes_per_token=act_elems * act,
         num_experts=E, top_k=model.num_experts_per_tok, expert_params=float(n_mat * d * f_exp),
         moe_group=tp * dp, tp=tp, dp=dp, expert_parallel=expert_parallel)
 
@@ -120,17 +135,38 @@ class Rates:
 
 
 def gpu_rates(gpu: GPUSpec, weight_bytes: float) -> Rates:
-    """Peak FLOP/µs (FP8 when weights are 1 byte and the GPU has FP8), memory B/µs (the
-    published sustained bandwidth when the catalog has one, else the peak), link B/µs.
+    """FLOP/µs (the measured sustained GEMM rate when the catalog has one, else the peak;
+    FP8 when weights are 1 byte and the GPU has FP8, at the same sustained fraction), memory
+    B/µs (the published sustained bandwidth when the catalog has one, else the peak), link B/µs.
 
     Without peer-to-peer access NCCL stages every transfer through host memory: each byte
     crosses PCIe twice, so the usable bus bandwidth is half the link's.
     """
     fp8 = weight_bytes == 1.0 and gpu.tflops_fp8 > 0
     tflops = gpu.tflops_fp8 if fp8 else gpu.tflops_peak
+    if gpu.tflops_sustained > 0:
+        tflops *= gpu.tflops_sustained / gpu.tflops_peak
     link = gpu.link_bw_gbps * 1e3 * (1.0 if gpu.p2p else 0.5)
     bw = gpu.bw_sustained_tbs if gpu.bw_sustained_tbs > 0 else gpu.bw_peak_tbs
     return Rates(tflops * 1e6, bw * 1e6, link, gpu.collective_latency_us)
+
+
+#: vLLM's default CUDA-graph capture sizes end at min(2·max_num_seqs, 512); with the common
+#: max_num_seqs of 256 or more that is 512 (docs/latency-models.md, "physics")
+CUDAGRAPH_MAX_TOKENS = 512
+
+
+def cudagraph_tokens(tokens: int) -> int:
+    """The token count a step's kernels run on: vLLM pads it up to the next CUDA-graph capture
+    size — 1, 2, 4, then every 8 up to 256, then every 16 up to :data:`CUDAGRAPH_MAX_TOKENS`;
+    above that no graph is used and nothing is padded."""
+    if tokens <= 2 or tokens > CUDAGRAPH_MAX_TOKENS:
+        return tokens
+    if tokens <= 4:
+        return 4
+    if tokens <= 256:
+        return (tokens + 7) // 8 * 8
+    return (tokens + 15) // 16 * 16
 
 
 # ------------------------------------------------------------------------ the bases (µs)
@@ -232,6 +268,12 @@ def ep_dispatch_combine_us(s: Shape, r: Rates, gathered_tokens: float) -> float:
     return s.moe_layers * 2.0 * ring_gather_us(r, nbytes, s.moe_group)
 
 
+def elementwise_us(s: Shape, r: Rates, tokens: int) -> float:
+    """Element-wise kernels (norms, residual adds, the gated activation, rotary) as memory
+    traffic: :attr:`Shape.elementwise_bytes_per_token` per (padded) token."""
+    return tokens * s.elementwise_bytes_per_token / r.hbm_bytes_per_us
+
+
 def sampling_us(s: Shape, r: Rates, rows: int) -> float:
     """The sampler over one fp32 logit row per scheduled request: written by the lm_head and
     read back by softmax/top-k (``2·rows·V/TP·4`` bytes)."""
@@ -245,7 +287,7 @@ def weight_streaming_floor_us(s: Shape, r: Rates) -> float:
 
 __all__ = [
     "LOGIT_BYTES", "Rates", "Shape", "UNGATED_ACTIVATIONS", "attention_compute_us", "attention_pairs",
-    "build_shape", "decode_compute_us", "decode_kv_reads_us", "ep_dispatch_combine_us",
+    "CUDAGRAPH_MAX_TOKENS", "build_shape", "cudagraph_tokens", "decode_compute_us", "elementwise_us", "decode_kv_reads_us", "ep_dispatch_combine_us",
     "expected_experts", "gpu_rates", "moe_compute_us", "moe_expert_reads_us", "moe_tokens_touched",
     "prefill_compute_us", "prefill_memory_us", "ring_allreduce_us", "ring_gather_us",
     "sampling_us", "tp_allreduce_us", "weight_reads_us", "weight_streaming_floor_us",

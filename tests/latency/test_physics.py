@@ -58,6 +58,11 @@ def test_each_basis_by_hand():
     assert P.prefill_memory_us(s, RATES, 4, 3) == 7 * 64
     assert P.decode_kv_reads_us(s, RATES, 100, 3) == 103 * 64
     assert P.sampling_us(s, RATES, 4) == 2 * 4 * 32 * 4
+    # element-wise per token: per layer 2 norms (d in, d out) + 2 residual adds (2d in, d out)
+    # + rotary on 2 q heads and 1 k head of 8 (in and out) = 32 + 48 + 48 = 128, two layers;
+    # the gated activation 3 x 16 per layer; x 2 bytes
+    assert s.elementwise_bytes_per_token == (2 * 128 + 2 * 3 * 16) * 2 == 704
+    assert P.elementwise_us(s, RATES, 3) == 3 * 704
     assert P.tp_allreduce_us(s, RATES, 5) == 0                     # TP 1: no collective
 
 
@@ -139,11 +144,19 @@ def test_step_time_composition_by_hand():
     m = PhysicsModel(TINY, UNIT, 1, coefficients=OVERHEADS)
     batch = BatchView.of([req(4, 3), req(40, 1, n_in=10), req(30, 1, n_in=10), req(30, 1, n_in=10)])
     assert batch.decode_count == 3 and batch.decode_pi_sum == 100
-    # linear   max(9728 + 10752, 3664) = 20480
+    # 6 tokens run as a CUDA graph of 8: 2 padded rows of 2·1536 FLOPs each
+    # linear   max(9728 + 10752 + 6144, 3664) = 26624
     # attention max(4·2·8·(18 + 103)·2 = 15488, 448 + 6592) = 15488
-    # sampling 1024; layers 2 x 10 + 4 requests x 1 + 100
-    assert m.step_time_us(batch) == 20480 + 15488 + 1024 + 124
+    # sampling 1024; element-wise 8 padded tokens x 704 B = 5632;
+    # layers 2 x 10 + 4 requests x 1 + 100
+    assert m.step_time_us(batch) == 26624 + 15488 + 1024 + 5632 + 124
     assert m.step_time_us(batch) == int(PhysicsModel.combine(m.terms(batch)))
+
+
+def test_cudagraph_padding_sizes():
+    # vLLM's capture sizes: 1, 2, 4, every 8 to 256, every 16 to 512; none above
+    assert [P.cudagraph_tokens(n) for n in (0, 1, 2, 3, 4, 5, 8, 9, 256, 257, 272, 500, 512, 513, 2048)] == \
+        [0, 1, 2, 4, 4, 8, 8, 16, 256, 272, 272, 512, 512, 513, 2048]
 
 
 def test_decode_is_weight_bound_not_compute_bound():
@@ -151,7 +164,7 @@ def test_decode_is_weight_bound_not_compute_bound():
     v = BatchView(decode_count=1, decode_tokens=1, decode_pi_sum=0, size=1)
     t = m.terms(v)
     assert t["weight_reads"] == 3664 and t["decode_compute"] == 0
-    assert m.step_time_us(v) == 3664 + max(4 * 2 * 8 * 2, 64) + 2 * 32 * 4
+    assert m.step_time_us(v) == 3664 + max(4 * 2 * 8 * 2, 64) + 2 * 32 * 4 + 704   # + element-wise
 
 
 def test_coefficients_scale_their_term():
