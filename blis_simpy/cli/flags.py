@@ -158,6 +158,7 @@ FLAGS: tuple[Flag, ...] = (
     F("--kv-transfer-base-latency", integer, "engine.kv_transfer_base_latency_us", non_negative, "fixed cost per block reloaded CPU->GPU, µs, at most 3600000000 (1 h) (default 0)"),
     F("--gpu-memory-utilization", number, "engine.gpu_memory_utilization", fraction, "fraction of GPU memory for vLLM, used by KV auto-sizing (default 0.9)"),
     F("--kv-capacity-model", text, "engine.kv_capacity_model", one_of("vllm", "blis"), "KV auto-sizing: vllm (default; per GPU, as vLLM profiles it) or blis (BLIS's formula, parity)"),
+    F("--async-scheduling", boolean, "engine.async_scheduling", None, "vLLM's async scheduling (default true): a request queued during a step is admitted one step later; --async-scheduling=false for BLIS parity"),
     F("--preemption-model", text, "engine.preemption_model", one_of("vllm", "blis"), "recompute preemption: vllm (default; prompt + outputs so far recomputed as a prefill, as vLLM v1) or blis (outputs regenerated, TTFT overwritten; parity)"),
     # (8, cont.) prefill/decode disaggregation (docs/disaggregation.md); the cross-flag rule is _pd_rule
     F("--prefill-instances", integer, "disaggregation.prefill_instances", non_negative, "prefill pool size: instance_0 … instance_{P-1}; both pool sizes 0 = no PD (default 0)", panel=PD),

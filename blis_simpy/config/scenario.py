@@ -154,6 +154,10 @@ class EngineConfig(Strict):
     preemption_model: Literal["vllm", "blis"] = Field(
         "vllm", description="recompute preemption: vllm (prompt + outputs so far recomputed as a "
                             "prefill, as vLLM v1) or blis (outputs regenerated, BLIS parity)")
+    async_scheduling: bool = Field(
+        True, description="vLLM's async scheduling: a step's batch is chosen when the step before it "
+                          "starts, so a request queued during a step is admitted one step later "
+                          "(default, as vLLM >= 0.12 runs); false = BLIS (admitted at the next step)")
     kv_cpu_blocks: Annotated[int, Field(ge=0, le=MAX_KV_BLOCKS)] = Field(
         0, description="CPU KV tier blocks; 0 = GPU tier only")
     kv_offload_threshold: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = Field(

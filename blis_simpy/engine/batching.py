@@ -167,8 +167,11 @@ class StepAllocator:
         kv = self.kv
         bs = self.block_size
         waitq = self.waitq
+        late = self._inst.admit_cutoff_us if self.limits.async_scheduling else None
         while waitq:
             nxt = waitq[0]
+            if late is not None and nxt.enqueue_us > late:
+                return None                   # queued after this step was chosen (async scheduling)
             if nxt.is_decode_sub and nxt.prefill_to == nxt.input_len:  # PD decode sub-request:
                 # its prompt KV already held (or BLIS's restart: one token, then a prefill)
                 if nxt.output_len == 0:       # nothing to decode: completes in this step

@@ -176,6 +176,8 @@ class FastInstance(Instance, name="fast"):
             met.kv_blocks_integral += used * step_us
             self.step_pending = True
             nxt = now_us + step_us
+            self.step_start_us = now_us      # finish_step's record of the step (async scheduling)
+            self.step_end_us = nxt
             if not (more and nxt < env.peek() and nxt <= horizon
                     and T + 1 not in comp_at and len(classes[T % bs]) <= total - kv.used):
                 return nxt

@@ -123,6 +123,11 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         self._steps_scheduled = 0   # Step events in the heap (stale ones included)
         self.step_count = 0
         self.clock_us = 0          # time of the last instance event (BLIS's instance clock)
+        self.step_start_us = -1    # start and end of the last step timed (µs; -1 = none yet)
+        self.step_end_us = -1
+        #: async scheduling: requests queued after this time are not admitted in the step
+        #: being formed (µs; docs/engine.md, "Async scheduling")
+        self.admit_cutoff_us = 0
         self.in_queueing_delay = 0  # injected, Queued event not yet processed
         self.injected = 0
         self._doorbell: Event | None = None
@@ -300,6 +305,8 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         group (:mod:`blis_simpy.engine.dp`) calls it on every busy rank before timing all
         the ranks' views together."""
         self.step_count += 1
+        # async scheduling: a step that follows another at once was chosen when that one started
+        self.admit_cutoff_us = self.step_start_us if self.step_end_us == now_us else now_us
         self.reorder_queue(now_us)
         scheduled = self.form_batch(now_us)
         met = self.metrics
@@ -318,6 +325,8 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         batch, record KV statistics, complete requests, call :meth:`on_step_end`. Returns
         the requests that completed."""
         running = self.running
+        self.step_start_us = now_us
+        self.step_end_us = now_us + step_us
         self.execute(now_us, step_us)
         self._record_kv(step_us)
         self.kv.mirror_to_cpu(running)

@@ -40,13 +40,17 @@ class EngineLimits:
 
     ``preemption_model`` picks what a preempted request recomputes (docs/kv-cache.md):
     ``vllm`` its prompt and outputs so far, as a prefill; ``blis`` everything, regenerating
-    its outputs one decode step at a time."""
+    its outputs one decode step at a time. ``async_scheduling``: see the field."""
 
     max_num_running_reqs: int = 256
     max_num_scheduled_tokens: int = 2048
     long_prefill_token_threshold: int = 0
     max_model_len: int = 0
     preemption_model: str = "vllm"
+    #: vLLM's async scheduling (docs/engine.md, "Async scheduling"): the batch of a step is
+    #: chosen when the step before it starts, so a request that entered the wait queue after
+    #: that moment waits one more step; False = BLIS (chosen when the step starts)
+    async_scheduling: bool = False
 
     def __post_init__(self):
         if self.preemption_model not in PREEMPTION_MODELS:

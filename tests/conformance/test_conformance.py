@@ -33,8 +33,9 @@ from tests.conftest import CONFORMANCE, conformance_case
 #: our default is vLLM's own per-GPU rule (docs/kv-capacity.md).
 PARITY_ARGS = {"B15": ["--latency-compat", "checkout"], "B18b": ["--kv-capacity-model", "blis"]}
 #: switches every case runs with: BLIS's recompute preemption (a preempted request regenerates
-#: its outputs and takes a new TTFT); our default is vLLM v1's (docs/kv-cache.md, "Preemption")
-PARITY_ARGS_ALL = ["--preemption-model", "blis"]
+#: its outputs and takes a new TTFT); our default is vLLM v1's (docs/kv-cache.md, "Preemption");
+#: BLIS's synchronous scheduling (our default is vLLM's async scheduling, docs/engine.md)
+PARITY_ARGS_ALL = ["--preemption-model", "blis", "--async-scheduling=false"]
 
 
 def _cases() -> list[Path]:
@@ -62,7 +63,8 @@ def _close(a, b) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
 
 
-def _run_case(case: Path, tmp_path: Path, *, parity: bool = True) -> tuple[subprocess.CompletedProcess, Path]:
+def _run_case(case: Path, tmp_path: Path, *, parity: bool = True,
+              extra: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, Path]:
     spec = json.loads((case / "case.json").read_text())
     work = tmp_path / case.name
     shutil.copytree(case, work)
@@ -74,7 +76,7 @@ def _run_case(case: Path, tmp_path: Path, *, parity: bool = True) -> tuple[subpr
     if parity:
         args += PARITY_ARGS_ALL
         args += next((a for prefix, a in PARITY_ARGS.items() if case.name.startswith(prefix)), [])
-    args += ["--format", "blis"]
+    args += [*extra, "--format", "blis"]
     proc = subprocess.run([sys.executable, "-m", "blis_simpy", *args], cwd=work,
                           capture_output=True, text=True, timeout=600)
     return proc, work
@@ -133,7 +135,8 @@ def test_b15_fixed_moe_roofline(tmp_path: Path):
     as zero. The cluster figures below are pinned so that a change is noticed.
     """
     case = conformance_case("B15_roofline_mixtral_moe_h100_tp2")
-    proc, _ = _run_case(case, tmp_path, parity=False)
+    # only the MoE switch differs from the parity run (BLIS's synchronous scheduling kept)
+    proc, _ = _run_case(case, tmp_path, parity=False, extra=("--async-scheduling=false",))
     assert proc.returncode == 0, proc.stderr[-2000:]
     ours = _json_blocks(proc.stdout)[-1]
     blis = json.loads((case / "expected.json").read_text())["stdout_metrics"][-1]

@@ -118,3 +118,23 @@ def test_running_cap_queues_the_rest(impl):
     sc = scenario(implementation=impl, max_num_running_reqs=1)
     m = run(sc, make_requests([(0, 16, 2), (100, 16, 2)])).instances[0]
     assert m.scheduling_delay == {"request_0": 116, "request_1": 2281 - 100}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_async_scheduling_admits_one_step_later(impl, async_scheduling):
+    # Every step lasts 1000 µs (β0 only; no queueing delay or OTPT). A arrives at 0 on an idle
+    # engine: step 0-1000 prefills it (TTFT 1000), then it decodes 1000-2000, 2000-3000, ...
+    # B is queued at 1500, while step 1000-2000 runs.
+    #   synchronous (BLIS): the step at 2000 admits it -> first token at 3000: TTFT 1500.
+    #   async (vLLM): the step at 2000 was chosen when the step before it started (1000), before
+    #     B was queued; the step at 3000 (chosen at 2000) admits it -> first token 4000: TTFT 2500.
+    # C arrives at 100000 on an idle engine: admitted at once either way (TTFT 1000).
+    sc = scenario(alpha=(0.0, 0.0, 0.0), beta=(1000.0, 0.0, 0.0), implementation=impl,
+                  async_scheduling=async_scheduling)
+    m = run(sc, make_requests([(0, 16, 10), (1500, 16, 2), (100_000, 16, 2)])).instances[0]
+    assert m.ttft["request_0"] == 1000 and m.ttft["request_2"] == 1000
+    assert m.ttft["request_1"] == (2500 if async_scheduling else 1500)
+    assert m.scheduling_delay["request_1"] == (1500 if async_scheduling else 500)
+    # A decodes every step either way: 9 more tokens, one per 1000 µs
+    assert m.e2e["request_0"] == 10_000
