@@ -33,14 +33,15 @@ def test_sched_delay_exact(tiny_sched):
     res = _cli("calibrate", prefix, "--scenario", sc, "--format", "json")
     assert res.exit_code == 0, res.output
     s = json.loads(res.stdout)["runs"][0]["metrics"]["sched"]
-    # sim (constant 1000 µs steps): request 0 is scheduled at once (0 ms); request 7 arrives
-    # during request 0's step [0, 1000) and is scheduled when it ends (0.5 ms). Request 9
+    # sim (constant 1000 µs steps, vLLM's async scheduling): request 0 is scheduled at once
+    # (0 ms); request 7 arrives at 0.5 ms, during request 0's step [0, 1000); the step at 1000
+    # was chosen when that one started, so request 7 is scheduled at 2000 (1.5 ms). Request 9
     # has no real value, so it is left out.
     assert s["n"] == 2
-    assert s["real_ms"]["mean"] == pytest.approx(0.7) and s["sim_ms"]["mean"] == pytest.approx(0.25)
-    assert s["real_ms"]["p50"] == pytest.approx(0.7) and s["sim_ms"]["p50"] == pytest.approx(0.25)
-    assert s["error_pct"]["mean"] == pytest.approx(100 * (0.25 - 0.7) / 0.7)     # -64.29 %
-    # MAPE over real delays >= 1 ms only: request 7 (|0.5 - 1.0| / 1.0); request 0's 0.4 ms is out
+    assert s["real_ms"]["mean"] == pytest.approx(0.7) and s["sim_ms"]["mean"] == pytest.approx(0.75)
+    assert s["real_ms"]["p50"] == pytest.approx(0.7) and s["sim_ms"]["p50"] == pytest.approx(0.75)
+    assert s["error_pct"]["mean"] == pytest.approx(100 * (0.75 - 0.7) / 0.7)     # +7.14 %
+    # MAPE over real delays >= 1 ms only: request 7 (|1.5 - 1.0| / 1.0); request 0's 0.4 ms is out
     assert s["mape_pct"] == pytest.approx(50.0) and s["mape_n"] == 1
 
 
@@ -52,7 +53,7 @@ def test_sched_delay_row_in_the_table(tiny_sched):
     (i,) = [i for i, ln in enumerate(lines) if "sched delay" in ln]
     assert lines[i].split("│")[2:4] == [" real ", " 2 "]
     sim = lines[i + 1]                         # the sim line under it: errors and MAPE
-    assert "sim" in sim and "(-64.3%)" in sim and "50.0%" in sim
+    assert "sim" in sim and "(+7.1%)" in sim and "50.0%" in sim
 
 
 def test_no_scheduling_time_no_sched_metric(tiny_sched, tmp_path):

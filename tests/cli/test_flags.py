@@ -48,6 +48,7 @@ SAMPLES = {
     "--coefficients": (str(CATALOG_DATA / "blackbox-set.yaml"), str(CATALOG_DATA / "blackbox-set.yaml")),
     "--kv-cache-dtype": ("fp8", "fp8"),
     "--enable-expert-parallel": ("true", True),
+    "--async-scheduling": ("false", False),
     "--dp": ("2", 2),
     "--pd-decider": ("always", "always"),
     "--pd-contention-mode": ("snapshot", "snapshot"),

@@ -212,7 +212,7 @@ def test_compaction_spells_out_a_timed_out_requests_recompute_gaps():
              (4662, 18, 14, 0, ""), (4849, 20, 50, 7598, ""), (7084, 15, 45, 102776, ""),
              (8947, 3, 29, 159409, ""), (9815, 14, 36, 73003, ""), (10804, 38, 5, 0, ""),
              (11442, 20, 47, 23411, "")]
-    eng = {"block_size": 4, "total_kv_blocks": 27, "max_num_running_reqs": 13,
+    eng = {"block_size": 4, "total_kv_blocks": 27, "max_num_running_reqs": 13, "async_scheduling": False,
            "max_num_scheduled_tokens": 144, "preemption_model": "vllm"}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lazy_ledger, "COMPACT_TICKS", 2)
@@ -228,7 +228,8 @@ def test_compaction_really_drops_ticks():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lazy_ledger, "COMPACT_TICKS", 2)
         sim = Simulation(scenario(implementation="fast", block_size=4, total_kv_blocks=400,
-                                  max_num_running_reqs=8, max_num_scheduled_tokens=256),
+                                  max_num_running_reqs=8, max_num_scheduled_tokens=256,
+                                  async_scheduling=False),    # the counts below: synchronous
                          make_requests(specs, seed=1))
         res = sim.run()
     led = sim.instances[0].ledger

@@ -28,7 +28,8 @@ class DecodeAtCap(DecodeOverCap):
 
 
 def _sim(latency, impl: str, specs) -> Simulation:
-    sc = Scenario(model="test/tiny", engine={"implementation": impl, "total_kv_blocks": 100},
+    sc = Scenario(model="test/tiny", engine={"implementation": impl, "total_kv_blocks": 100,
+                                                "async_scheduling": False},
                   latency={"model": "blackbox", "alpha_coeffs": [0, 0, 0], "beta_coeffs": [1, 0, 0]})
     dep = Deployment(total_kv_blocks=100, block_size=16, max_model_len=0, latency_factory=latency,
                      model_config=DENSE, tp=1)

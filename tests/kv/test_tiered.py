@@ -365,7 +365,8 @@ def _engine_run(impl, requests, *, total=8, bs=16, cpu=100):
     sc = Scenario(model="test/model",
                   latency={"model": "blackbox", "alpha_coeffs": [100.0, 1.0, 50.0],
                            "beta_coeffs": [1000.0, 10.0, 5.0]},
-                  engine={"total_kv_blocks": total, "block_size": bs, "implementation": impl})
+                  engine={"total_kv_blocks": total, "block_size": bs, "implementation": impl,
+                          "async_scheduling": False})
     kvs = []
 
     def kv_factory(n, b):
@@ -437,6 +438,7 @@ def test_b19_tiered_kv_offload_reproduces_blis(impl):
     sc = Scenario(model=_b19_arg(a, "--model"),
                   latency={"model": "blackbox", "alpha_coeffs": alpha, "beta_coeffs": beta},
                   engine={"total_kv_blocks": total, "block_size": bs, "max_model_len": mml,
+                          "async_scheduling": False,      # BLIS schedules synchronously
                           "max_num_running_reqs": int(_b19_arg(a, "--max-num-running-reqs")),
                           "max_num_scheduled_tokens": int(_b19_arg(a, "--max-num-scheduled-tokens")),
                           "long_prefill_token_threshold": int(_b19_arg(a, "--long-prefill-token-threshold")),

@@ -59,7 +59,8 @@ class Case:
         trace = read_trace(self.dir / _arg(self.args, "--trace-header"),
                            self.dir / _arg(self.args, "--trace-data"))
         reqs = trace_requests(trace.records, self.seed)
-        sc = Scenario(model=_arg(self.args, "--model"), seed=self.seed)
+        sc = Scenario(model=_arg(self.args, "--model"), seed=self.seed,
+                      engine={"async_scheduling": False})       # BLIS schedules synchronously
         result = Simulation(sc, reqs, horizon_us=int(_arg(self.args, "--horizon")), deployment=dep).run()
         return aggregate(result.instances)
 
