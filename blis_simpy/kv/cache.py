@@ -37,6 +37,10 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
     built as ``cls(total_blocks, block_size, params=params)`` (see :meth:`factory_for`).
     """
 
+    #: does the engine drive transfers of this cache (advance, end_step, KV loads)?
+    #: (:class:`~blis_simpy.kv.offload.OffloadKVCache`)
+    async_transfers = False
+
     def __init__(self, total_blocks: int, block_size: int = 16, *, params=None):
         self.params = params if params is not None else type(self).Params()
         if total_blocks <= 0:
