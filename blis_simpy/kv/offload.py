@@ -11,7 +11,8 @@ serving its transfers in submission order (vLLM's ``SingleDirectionOffloadingHan
   tier: those already there are skipped, room is made by evicting ready, unpinned blocks
   from the LRU head, and if there is not enough room nothing of that request is stored this
   step (tried again with the next step's blocks). The request's blocks are then touched
-  (most recent: its first block). One store job per request is queued on the GPU->CPU link
+  (most recent: its first block); a request refused is offered again after every step it
+  runs. One store job per request is queued on the GPU->CPU link
   at the end of the step (vLLM submits it at the start of the next one); its blocks become
   loadable when the job completes.
 * **Loads.** When a waiting request is scheduled, its full prompt blocks beyond the GPU
@@ -81,8 +82,9 @@ class OffloadKVCache(KVCache, name="offload"):
         self.cpu_capacity = int(params.cpu_blocks)
         self.block_bytes = int(params.block_bytes)
         self.link_latency_us = int(params.link_latency_us)
-        # bytes per µs as an exact fraction num/den: transfer times are exact integers
-        rate = Fraction(params.link_gbps) * 1000
+        # bytes per µs as an exact fraction num/den of the decimal given (0.7 GB/s is 700 B/µs,
+        # not the binary float's 699.99...): transfer times are exact integers
+        rate = Fraction(repr(float(params.link_gbps))) * 1000
         self._rate_num, self._rate_den = rate.numerator, rate.denominator
         #: CPU tier: hash -> STORING or the number of loads pinning it; order = LRU, head first
         self.cpu: OrderedDict[bytes, int] = OrderedDict()
@@ -261,6 +263,7 @@ class OffloadKVCache(KVCache, name="offload"):
             return
         dirty = sorted(self._dirty.items(), key=lambda kv: kv[0].batch_pos)
         self._dirty = {}
+        retry = self._dirty         # refused now: offered again after the next step, as vLLM does
         self.advance(start_us)
         cpu = self.cpu
         bh = self._block_hash
@@ -281,6 +284,7 @@ class OffloadKVCache(KVCache, name="offload"):
                             break
                 else:
                     st["stores_refused"] += 1
+                    retry[req] = full
                     continue
                 for h in victims:
                     del cpu[h]
