@@ -318,6 +318,20 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
         blocks.append(b)
         return True
 
+    def _commit_blocks(self, req, blocks: list[int]) -> None:
+        """Append cached blocks to the request's map: ref+1, off the free list if they were
+        free, one GPU hit each."""
+        ref = self._ref
+        lru = self._lru
+        mine = req.kv_blocks
+        for b in blocks:
+            if ref[b] == 0:
+                self.used += 1
+                del lru[b]
+            ref[b] += 1
+            mine.append(b)
+        self.cache_hits += len(blocks)
+
     def _register(self, req, j: int, registered: list | None) -> None:
         b = req.kv_blocks[j]
         h = self._block_hash_for(req, j)

@@ -174,15 +174,8 @@ class OffloadKVCache(KVCache, name="offload"):
         taken = sum(1 for b in cached if ref[b] == 0)
         if n_ext + taken > self.total_blocks - self.used:
             return False
-        lru = self._lru
+        self._commit_blocks(req, cached)
         blocks = req.kv_blocks
-        for b in cached:
-            if ref[b] == 0:
-                self.used += 1
-                del lru[b]
-            ref[b] += 1
-            blocks.append(b)
-        self.cache_hits += len(cached)
         block_hash, h2b = self._block_hash, self.hash_to_block
         for _ in range(n_ext):
             b = self._take_head()

@@ -48,7 +48,8 @@ With closed-loop sessions one more key follows: ``"sessions": {"total", "complet
 "cancelled_timeout", "cancelled_dropped", "cancelled_rejected", "horizon_interrupted",
 "in_flight_at_horizon", "followup_requests"}`` (how the sessions ended; absent without sessions).
 With vLLM's CPU offload tier (``engine.kv_cpu_gib > 0``) one more key follows: ``"kv_offload":
-{"cluster": {counters}, "instances": [{counters}, ...]}`` (docs/metrics.md, "CPU KV offload";
+{"cluster": {counters}, "instances": [{counters}, ...]}`` (durations in ms; docs/metrics.md,
+"CPU KV offload";
 absent otherwise). With ``--streaming-metrics`` one more key follows: ``"streaming_metrics": {"relative_accuracy":
 0.01, "note": "..."}`` (the percentiles are DDSketch estimates, docs/metrics.md).
 
@@ -341,6 +342,8 @@ def offload_part(report: Report) -> dict:
     per = report.kv_offload
     if not per:
         return {}
+    per = [{(k[:-3] + "_ms" if k.endswith("_us") else k): (v / 1000 if k.endswith("_us") else v)
+            for k, v in d.items()} for d in per]           # durations in ms, as every JSON key
     total = {k: (max if k == "peak_cpu_blocks" else sum)(d[k] for d in per) for k in per[0]}
     return {"kv_offload": {"cluster": total, "instances": per}}
 

@@ -204,11 +204,8 @@ def test_other_requests_run_while_a_request_waits_for_its_load(impl):
     [32, 48) beside D's token: 1000 + 160 + 5 = 1165 -> TTFT(C) = 8286 + 1165 + 50 - 6500 =
     3001, and that ITL of D is 1215; D's 8 others are 1055."""
     rng = np.random.default_rng(7)
-    P = rng.integers(0, 1000, 32)
-    reqs = [Request("request_0", 0, P, [1]),
-            Request("request_1", 2000, rng.integers(0, 1000, 128), []),
-            Request("request_3", 5000, rng.integers(0, 1000, 16), rng.integers(0, 1000, 10)),
-            Request("request_2", 6500, np.concatenate((P, rng.integers(0, 1000, 16))), [2])]
+    d = Request("request_3", 5000, rng.integers(0, 1000, 16), rng.integers(0, 1000, 10))
+    reqs, _ = _prefix_then_flood(rng, c_arrival=6500, extra=(d,))
     m, kv, _ = _run(impl, reqs)
     assert m.ttft["request_3"] == 1326 and m.ttft["request_2"] == 3001
     assert dict(m.all_itls) == {1055: 8, 1215: 1}
