@@ -22,7 +22,9 @@ from the offline catalogs (:mod:`blis_simpy.catalog`). :func:`resolve` applies B
    ``Deployment.kv_capacity`` keeps the pieces;
 6. MaxModelLen: explicit, else derived from the model config (analytical backends), then
    capped to the KV capacity with a warning;
-7. KV store: a CPU tier (``TieredKVCache``) when ``engine.kv_cpu_blocks > 0``.
+7. KV store: BLIS's CPU mirror tier (``TieredKVCache``) when ``engine.kv_cpu_blocks > 0``;
+   vLLM's CPU offload tier (``OffloadKVCache``) when ``engine.kv_cpu_gib > 0``, its blocks
+   sized from the model's KV bytes per block and its transfers timed by the GPU's host link.
 
 ``Deployment.notes`` records where each value came from.
 
@@ -60,8 +62,10 @@ from blis_simpy.catalog.types import GPUSpec, ModelConfig
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.cache import KVCache
+from blis_simpy.kv.offload import OffloadKVCache, offload_blocks
+from blis_simpy.kv.sizing import KV_DTYPE_BYTES
 from blis_simpy.kv.tiered import TieredKVCache, offload_threshold_warning
-from blis_simpy.kv.vllm_capacity import KVCapacity
+from blis_simpy.kv.vllm_capacity import KVCapacity, page_bytes
 from blis_simpy.latency.base import LatencyModel
 from blis_simpy.plugins import build_failure, checked_results, fraction, is_builtin, non_negative
 
@@ -105,16 +109,55 @@ _TIER_KEYS = {"cpu_blocks": "kv_cpu_blocks", "transfer_bandwidth": "kv_transfer_
               "offload_threshold": "kv_offload_threshold"}
 
 
-def _kv_factory(r: Resolution) -> Callable[[int, int], KVCache]:
-    """The registered KV cache (``engine.kv_cache``; unset: ``tiered`` when
-    ``engine.kv_cpu_blocks > 0``, else ``gpu``) with its validated ``engine.kv_cache_params``.
-    A plugin cache's constructor errors are reported as that plugin's (when the instances are
-    built)."""
+def _offload_params(r: Resolution, model: ModelConfig | None, gpu: GPUSpec | None, tp: int) -> dict:
+    """The offload tier's parameters from ``engine.kv_cpu_gib`` (docs/kv-cache.md, "CPU offload
+    (vLLM OffloadingConnector)"): CPU blocks = int(G · 2^30) // (one block's bytes on one GPU ×
+    TP), the bytes as vLLM's KV page (``kv_cache_dtype``); the GPU's ``host_link_gbps``."""
+    eng = r.s.engine
+    field = "engine.kv_cpu_gib"
+    if model is None or model.num_layers <= 0:
+        raise ConfigError("the CPU offload tier is sized from the model's KV bytes per block: it needs "
+                          "the model's config.json (--model-config-folder, or a catalog model)", field=field)
+    if gpu is None:
+        raise ConfigError("the CPU offload tier's transfers are timed by the GPU's host link: pass "
+                          "--hardware", field=field)
+    if gpu.host_link_gbps <= 0:
+        raise ConfigError(f"GPU {gpu.name} has no host_link_gbps (host <-> GPU GB/s per direction): set it "
+                          "under gpus: in the scenario or in --hardware-config", field=field)
+    kv_bytes = KV_DTYPE_BYTES.get(eng.kv_cache_dtype) or model.bytes_per_param
+    ranks = max(tp, 1)
+    block = page_bytes(model, ranks, eng.block_size, kv_bytes) * model.num_layers
+    if block <= 0:
+        raise ConfigError(f"cannot size the CPU offload tier: model {model.name or '(unnamed)'} gives "
+                          "0 KV bytes per block", field=field)
+    n = offload_blocks(eng.kv_cpu_gib, block, ranks)
+    if n <= 0:
+        raise ConfigError(f"{eng.kv_cpu_gib:g} GiB holds no KV block ({block:,} bytes per GPU x TP {ranks})",
+                          field=field)
+    r.note(f"CPU KV offload tier: {eng.kv_cpu_gib:g} GiB = {n:,} blocks ({block:,} bytes per block per "
+           f"GPU x TP {ranks}); {gpu.name} host link {gpu.host_link_gbps:g} GB/s, "
+           f"{eng.kv_cpu_latency_us} us per transfer")
+    return {"cpu_blocks": n, "block_bytes": block, "link_gbps": gpu.host_link_gbps,
+            "link_latency_us": eng.kv_cpu_latency_us}
+
+
+def _kv_factory(r: Resolution, model: ModelConfig | None = None, gpu: GPUSpec | None = None,
+                tp: int = 1) -> Callable[[int, int], KVCache]:
+    """The registered KV cache (``engine.kv_cache``; unset: ``offload`` when
+    ``engine.kv_cpu_gib > 0``, ``tiered`` when ``engine.kv_cpu_blocks > 0``, else ``gpu``) with
+    its validated ``engine.kv_cache_params``. A plugin cache's constructor errors are reported
+    as that plugin's (when the instances are built)."""
     eng = r.s.engine
     given = eng.kv_cache_params
-    kind = eng.kv_cache if eng.kv_cache is not None else ("tiered" if eng.kv_cpu_blocks > 0 else "gpu")
+    kind = eng.kv_cache if eng.kv_cache is not None else (
+        "offload" if eng.kv_cpu_gib > 0 else "tiered" if eng.kv_cpu_blocks > 0 else "gpu")
     cls = KVCache.lookup(kind, field="engine.kv_cache")
+    if eng.kv_cpu_gib > 0 and not issubclass(cls, OffloadKVCache):
+        raise ConfigError(f"engine.kv_cpu_gib needs the offload KV cache, not {kind!r}: leave "
+                          "engine.kv_cache unset", field="engine.kv_cpu_gib")
     raw = dict(given)
+    if issubclass(cls, OffloadKVCache) and eng.kv_cpu_gib > 0:
+        raw = _offload_params(r, model, gpu, tp) | raw
     tiered = issubclass(cls, TieredKVCache)
     if tiered:
         # the offload threshold is ignored: not passed on; a warning when the user set it
@@ -204,12 +247,15 @@ def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:
                               "with its HuggingFace config.json (blis-simpy never downloads)",
                               field="model_config_folder" if s.model_config_folder else "model")
     total = resolve_kv_blocks(r, cat, backend, hw, tp, vllm, model_cfg, gpu)
+    offload_model = model_cfg
+    if eng.kv_cpu_gib > 0 and offload_model is None and s.model:
+        offload_model = r.model_config(s.model)[0]   # blackbox: a config found offline sizes the tier
     max_len = resolve_max_model_len(r, backend, model_cfg, total)
     build = partial(build_backend, backend, model_cfg, gpu, tp, alpha, beta, cfg.compat,
                     backend_options(s), lat_params)
     build()                     # validate now: errors before anything runs
     return Deployment(total_kv_blocks=total, block_size=eng.block_size, max_model_len=max_len,
-                      latency_factory=build, kv_factory=_kv_factory(r), notes=r.notes, backend=backend,
+                      latency_factory=build, kv_factory=_kv_factory(r, offload_model, gpu, tp), notes=r.notes, backend=backend,
                       hardware=hw, tp=tp, vllm_version=vllm, gpu=gpu, model_config=model_cfg,
                       warnings=r.warnings, alpha=alpha, beta=beta, kv_capacity=r.kv_capacity,
                       kv_source=r.kv_source)

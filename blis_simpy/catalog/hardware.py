@@ -37,9 +37,11 @@ BLIS_KEYS = {"tflops_peak": "TFlopsPeak", "tflops_fp8": "TFlopsFP8", "bw_peak_tb
              "mfu_prefill": "mfuPrefill", "mfu_decode": "mfuDecode", "memory_gib": "MemoryGiB"}
 FIGURES = tuple(BLIS_KEYS)
 #: optional figures (same key in every format): memory the driver reports (GiB), interconnect
-#: kind, generation, per-direction bandwidth (GB/s), peer-to-peer, fixed collective cost (µs)
+#: kind, generation, per-direction bandwidth (GB/s), peer-to-peer, fixed collective cost (µs),
+#: sustained memory bandwidth (TB/s), sustained large-GEMM rate (TFLOP/s), host <-> GPU
+#: bandwidth per direction (GB/s)
 EXTRA_FIELDS = ("memory_torch_gib", "interconnect", "interconnect_gen", "link_bw_gbps", "p2p",
-                "collective_latency_us", "bw_sustained_tbs", "tflops_sustained")
+                "collective_latency_us", "bw_sustained_tbs", "tflops_sustained", "host_link_gbps")
 INTERCONNECTS = ("nvlink", "pcie")
 #: optional price of one GPU-hour, USD (> 0), under this key in every format; never inherited
 #: from the GPU an entry replaces, and absent from the shipped entries (no price invented)

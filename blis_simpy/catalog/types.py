@@ -33,6 +33,9 @@ class GPUSpec:
     p2p: bool = False
     #: fixed cost of one collective (launch + synchronisation), µs
     collective_latency_us: float = 20.0
+    #: host (CPU) <-> GPU link bandwidth per GPU and per direction, GB/s (10^9 B/s): what a
+    #: CPU KV offload transfer moves at; 0 = unknown
+    host_link_gbps: float = 0.0
     #: memory bandwidth sustained by real kernels, TB/s, where a measurement is published;
     #: 0 = unknown (the ``physics`` backend then uses ``bw_peak_tbs``)
     bw_sustained_tbs: float = 0.0

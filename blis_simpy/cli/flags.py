@@ -156,6 +156,7 @@ FLAGS: tuple[Flag, ...] = (
     F("--kv-offload-threshold", number, "engine.kv_offload_threshold", unit_interval, "deprecated and ignored (a warning when given and the CPU tier is on)"),
     F("--kv-transfer-bandwidth", number, "engine.kv_transfer_bandwidth", positive, "CPU->GPU reload bandwidth, blocks/µs, 1e-6 to 1e6 (default 100)"),
     F("--kv-transfer-base-latency", integer, "engine.kv_transfer_base_latency_us", non_negative, "fixed cost per block reloaded CPU->GPU, µs, at most 3600000000 (1 h) (default 0)"),
+    F("--kv-cpu-gib", number, "engine.kv_cpu_gib", non_negative, "CPU KV offload tier as vLLM's OffloadingConnector (--kv-offloading-size), GiB per engine, at most 65536; > 0 enables it, exclusive with --kv-cpu-blocks (default 0)"),
     F("--gpu-memory-utilization", number, "engine.gpu_memory_utilization", fraction, "fraction of GPU memory for vLLM, used by KV auto-sizing (default 0.9)"),
     F("--kv-capacity-model", text, "engine.kv_capacity_model", one_of("vllm", "blis"), "KV auto-sizing: vllm (default; per GPU, as vLLM profiles it) or blis (BLIS's formula, parity)"),
     F("--async-scheduling", boolean, "engine.async_scheduling", None, "vLLM's async scheduling (default true): a request queued during a step is admitted one step later; --async-scheduling=false for BLIS parity"),

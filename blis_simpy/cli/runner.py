@@ -378,6 +378,9 @@ def _run(plan, sim, tap, requests, horizon, sessions, workload_seed, progress, b
         warn_unfinished(len(requests), report, horizon, streaming.last_arrival_us(requests))
     blocks = [inst.kv.total_blocks for inst in sim.instances]
     report.total_kv_blocks = blocks[0] if len(set(blocks)) == 1 else blocks
+    offload = [kv.offload_stats() for kv in (inst.kv for inst in sim.instances)
+               if hasattr(kv, "offload_stats")]
+    report.kv_offload = offload or None
     cap = sim.plan.global_deployment.kv_capacity
     report.kv_capacity = cap.to_dict() if cap is not None else None
     report.sessions = result.sessions    # how the closed-loop sessions ended (tables, JSON)

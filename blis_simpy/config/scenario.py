@@ -51,6 +51,8 @@ MIN_FABRIC_GBPS, MAX_FABRIC_GBPS = 1e-3, 1e6
 MAX_KV_BYTES_PER_TOKEN = 2**30
 #: the CPU→GPU KV reload bandwidth range, blocks/µs
 MIN_RELOAD_BLOCKS_PER_US, MAX_RELOAD_BLOCKS_PER_US = 1e-6, 1e6
+#: the largest CPU KV offload tier, GiB (64 TiB: beyond the host memory of any server)
+MAX_KV_CPU_GIB = 65536.0
 Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
 PosTokens = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
 DelayUs = Annotated[int, Field(ge=0, le=MAX_DELAY_US)]
@@ -80,6 +82,9 @@ class GPUEntry(Strict):
     interconnect_gen: NonNegInt | None = Field(None, description="NVLink 3/4/5 or PCIe 4/5")
     link_bw_gbps: NonNegFloat | None = Field(
         None, description="link bandwidth per GPU and per direction, GB/s")
+    host_link_gbps: NonNegFloat | None = Field(
+        None, description="host (CPU) <-> GPU link bandwidth per GPU and per direction, GB/s "
+                          "(CPU KV offload); 0 = unknown")
     p2p: bool | None = Field(None, description="direct GPU peer-to-peer access")
     collective_latency_us: NonNegFloat | None = Field(
         None, description="fixed cost of one collective, µs")
@@ -166,12 +171,19 @@ class EngineConfig(Strict):
         ge=MIN_RELOAD_BLOCKS_PER_US, le=MAX_RELOAD_BLOCKS_PER_US, allow_inf_nan=False)] = Field(
         100.0, description="CPU→GPU reload bandwidth, blocks/µs (1e-6 to 1e6)")
     kv_transfer_base_latency_us: DelayUs = Field(0, description="fixed cost per reloaded block, µs")
+    kv_cpu_gib: Annotated[float, Field(ge=0, le=MAX_KV_CPU_GIB, allow_inf_nan=False)] = Field(
+        0.0, description="CPU KV offload tier of vLLM's OffloadingConnector (--kv-offloading-size, "
+                         "native backend), GiB per engine (DP rank), split over its TP ranks; at "
+                         "most 65536; 0 = off. Exclusive with kv_cpu_blocks (BLIS's mirror tier)")
+    kv_cpu_latency_us: DelayUs = Field(
+        0, description="fixed cost of one CPU offload transfer job (one direction), µs; the "
+                       "bytes move at the GPU catalog's host_link_gbps")
     implementation: str = Field(
         "fast", description="registered engine implementation: fast (lazy decode set), reference "
                             "(literal per-request loops) or a plugin's name")
     kv_cache: str | None = Field(
-        None, description="registered KV cache: gpu | tiered | a plugin's name; None = tiered when "
-                           "kv_cpu_blocks > 0, else gpu")
+        None, description="registered KV cache: gpu | tiered | offload | a plugin's name; None = "
+                           "offload when kv_cpu_gib > 0, tiered when kv_cpu_blocks > 0, else gpu")
     kv_cache_params: dict = Field(
         default_factory=dict, description="the KV cache's own parameters (its Params; tiered: "
                                           "cpu_blocks, transfer_bandwidth, transfer_base_latency_us, "
@@ -450,6 +462,20 @@ class Scenario(Strict):
                     "{cap} can be simulated", {"n": n, "dp": self.dp, "ranks": n * self.dp,
                                                "cap": MAX_INSTANCES}),
                 loc=("cluster", "num_instances"), input={"num_instances": n, "dp": self.dp})])
+        return self
+
+    @model_validator(mode="after")
+    def _one_cpu_tier(self) -> Scenario:
+        """One CPU KV tier: BLIS's mirror (kv_cpu_blocks) or vLLM's offload (kv_cpu_gib), and
+        the offload tier not with prefill/decode pools."""
+        eng = self.engine
+        if eng.kv_cpu_gib > 0 and (eng.kv_cpu_blocks > 0 or self.disaggregation.enabled):
+            why = ("engine.kv_cpu_blocks (BLIS's mirror tier) is set too: choose one CPU tier"
+                   if eng.kv_cpu_blocks > 0 else
+                   "the CPU offload tier is not modelled with prefill/decode pools")
+            raise ValidationError.from_exception_data(type(self).__name__, [InitErrorDetails(
+                type=PydanticCustomError("one_cpu_tier", "{why}", {"why": why}),
+                loc=("engine", "kv_cpu_gib"), input=eng.kv_cpu_gib)])
         return self
 
     @model_validator(mode="after")

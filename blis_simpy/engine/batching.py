@@ -95,6 +95,8 @@ class StepAllocator:
         self._stuck_at: dict[str, int] = {}    # request -> progress count when it got stuck
         self.serve_all = ledger.serve_all      # the two ledger calls, without a hop
         self.batch = ledger.batch
+        #: a CPU tier with asynchronous loads (kv/offload.py): admission looks it up
+        self._offload = inst.kv.async_transfers
 
     @property
     def free_blocks(self) -> int:
@@ -164,6 +166,8 @@ class StepAllocator:
         a PD decode sub-request's first decode slot. Returns the tokens it got, or None
         when the queue is empty or its head cannot be admitted now (the caller checks the
         running cap and the budget before calling)."""
+        if self._offload:
+            return self._admit_offload(chunk, budget_tokens)
         kv = self.kv
         bs = self.block_size
         waitq = self.waitq
@@ -196,18 +200,79 @@ class StepAllocator:
             if n is None:
                 return None
             if not kv.allocate(nxt, start, start + n, cached):
-                if not self.running and self._unblock_queue(nxt):
-                    continue
-                if ceil_div(nxt.prefill_to, bs) > kv.total_blocks:
-                    waitq.popleft()           # a vllm recompute longer than the whole cache
-                    kv.release(nxt)
-                    self._drop_hopeless(nxt)
+                if self._no_room(nxt):
                     continue
                 return None
             waitq.popleft()
             self._admit(nxt, n, start + n, decoding=False)
             return n
         return None
+
+    def _admit_offload(self, chunk: Chunk, budget_tokens: int) -> int | None:
+        """:meth:`admit_head` with a CPU tier that loads asynchronously (docs/kv-cache.md,
+        "CPU offload (vLLM OffloadingConnector)"), as vLLM's scheduler treats a KV connector:
+        a queued request waiting for its KV load is passed over (``WAITING_FOR_REMOTE_KVS``:
+        it keeps its place and takes no budget); one whose load has landed is scheduled from
+        its loaded prefix (the whole prompt loaded: its last token is recomputed); any other
+        request's full prompt blocks past its GPU prefix hit are looked up on the CPU tier,
+        and a hit starts their load (the request stays queued and the next one is looked at)."""
+        kv = self.kv
+        waitq = self.waitq
+        now = self._inst.env.now
+        i = 0
+        while i < len(waitq):
+            nxt = waitq[i]
+            if kv.waiting_for_load(nxt, now):
+                i += 1
+                continue
+            held = kv.loaded_tokens(nxt)
+            if held is None:
+                cached = kv.get_cached_blocks(nxt)
+                start = len(cached) * self.block_size
+                ext = kv.lookup(nxt, len(cached))
+                if ext < 0:                   # its blocks are being loaded for another request
+                    i += 1
+                    continue
+                if ext > 0:
+                    if kv.start_load(nxt, cached, ext, now):
+                        i += 1
+                        continue
+                    if self._no_room(nxt):
+                        continue
+                    return None
+            else:
+                start = min(held, nxt.prefill_to - 1)
+            n = chunk(nxt.prefill_to - start, start, budget_tokens)
+            if n is None:
+                return None
+            end = start + n
+            if held is None:
+                ok = kv.allocate(nxt, start, end, cached)
+            else:
+                ok = end <= held or kv.allocate(nxt, held, end)
+            if not ok:
+                if self._no_room(nxt):
+                    continue
+                return None
+            del waitq[i]
+            if held is not None:
+                kv.resumed(nxt)
+            self._admit(nxt, n, end, decoding=False)
+            return n
+        return None
+
+    def _no_room(self, nxt) -> bool:
+        """Queued ``nxt`` cannot get its KV blocks. True: look at the queue again (queued
+        holders were released, or ``nxt`` was dropped because it is longer than the whole
+        cache); False: admit nobody else in this step."""
+        if not self.running and self._unblock_queue(nxt):
+            return True
+        if ceil_div(nxt.prefill_to, self.block_size) > self.kv.total_blocks:
+            self.waitq.remove(nxt)            # a vllm recompute longer than the whole cache
+            self.kv.release(nxt)
+            self._drop_hopeless(nxt)
+            return True
+        return False
 
     def _admit(self, req, n: int, computed: int, *, decoding: bool) -> None:
         if self.limits.preemption_model == "blis" or not req.scheduled_step:
@@ -223,14 +288,17 @@ class StepAllocator:
     # ------------------------------------------------------------------ engine mechanics
     def _unblock_queue(self, head) -> bool:
         """The batch is empty and ``head`` cannot get KV because *queued* requests hold it
-        (PD decode sub-requests with pre-allocated prompts, CPU-tier commits). Nothing
-        running could ever free it — BLIS steps forever here — so recompute-preempt the
-        last queued holder, as vLLM preempts. Returns False if there is none."""
+        (PD decode sub-requests with pre-allocated prompts, CPU-tier commits, landed CPU
+        loads). Nothing running could ever free it — BLIS steps forever here — so
+        recompute-preempt the last queued holder, as vLLM preempts; a request whose load is
+        still in flight is left alone (it will run). Returns False if there is none."""
+        kv = self.kv
+        now = self._inst.env.now
         for r in reversed(self.waitq):
-            if r is not head and r.kv_blocks:
+            if r is not head and r.kv_blocks and not (self._offload and kv.waiting_for_load(r, now)):
                 log.debug("[tick %d] releasing the KV of queued %s to admit %s",
                           self._inst.env.now, r.id, head.id)
-                self.kv.release(r)
+                kv.release(r)
                 self._reset_preempted(r)
                 self._inst.metrics.preemption_count += 1
                 return True

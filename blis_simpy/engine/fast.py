@@ -27,6 +27,7 @@ from blis_simpy.engine.lazy_ledger import LazyLedger
 from blis_simpy.engine.limits import MAX_STEP_US, checked_step_us
 from blis_simpy.engine.vllm_batching import VLLMBatching
 from blis_simpy.kv.cache import KVCache
+from blis_simpy.kv.offload import OffloadKVCache
 from blis_simpy.latency.base import BatchView
 
 _by_pos = attrgetter("batch_pos")
@@ -82,18 +83,22 @@ class FastInstance(Instance, name="fast"):
             make = None
         return (ledger, self.metrics, kv, self.env, lat.step_time_us, ledger._entries,
                 ledger.classes, ledger.comp_at, kv.block_size, kv.append_token, kv.total_blocks,
-                self.horizon_us, self.id, ledger.otpt_us, ledger._boundary, more, make)
+                self.horizon_us, self.id, ledger.otpt_us, ledger._boundary, more, make,
+                kv.end_step if self._offload else None)
 
     def _parts_allow(self) -> bool:
         """What the short path assumes about the parts, checked at the first step so that
         hooks set on the objects before the run count too: the built-in vLLM batching (a
         pure-decode step serves every decoder one token), a KV cache with no transfer
-        latency or CPU mirror, the instance's own step hooks, on its class and on the
-        object (``step`` itself may be wrapped there: the wrapper sees every call)."""
+        latency or CPU mirror (the vLLM offload tier is fine: a pure-decode step only stores
+        the blocks it fills, which the short path does), the instance's own step hooks, on
+        its class and on the object (``step`` itself may be wrapped there: the wrapper sees
+        every call)."""
         kv = self.kv
+        base = OffloadKVCache if type(kv) is OffloadKVCache else KVCache
         return (type(self.batching) is VLLMBatching
-                and _method_is(kv, "consume_pending_transfer_latency", KVCache)
-                and _method_is(kv, "mirror_to_cpu", KVCache)
+                and _method_is(kv, "consume_pending_transfer_latency", base)
+                and _method_is(kv, "mirror_to_cpu", base)
                 and all(_method_is(self, h, FastInstance) for h in _WINDOW_HOOKS if h != "step")
                 and type(self).step is FastInstance.step)
 
@@ -125,7 +130,7 @@ class FastInstance(Instance, name="fast"):
         if k is None:
             k = self._tick_parts = self._make_tick_parts()
         (ledger, met, kv, env, step_time_us, entries, classes, comp_at, bs, append, total,
-         horizon, inst_id, otpt_us, boundary, more, make) = k
+         horizon, inst_id, otpt_us, boundary, more, make, end_step) = k
         # every running request decodes (u of them, the batch size): fixed in the run
         u = ledger.u_count
         if u != self._decode_fn_u:           # the model's step as a function of the context
@@ -161,6 +166,8 @@ class FastInstance(Instance, name="fast"):
                     size=u, entries_fn=entries))
             if step_us < 1 or step_us > MAX_STEP_US:
                 step_us = checked_step_us(step_us, inst_id, now_us)
+            if end_step is not None:
+                end_step(now_us, now_us + step_us)     # the CPU tier stores the filled blocks
             ledger.tick_end.append(now_us + step_us)    # execute: one token each, the tick
             met.total_output_tokens += u
             T += 1

@@ -115,6 +115,8 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         self._hooked = type(self).on_step_end is not Instance.on_step_end
         #: vllm preemption: a re-admitted request keeps its first scheduling delay
         self._keep_first_schedule = limits.preemption_model == "vllm"
+        #: a CPU tier whose transfers run beside the steps (kv/offload.py)
+        self._offload = kv.async_transfers
         self.running = ledger.running      # batch order; only the ledger changes it
         self.batching = batching if batching is not None else VLLMBatching()
         self.batching.bind(limits)
@@ -288,6 +290,15 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
                 self.step_pending = False
             return None
         view = self.begin_step(now_us)
+        if self._offload and not self.running:
+            t = self.kv.next_load_done_us(now_us)
+            if t is not None:
+                # nothing runs while queued requests wait for their KV loads: vLLM's empty
+                # steps poll until one lands; the next step is the one that sees it
+                t = max(t, now_us + self.kv.consume_pending_transfer_latency())
+                self._record_kv(t - now_us)
+                self.step_pending = True
+                return t
         step_us = self.step_time_us(view) + self.kv.consume_pending_transfer_latency()
         step_us = checked_step_us(step_us, self.id, now_us)
         self.finish_step(now_us, step_us)
@@ -307,6 +318,8 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         self.step_count += 1
         # async scheduling: a step that follows another at once was chosen when that one started
         self.admit_cutoff_us = self.step_start_us if self.step_end_us == now_us else now_us
+        if self._offload:
+            self.kv.advance(now_us)       # the CPU tier's transfers done by now take effect
         self.reorder_queue(now_us)
         scheduled = self.form_batch(now_us)
         met = self.metrics
@@ -330,6 +343,8 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         self.execute(now_us, step_us)
         self._record_kv(step_us)
         self.kv.mirror_to_cpu(running)
+        if self._offload:
+            self.kv.end_step(now_us, now_us + step_us)   # store the blocks this step filled
         completed = self.complete(now_us, step_us)
         self.on_step_end(now_us, step_us, completed)
         if completed:

@@ -37,6 +37,10 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
     built as ``cls(total_blocks, block_size, params=params)`` (see :meth:`factory_for`).
     """
 
+    #: does the engine drive transfers of this cache (advance, end_step, KV loads)?
+    #: (:class:`~blis_simpy.kv.offload.OffloadKVCache`)
+    async_transfers = False
+
     def __init__(self, total_blocks: int, block_size: int = 16, *, params=None):
         self.params = params if params is not None else type(self).Params()
         if total_blocks <= 0:
@@ -313,6 +317,20 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
             req.kv_base = pos
         blocks.append(b)
         return True
+
+    def _commit_blocks(self, req, blocks: list[int]) -> None:
+        """Append cached blocks to the request's map: ref+1, off the free list if they were
+        free, one GPU hit each."""
+        ref = self._ref
+        lru = self._lru
+        mine = req.kv_blocks
+        for b in blocks:
+            if ref[b] == 0:
+                self.used += 1
+                del lru[b]
+            ref[b] += 1
+            mine.append(b)
+        self.cache_hits += len(blocks)
 
     def _register(self, req, j: int, registered: list | None) -> None:
         b = req.kv_blocks[j]

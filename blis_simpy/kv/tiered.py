@@ -287,17 +287,8 @@ class TieredKVCache(KVCache, name="tiered"):
         """Append cached blocks to the request's map (ref++, off the free list, hits++);
         the next token the engine allocates goes to sequence position ``next_pos``."""
         if blocks:
-            ref = self._ref
-            lru = self._lru
-            mine = req.kv_blocks
-            for b in blocks:
-                if ref[b] == 0:
-                    self.used += 1
-                    del lru[b]
-                ref[b] += 1
-                mine.append(b)
-            self.cache_hits += len(blocks)
-            req.kv_len = len(mine) * self.block_size   # the last block is a full one now
+            self._commit_blocks(req, blocks)
+            req.kv_len = len(req.kv_blocks) * self.block_size   # the last block is a full one now
         self._realign(req, next_pos)
 
     # ------------------------------------------------------------------ block contents

@@ -47,7 +47,10 @@ Renderers:
 With closed-loop sessions one more key follows: ``"sessions": {"total", "completed",
 "cancelled_timeout", "cancelled_dropped", "cancelled_rejected", "horizon_interrupted",
 "in_flight_at_horizon", "followup_requests"}`` (how the sessions ended; absent without sessions).
-With ``--streaming-metrics`` one more key follows: ``"streaming_metrics": {"relative_accuracy":
+With vLLM's CPU offload tier (``engine.kv_cpu_gib > 0``) one more key follows: ``"kv_offload":
+{"cluster": {counters}, "instances": [{counters}, ...]}`` (durations in ms; docs/metrics.md,
+"CPU KV offload";
+absent otherwise). With ``--streaming-metrics`` one more key follows: ``"streaming_metrics": {"relative_accuracy":
 0.01, "note": "..."}`` (the percentiles are DDSketch estimates, docs/metrics.md).
 
 Then, only when asked for (:func:`planning_part`; docs/metrics.md, "SLOs and goodput"):
@@ -266,6 +269,9 @@ class Report:
     #: where every offered request is at the end of the run (the balance the simulation
     #: checks, :class:`~blis_simpy.cluster.invariants.RequestEndStates` as a dict); None: unknown
     request_accounting: dict[str, int] | None = None
+    #: the CPU offload tier's counters per instance (``OffloadKVCache.offload_stats``); None:
+    #: no offload tier; see :func:`offload_part`
+    kv_offload: list[dict] | None = None
 
     def __post_init__(self) -> None:
         self.instances = list(self.instances)
@@ -327,7 +333,19 @@ def report_dict(report: Report) -> dict:
         "total_kv_blocks": report.total_kv_blocks,
         "kv_capacity": report.kv_capacity,
         "request_accounting": report.request_accounting,
-    } | sessions_part(report) | _streaming_part(report) | planning_part(report)
+    } | sessions_part(report) | offload_part(report) | _streaming_part(report) | planning_part(report)
+
+
+def offload_part(report: Report) -> dict:
+    """``"kv_offload"`` with vLLM's CPU offload tier (absent otherwise): the counters of every
+    instance and their cluster totals (``peak_cpu_blocks``: the largest instance peak)."""
+    per = report.kv_offload
+    if not per:
+        return {}
+    per = [{(k[:-3] + "_ms" if k.endswith("_us") else k): (v / 1000 if k.endswith("_us") else v)
+            for k, v in d.items()} for d in per]           # durations in ms, as every JSON key
+    total = {k: (max if k == "peak_cpu_blocks" else sum)(d[k] for d in per) for k in per[0]}
+    return {"kv_offload": {"cluster": total, "instances": per}}
 
 
 def sessions_part(report: Report) -> dict:
