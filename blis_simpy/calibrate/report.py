@@ -69,9 +69,8 @@ def render_aggregate(console: Console, c: AggregateComparison) -> None:
         for i, r in enumerate(sc.rows):
             real = [_ms(r.real[s]) if r.real and not math.isnan(r.real[s]) else "-" for s in AGG_STATS]
             sim = [f"{_ms(r.sim[s])} ({_e(r.err_pct[s])})" if r.sim else "-" for s in AGG_STATS]
-            t.add_row(name if i == 0 else (counts if i == 1 else ""), LABELS.get(r.metric, r.metric.upper()),
-                      "real", *real)
-            t.add_row("", "", "sim", *sim, end_section=i == len(sc.rows) - 1)
+            t.add_row(name if i == 0 else "", LABELS[r.metric], "real", *real)
+            t.add_row(counts if i == 0 else "", "", "sim", *sim, end_section=i == len(sc.rows) - 1)
         if not sc.rows:
             t.add_row(name, counts, "", *("-" for _ in AGG_STATS), end_section=True)
     console.print(t)

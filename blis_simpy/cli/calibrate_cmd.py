@@ -41,6 +41,12 @@ class CalFormat(str, enum.Enum):
     json = "json"
 
 
+def _aggregate(run) -> bool:
+    """An inference-perf run (aggregates only), not a per-request one."""
+    from blis_simpy.observed.run import AggregateRun
+    return isinstance(run, AggregateRun)
+
+
 def run_plan(run, given: dict, scenario: str | None, command: str = "calibrate") -> runner.Plan:
     """The scenario a measured run is replayed under: ``scenario`` (file) or the run's own
     settings, with the given flags on top; no horizon unless ``--horizon`` is given."""
@@ -53,7 +59,7 @@ def run_plan(run, given: dict, scenario: str | None, command: str = "calibrate")
         if run.settings is None and "--model" in given:
             plan = runner.prepare(F.REPLAY, given, None, need_trace=False)
         elif run.settings is None:
-            what = "no exp-config.yaml" if hasattr(run, "stages") else "a vllm bench result"
+            what = "no exp-config.yaml" if _aggregate(run) else "a vllm bench result"
             raise ConfigError(f"the run {run.name} records no engine settings ({what}): "
                               "pass --scenario FILE.yaml or --model/--hardware/--tp", field=command)
         else:
@@ -77,7 +83,7 @@ def prepare_runs(paths: list[str], given: dict, scenario: str | None, command: s
     out = []
     for run in loaded:
         plan = run_plan(run, given, scenario, command)
-        out.append((with_seed(run, plan.scenario.seed) if hasattr(run, "stages") else run, plan))
+        out.append((with_seed(run, plan.scenario.seed) if _aggregate(run) else run, plan))
     return out
 
 
@@ -120,7 +126,7 @@ def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat
     for run, plan in prepared:
         s = plan.scenario
         dep = resolve(s, quiet=True)
-        if hasattr(run, "stages"):              # an aggregate (inference-perf) run
+        if _aggregate(run):
             c = calibrate_aggregate(s, run, deployment=dep)
             doc = {**c.to_dict(), **_about(s, dep, c.sim.total_kv_blocks, run.notes),
                    "measured_at": run.measured_at, "seed": run.seed}

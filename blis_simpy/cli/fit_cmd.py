@@ -48,6 +48,11 @@ def _summary(c) -> dict:
     return out
 
 
+def _cell(summary: dict, key: str, sign: str = "") -> str:
+    """A % figure of :func:`_summary`, or "-" when the run has none (an aggregate run's MAPE)."""
+    return f"{summary[key]:{sign}.1f}%" if key in summary else "-"
+
+
 def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, budget_s: float,
             max_evaluations: int, cross_validate: bool, name: str, argv: list[str]) -> None:
     from rich.console import Console
@@ -132,9 +137,9 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
     for label, comps in (("in-sample", res.in_sample), ("held out", res.held_out)):
         for c in comps:
             s = _summary(c)
-            t.add_row(c.run, label, *(f"{s.get(k, float('nan')):+.1f}%" for k in
+            t.add_row(c.run, label, *(_cell(s, k, "+") for k in
                                       ("ttft_mean_error_pct", "tpot_mean_error_pct", "e2e_mean_error_pct")),
-                      f"{s.get('e2e_mape_pct', float('nan')):.1f}%", f"{s.get('avg3_pct', float('nan')):.1f}%")
+                      _cell(s, "e2e_mape_pct"), _cell(s, "avg3_pct"))
     con.print(t)
     if step_line:
         con.print(step_line, highlight=False)

@@ -185,3 +185,16 @@ def test_measured_at_reaches_the_scenario_only_where_the_key_exists(tmp_path):
         measured_at: str = "server"
     s2 = s.model_copy(update={"metrics": WithKey()})
     assert client_measured(s2, "client").metrics.measured_at == "client"
+
+
+def test_without_a_summary_the_whole_run_means_are_pooled_from_the_stages(tmp_path):
+    """Stage E2E means 4 ms (4 successes) and 6 ms (2): the run's mean is 28/6 ms; its
+    percentiles are unknown (null), and ITL (per chunk) is not pooled."""
+    doc = _json(write_run(tmp_path, summary=False), *BLACKBOX)["runs"][0]
+    t = doc["total"]
+    assert t["real"] == {"successes": 6, "failures": 0}
+    assert t["metrics"]["e2e"]["real_ms"] == {"mean": pytest.approx(28 / 6), "p50": None, "p90": None, "p99": None}
+    assert t["metrics"]["e2e"]["error_pct"]["p50"] is None
+    assert t["metrics"]["itl"]["real_ms"] is None and t["metrics"]["itl"]["sim_ms"]["mean"] == 1.0
+    assert t["score"]["real_ms"] == pytest.approx({"e2e": 28 / 6, "ttft": 2.0, "itl": (28 / 6 - 2.0) / 2})
+    assert any("no summary_lifecycle_metrics.json" in n for n in doc["notes"])

@@ -122,17 +122,9 @@ def _config(folder: Path, old: str, new: str) -> Path:
 
 def test_random_data_draws_lengths_like_inference_perf(tmp_path):
     folder = write_run(tmp_path)
-    _config(folder, """  type: shared_prefix
-  shared_prefix:
-    num_groups: 1
-    num_prompts_per_group: 2
-    system_prompt_len: 16
-    question_len: 16
-    output_len: 3
-""", """  type: random
-  input_distribution: {min: 10, max: 50, mean: 30, std_dev: 10, total_count: 5}
-  output_distribution: {min: 2, max: 8, mean: 4, std_dev: 2, total_count: 5}
-""")
+    _config(folder, "  type: shared_prefix\n", "  type: random\n"      # (the shared_prefix section is ignored)
+            "  input_distribution: {min: 10, max: 50, mean: 30, std_dev: 10, total_count: 5}\n"
+            "  output_distribution: {min: 2, max: 8, mean: 4, std_dev: 2, total_count: 5}\n")
     for f in (folder / "results").glob("*.json"):      # no prompt length measured: no scaling
         doc = json.loads(f.read_text())
         doc["successes"]["prompt_len"] = None
@@ -162,10 +154,17 @@ def test_synthetic_prompts_are_prefixes_of_one_text(tmp_path):
 def test_poisson_stages_send_int_rate_x_duration_requests(tmp_path):
     folder = write_run(tmp_path)
     _config(folder, "  type: constant\n", "  type: poisson\n")
+    _config(folder, "  - rate: 1.0\n    duration: 2", "  - rate: 0.0001\n    duration: 30000")
     run = load_inference_perf(folder)
-    assert [s.count for s in run.stages] == [4, 2]
+    assert [s.count for s in run.stages] == [4, 3]
     sends = [r.send_time_us for r in run.records[:4]]
     assert sends == sorted(sends) and sends[0] > 0
+    # a slow stage: mostly empty seconds, each non-empty second's sends within it
+    late = [r.send_time_us - run.stages[1].start_us for r in run.records[4:]]
+    assert late == sorted(late) and late[0] > 0 and run.stages[1].end_us >= run.records[-1].send_time_us
+    _config(folder, "  - rate: 2.0\n", "  - rate: 2000000.0\n")
+    with pytest.raises(ConfigError, match=r"load.stages\[0\].rate: not a number >= 1e-06 and <= 1e\+06"):
+        load_inference_perf(folder)
 
 
 @pytest.mark.parametrize("old, new, where, problem", [

@@ -197,7 +197,9 @@ def _stages(r: _Reader) -> tuple[IPStage, ...]:
         r.mapping(*loc, required=True)
         if r.get(*loc, "concurrency_level", default=None) is not None:
             raise r.src.error("concurrency stages are not supported by the rebuild", loc + ("concurrency_level",))
-        rate = r.number(*loc, "rate", lo=MIN_STAGE_RATE, hi=MAX_STAGE_RATE)
+        # a poisson second holds Poisson(rate) requests, all drawn: no more than a run may send
+        hi = MAX_RUN_REQUESTS if r.get("load", "type", default="constant") == "poisson" else MAX_STAGE_RATE
+        rate = r.number(*loc, "rate", lo=MIN_STAGE_RATE, hi=hi)
         duration = r.number(*loc, "duration", lo=0, hi=MAX_STAGE_DURATION_S, lo_open=True)
         n = int(rate * duration)
         total += n

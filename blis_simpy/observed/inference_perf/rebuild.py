@@ -21,7 +21,8 @@
 * **Sends.** A constant stage of rate ``r`` and duration ``d`` sends ``int(r·d)`` requests at
   the cumulative sums of exponential(1/r) gaps scaled to add up to ``d``, after the stage's
   start; a poisson stage draws a Poisson(r) count per second and spreads each second's
-  requests the same way. Send times are rounded to the µs.
+  requests the same way (the counts of :data:`POISSON_BLOCK_S` seconds at a time, then the
+  gaps of each non-empty second). Send times are rounded to the µs.
 * **Stages** run one after another: a stage's timer starts :func:`pause_us` after the
   previous stage has drained (every request finished or failed). Here the drain is the real
   one at most: the stage's last send plus its longest measured latency.
@@ -54,6 +55,8 @@ RNG_STREAM = "inference-perf"
 #: aiohttp rounds a timeout longer than this up to the loop's next whole second
 #: (aiohttp helpers.py, ceil_timeout, ceil_threshold=5)
 CEIL_THRESHOLD_US = 5_000_000
+#: seconds of a poisson stage whose request counts are drawn at once
+POISSON_BLOCK_S = 4096
 
 
 @dataclass
@@ -100,13 +103,16 @@ def _send_offsets_s(rng: np.random.Generator, cfg: IPConfig, stage: IPStage) -> 
     if cfg.load_type == "constant":
         gaps = rng.exponential(1.0 / stage.rate_rps, n)
         return np.cumsum(gaps * (stage.duration_s / gaps.sum()))
-    out, second = [], 0.0
-    while len(out) < n:
-        c = int(rng.poisson(stage.rate_rps))
-        if c >= 1:
-            gaps = rng.exponential(1.0 / c, c)
-            out.extend((second + np.cumsum(gaps / gaps.sum())).tolist())
-        second += 1.0
+    out: list[float] = []
+    second = 0
+    while len(out) < n:      # per-second counts a block at a time (a slow rate has many empty seconds)
+        counts = rng.poisson(stage.rate_rps, POISSON_BLOCK_S)
+        for i in np.flatnonzero(counts).tolist():
+            gaps = rng.exponential(1.0 / counts[i], counts[i])
+            out.extend((second + i + np.cumsum(gaps / gaps.sum())).tolist())
+            if len(out) >= n:
+                break
+        second += POISSON_BLOCK_S
     return np.asarray(out[:n])
 
 
