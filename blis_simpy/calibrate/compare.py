@@ -7,11 +7,16 @@ over the requests whose real value is at least :data:`MAPE_FLOOR_MS` (1 ms; in p
 this only matters for scheduling delays, which a server can keep to microseconds).
 Throughput is output tokens over the span from the first arrival to the last completion.
 Means and percentiles follow the reports' rules (:mod:`blis_simpy.metrics.percentile`).
+
+The three-number :class:`Score` of the published simulator comparison (docs/accuracy.md):
+mean E2E, mean TTFT and ITL = (mean E2E − mean TTFT)/(mean output length − 1) over the
+requests both completed, each error |sim − real|/real, and ``avg3`` their mean (%).
 Units: ms unless named otherwise.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +26,7 @@ from blis_simpy.metrics.percentile import mean, percentile
 from blis_simpy.observed.run import ObservedRun
 
 METRICS = ("ttft", "tpot", "e2e", "sched")
-LABELS = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "sched": "sched delay"}
+LABELS = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "sched": "sched delay", "itl": "ITL"}
 STATS = ("mean", "p50", "p90", "p99")
 #: the per-request MAPE leaves out requests whose real value is below this (ms): a request
 #: the server scheduled 20 µs after arrival would turn any simulated delay into +10,000%
@@ -47,6 +52,46 @@ def sim_values(sim: SimRun, metric: str) -> dict[str, float]:
 def err_pct(sim: float, real: float) -> float:
     """Signed error in % (``nan`` when real is 0)."""
     return 100.0 * (sim - real) / real if real else float("nan")
+
+
+#: the three numbers of the score
+SCORE_METRICS = ("e2e", "ttft", "itl")
+
+
+@dataclass
+class Score:
+    """The three numbers, real and simulated (ms), their errors |sim − real|/real (%) and
+    ``avg3_pct`` their mean; the output lengths the ITLs divide by (tokens)."""
+
+    real: dict[str, float]
+    sim: dict[str, float]
+    output_len_real: float
+    output_len_sim: float
+
+    @property
+    def err_pct(self) -> dict[str, float]:
+        return {m: abs(err_pct(self.sim[m], self.real[m])) for m in SCORE_METRICS}
+
+    @property
+    def avg3_pct(self) -> float:
+        return sum(self.err_pct.values()) / len(SCORE_METRICS)
+
+    def to_dict(self) -> dict:
+        return {"real_ms": self.real, "sim_ms": self.sim, "abs_error_pct": self.err_pct,
+                "avg3_pct": self.avg3_pct, "output_len_real": self.output_len_real,
+                "output_len_sim": self.output_len_sim}
+
+
+def score(real_e2e_ms: float, real_ttft_ms: float, len_real: float, sim_e2e_ms: float, sim_ttft_ms: float,
+          len_sim: float) -> Score | None:
+    """The :class:`Score` of two (mean E2E, mean TTFT, mean output length) triples; None when
+    an output length is not over 1 token or a value is not finite."""
+    vals = (real_e2e_ms, real_ttft_ms, sim_e2e_ms, sim_ttft_ms)
+    if len_real <= 1 or len_sim <= 1 or not all(math.isfinite(v) for v in vals):
+        return None
+    return Score({"e2e": real_e2e_ms, "ttft": real_ttft_ms, "itl": (real_e2e_ms - real_ttft_ms) / (len_real - 1)},
+                 {"e2e": sim_e2e_ms, "ttft": sim_ttft_ms, "itl": (sim_e2e_ms - sim_ttft_ms) / (len_sim - 1)},
+                 len_real, len_sim)
 
 
 @dataclass
@@ -77,13 +122,17 @@ class Comparison:
     throughput_sim_tps: float = 0.0
     cache_hit_rate_sim: float = 0.0
     preemptions_sim: int = 0
+    #: trace rows the run did not measure (failed, or no output token): not replayed
+    not_replayed: int = 0
+    score: Score | None = None
 
     def row(self, metric: str) -> MetricRow | None:
         return next((r for r in self.rows if r.metric == metric), None)
 
     def to_dict(self) -> dict:
         return {"run": self.run, "offered": self.offered, "completed_real": self.completed_real,
-                "completed_sim": self.completed_sim,
+                "completed_sim": self.completed_sim, "not_replayed": self.not_replayed,
+                "score": self.score.to_dict() if self.score else None,
                 "metrics": {r.metric: r.to_dict() for r in self.rows},
                 "throughput_tps": {"real": self.throughput_real_tps, "sim": self.throughput_sim_tps,
                                    "error_pct": err_pct(self.throughput_sim_tps, self.throughput_real_tps)},
@@ -110,10 +159,22 @@ def metric_row(metric: str, real: dict[str, float], sim: dict[str, float]) -> Me
                      int(nz.sum()))
 
 
+def paired_score(run: ObservedRun, sim: SimRun) -> Score | None:
+    """The :class:`Score` over the requests both the run and the twin completed."""
+    both = [r for r in run.requests if r.id in sim.e2e_ms]
+    if not both:
+        return None
+    n = len(both)
+    length = sum(r.output_toks for r in both) / n
+    return score(sum(r.e2e_ms for r in both) / n, sum(r.ttft_ms for r in both) / n, length,
+                 sum(sim.e2e_ms[r.id] for r in both) / n, sum(sim.ttft_ms[r.id] for r in both) / n, length)
+
+
 def compare(run: ObservedRun, sim: SimRun) -> Comparison:
     c = Comparison(run.name, offered=len(run.requests), completed_real=len(run.requests),
                    completed_sim=sim.completed, cache_hit_rate_sim=sim.cache_hit_rate,
-                   preemptions_sim=sim.preemptions)
+                   preemptions_sim=sim.preemptions, not_replayed=len(run.records) - sim.offered,
+                   score=paired_score(run, sim))
     for m in METRICS:
         row = metric_row(m, real_values(run, m), sim_values(sim, m))
         if row is not None:

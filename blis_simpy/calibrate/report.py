@@ -1,5 +1,6 @@
-"""Rendering a :class:`~blis_simpy.calibrate.compare.Comparison`: rich tables, a JSON
-document, and the running/waiting/KV timelines side by side."""
+"""Rendering a :class:`~blis_simpy.calibrate.compare.Comparison` or an
+:class:`~blis_simpy.calibrate.aggregate.AggregateComparison`: rich tables, the three-number
+score, a JSON document, and the running/waiting/KV timelines side by side."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import math
 from rich.console import Console
 from rich.table import Table
 
-from blis_simpy.calibrate.compare import LABELS, STATS, Comparison
+from blis_simpy.calibrate.aggregate import AggregateComparison
+from blis_simpy.calibrate.compare import LABELS, STATS, Comparison, Score
 from blis_simpy.calibrate.twin import Sample
-from blis_simpy.observed.run import Tick
+from blis_simpy.observed.run import AGG_STATS, Tick
 
 
 def _e(v: float) -> str:
@@ -36,10 +38,46 @@ def render(console: Console, c: Comparison, title: str = "") -> None:
                   f"{r.mape_pct:.1f}%", end_section=True)
     console.print(t)
     d = c.to_dict()["throughput_tps"]
-    console.print(f"completed: real {c.completed_real}/{c.offered}, sim {c.completed_sim}/{c.offered}; "
+    skipped = (f" ({c.not_replayed} request(s) without a measured latency, e.g. failed, not replayed)"
+               if c.not_replayed else "")
+    console.print(f"completed: real {c.completed_real}/{c.offered}, sim {c.completed_sim}/{c.offered}{skipped}; "
                   f"output throughput: real {d['real']:,.1f} tok/s, sim {d['sim']:,.1f} tok/s "
                   f"({_e(d['error_pct'])}); sim KV hit rate {c.cache_hit_rate_sim:.3f}, "
                   f"sim preemptions {c.preemptions_sim}", highlight=False)
+    if c.score is not None:
+        console.print(score_line(c.score), highlight=False)
+
+
+def score_line(sc: Score) -> str:
+    """The three-number score on one line."""
+    parts = [f"{label} {sc.real[m]:,.2f} → {sc.sim[m]:,.2f} ms ({sc.err_pct[m]:.1f}%)"
+             for m, label in (("e2e", "E2E"), ("ttft", "TTFT"), ("itl", "ITL"))]
+    return f"score (mean, real → sim, |error|): {', '.join(parts)}; avg3 {sc.avg3_pct:.1f}%"
+
+
+def render_aggregate(console: Console, c: AggregateComparison) -> None:
+    """Per stage, then the whole run: two rows per metric (real, then sim with its signed
+    error), the success/failure counts, and the three-number score."""
+    t = Table(title=f"calibrate: {c.run} (ms, measured at the client; per stage and whole run)",
+              title_justify="left")
+    for col, just in (("scope", "left"), ("metric", "left"), ("", "left")) + tuple((s, "right") for s in AGG_STATS):
+        t.add_column(col, justify=just)
+    scopes = list(zip(c.stages, c.sim.stages, strict=True)) + [(c.total, None)]
+    for sc, win in scopes:
+        name = f"stage {sc.stage} ({win.rate_rps:g} req/s)" if win is not None else "whole run"
+        counts = f"ok {sc.real_ok}/{sc.sim_ok}, failed {sc.real_failed}/{sc.sim_failed} (real/sim)"
+        for i, r in enumerate(sc.rows):
+            real = [_ms(r.real[s]) if r.real and not math.isnan(r.real[s]) else "-" for s in AGG_STATS]
+            sim = [f"{_ms(r.sim[s])} ({_e(r.err_pct[s])})" if r.sim else "-" for s in AGG_STATS]
+            t.add_row(name if i == 0 else "", LABELS[r.metric], "real", *real)
+            t.add_row(counts if i == 0 else "", "", "sim", *sim, end_section=i == len(sc.rows) - 1)
+        if not sc.rows:
+            t.add_row(name, counts, "", *("-" for _ in AGG_STATS), end_section=True)
+    console.print(t)
+    for sc, win in scopes:
+        if sc.score is not None:
+            where = f"stage {sc.stage}" if win is not None else "whole run"
+            console.print(f"{where}: {score_line(sc.score)}", highlight=False)
 
 
 def paired_timeline(ticks: list[Tick], samples: list[Sample]) -> list[dict]:

@@ -2,8 +2,8 @@
 
 :func:`scenario_data` turns a run's engine settings into scenario keys (the same keys a
 scenario file has, so flags can override them); :func:`simulate` replays the run's TraceV2
-rows (real prompt token IDs where the run has them) with no horizon, so every request
-finishes, and samples the engines once a simulated second (running, waiting, KV use) by the
+rows of the requests it measured (real prompt token IDs where the run has them) with no
+horizon, so every request finishes, and samples the engines once a simulated second (running, waiting, KV use) by the
 timeline monitor (:class:`~blis_simpy.cluster.monitor.Monitor`, a read-only observer that
 stops with the run), summed over the instances. Units: ``*_us`` integer µs, ``*_ms`` ms, ``*_s`` s.
 """
@@ -25,16 +25,33 @@ SAMPLE_PERIOD_US = 1_000_000
 
 
 def scenario_data(st: Settings, name: str = "") -> dict:
-    """Scenario keys for a run's engine settings (model, GPU, parallelism, vLLM limits, KV)."""
+    """Scenario keys for a run's engine settings (model, GPU, parallelism, vLLM limits, KV,
+    the model's config.json folder when the run has one)."""
     eng = {"block_size": st.block_size, "max_num_running_reqs": st.max_num_seqs,
            "max_num_scheduled_tokens": st.max_num_batched_tokens,
            "max_model_len": st.max_model_len,
            "gpu_memory_utilization": st.gpu_memory_utilization}
     if st.kv_blocks is not None:
         eng["total_kv_blocks"] = st.kv_blocks
-    return {"name": name or "calibration", "seed": st.seed, "model": st.model,
+    data = {"name": name or "calibration", "seed": st.seed, "model": st.model,
             "hardware": st.hardware, "tp": st.tp, "dp": st.dp,
             "enable_expert_parallel": st.expert_parallel, "engine": eng}
+    if st.model_config_folder:
+        data["model_config_folder"] = st.model_config_folder
+    return data
+
+
+def latency_used(dep: Deployment) -> str:
+    """Which coefficients time the steps of ``dep``: a backend's coefficient set by name, or
+    the alpha/beta lists (µs) of a blackbox-style backend; "" when the backend has neither."""
+    lat = dep.new_latency_model()
+    name = getattr(getattr(lat, "coeffs", None), "name", "")
+    if name:
+        return f"coefficient set {name!r}"
+    alpha, beta = getattr(lat, "alpha", None) or dep.alpha, getattr(lat, "beta", None) or dep.beta
+    if beta:
+        return f"alpha {[float(a) for a in alpha or ()]}, beta {[float(b) for b in beta]}"
+    return ""
 
 
 @dataclass
@@ -75,13 +92,23 @@ class SimRun:
     total_kv_blocks: int = 0
 
 
+def measured_records(run: ObservedRun) -> list:
+    """The trace rows of the requests the run measured (``run.requests``): a failed request
+    (status ``error``, e.g. a ``vllm bench`` request the server refused) or one with no
+    output token has no real latency, and how long the server worked on it is unknown, so
+    the twin does not replay it — completed counts then compare like with like."""
+    measured = {r.trace_id for r in run.requests}
+    return [r for r in run.records if r.request_id in measured]
+
+
 def simulate(scenario: Scenario, run: ObservedRun, *, deployment: Deployment | None = None,
              horizon_us: int = MAX_INT64, sample_period_us: int = SAMPLE_PERIOD_US,
              progress: Callable[[int, int], None] | None = None) -> SimRun:
     """Replay ``run.records`` through ``scenario`` (``deployment``: a resolved deployment to
     use instead of resolving the scenario, e.g. with fitted coefficients) and collect the
-    twin's per-request latencies. ``sample_period_us`` 0 = no timeline."""
-    reqs = trace_requests(run.records, scenario.seed)
+    twin's per-request latencies. ``sample_period_us`` 0 = no timeline. Only the requests
+    the run measured are replayed (:func:`measured_records`)."""
+    reqs = trace_requests(measured_records(run), scenario.seed)
     dep = deployment if deployment is not None else resolve(scenario, quiet=True)
     sim = Simulation(scenario, reqs, horizon_us=horizon_us, deployment=dep)
     out = SimRun(offered=len(reqs))

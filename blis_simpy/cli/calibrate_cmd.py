@@ -1,11 +1,13 @@
 """``blis-simpy calibrate``: replay measured runs through the simulator and report sim vs real.
 
-A run is a raw vLLM log folder, a ``vllm bench`` result JSON, or the ``PREFIX`` of files
-``blis-simpy convert`` (or ``observe``) wrote (:func:`blis_simpy.observed.converted.load_observed`).
-The deployment is the run's logged settings (model, GPU, parallelism, vLLM limits, KV
-blocks), or ``--scenario FILE``; BLIS's replay flags override either (``--latency-model``,
-``--coefficients``, ``--hardware``, ...). The replay always runs to completion (no horizon)
-unless ``--horizon`` is given.
+A run is a raw vLLM log folder, a ``vllm bench`` result JSON, the ``PREFIX`` of files
+``blis-simpy convert`` (or ``observe``) wrote, or an inference-perf results folder
+(:func:`blis_simpy.observed.converted.load_run`). The deployment is the run's logged settings
+(model, GPU, parallelism, vLLM limits, KV blocks), or ``--scenario FILE``; BLIS's replay
+flags override either (``--latency-model``, ``--coefficients``, ``--hardware``, ...). The
+replay always runs to completion (no horizon) unless ``--horizon`` is given. An
+inference-perf run is rebuilt with the scenario's seed and compared per stage
+(:mod:`blis_simpy.calibrate.aggregate`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ class CalFormat(str, enum.Enum):
     json = "json"
 
 
+def _aggregate(run) -> bool:
+    """An inference-perf run (aggregates only), not a per-request one."""
+    from blis_simpy.observed.run import AggregateRun
+    return isinstance(run, AggregateRun)
+
+
 def run_plan(run, given: dict, scenario: str | None, command: str = "calibrate") -> runner.Plan:
     """The scenario a measured run is replayed under: ``scenario`` (file) or the run's own
     settings, with the given flags on top; no horizon unless ``--horizon`` is given."""
@@ -51,9 +59,13 @@ def run_plan(run, given: dict, scenario: str | None, command: str = "calibrate")
         if run.settings is None and "--model" in given:
             plan = runner.prepare(F.REPLAY, given, None, need_trace=False)
         elif run.settings is None:
-            raise ConfigError(f"the run {run.name} records no engine settings (a vllm bench result): "
+            what = "no exp-config.yaml" if _aggregate(run) else "a vllm bench result"
+            raise ConfigError(f"the run {run.name} records no engine settings ({what}): "
                               "pass --scenario FILE.yaml or --model/--hardware/--tp", field=command)
         else:
+            if not run.settings.hardware and "--hardware" not in given:
+                raise ConfigError(f"the run {run.name} does not record its GPU: pass --hardware "
+                                  "(or --scenario FILE.yaml)", field="--hardware")
             data = scenario_data(run.settings, run.name)
             data["latency"] = {"model": runner.BLIS_DEFAULT_LATENCY_MODEL}
             plan = runner.prepare(F.REPLAY, given, data=data, need_trace=False)
@@ -62,30 +74,69 @@ def run_plan(run, given: dict, scenario: str | None, command: str = "calibrate")
     return plan
 
 
+def prepare_runs(paths: list[str], given: dict, scenario: str | None, command: str = "calibrate") -> list:
+    """Every run read and checked, then its plan (:func:`run_plan`): ``[(run, plan)]``. An
+    inference-perf run is rebuilt with its plan's seed."""
+    from blis_simpy.observed.converted import load_run
+    from blis_simpy.observed.inference_perf import with_seed
+    loaded = [load_run(r) for r in paths]          # every input checked before any run
+    out = []
+    for run in loaded:
+        plan = run_plan(run, given, scenario, command)
+        out.append((with_seed(run, plan.scenario.seed) if _aggregate(run) else run, plan))
+    return out
+
+
+def _about(s, dep, total_kv_blocks: int, notes: list[str]) -> dict:
+    """What the twin ran: backend, coefficients, deployment."""
+    from blis_simpy.calibrate.twin import latency_used
+    return {"latency_model": s.latency.model, "coefficients": s.latency.coefficients,
+            "coefficients_used": latency_used(dep), "hardware": s.hardware, "model": s.model, "tp": s.tp,
+            "dp": s.dp, "total_kv_blocks": total_kv_blocks, "notes": list(notes)}
+
+
+def _headline(console, name: str, doc: dict) -> None:
+    console.print(f"[bold]{name}[/bold]: {doc['latency_model']} on {doc['hardware']} "
+                  f"(TP {doc['tp']}, DP {doc['dp']}), {doc['total_kv_blocks']} KV blocks"
+                  + (f", {doc['coefficients_used']}" if doc["coefficients_used"] else ""), highlight=False)
+
+
 def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat,
               plot_dir: str | None, report_path: str | None, timeline: bool) -> None:
     from rich.console import Console
 
+    from blis_simpy.build.resolve import resolve
     from blis_simpy.calibrate import compare, simulate
-    from blis_simpy.calibrate.report import clean, paired_timeline, render, render_timeline, timeline_errors
-    from blis_simpy.observed.converted import load_observed
+    from blis_simpy.calibrate.aggregate import calibrate_aggregate
+    from blis_simpy.calibrate.report import (
+        clean,
+        paired_timeline,
+        render,
+        render_aggregate,
+        render_timeline,
+        timeline_errors,
+    )
     if plot_dir and Path(plot_dir).exists() and not Path(plot_dir).is_dir():
         raise ConfigError("exists and is not a folder", file=str(plot_dir), field="--plot")
     if report_path and Path(report_path).is_dir():
         raise ConfigError("is a directory, expected a file path", file=str(report_path), field="--report")
-    loaded = [load_observed(r) for r in runs]          # every input checked before any run
-    plans = [run_plan(r, given, scenario) for r in loaded]
+    prepared = prepare_runs(runs, given, scenario)
     docs, outputs = [], []
     console = Console(file=sys.stdout, width=max(Console().width, 150))
-    for run, plan in zip(loaded, plans, strict=True):
+    for run, plan in prepared:
         s = plan.scenario
-        sim = simulate(s, run, horizon_us=s.horizon_us if s.horizon_us is not None else MAX_INT64)
+        dep = resolve(s, quiet=True)
+        if _aggregate(run):
+            c = calibrate_aggregate(s, run, deployment=dep)
+            doc = {**c.to_dict(), **_about(s, dep, c.sim.total_kv_blocks, run.notes),
+                   "measured_at": run.measured_at, "seed": run.seed}
+            docs.append(doc)
+            outputs.append((run, None, c, []))
+            continue
+        sim = simulate(s, run, deployment=dep, horizon_us=s.horizon_us if s.horizon_us is not None else MAX_INT64)
         c = compare(run, sim)
         rows = paired_timeline(run.ticks, sim.samples) if timeline else []
-        doc = c.to_dict()
-        doc.update({"latency_model": s.latency.model, "coefficients": s.latency.coefficients,
-                    "hardware": s.hardware, "model": s.model, "tp": s.tp, "dp": s.dp,
-                    "total_kv_blocks": sim.total_kv_blocks, "notes": list(run.notes)})
+        doc = {**c.to_dict(), **_about(s, dep, sim.total_kv_blocks, run.notes)}
         if rows:
             doc["timeline"] = rows
             doc["timeline_errors"] = timeline_errors(rows)
@@ -99,6 +150,9 @@ def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat
         if plot_dir:
             from blis_simpy.calibrate.plots import write_plots
             for run, sim, _c, rows in outputs:
+                if sim is None:
+                    print(f"no plots for {run.name}: the run has aggregate metrics only", file=sys.stderr)
+                    continue
                 plots += write_plots(plot_dir, run, sim, rows, batch=files)
         files.commit()
     finally:
@@ -109,10 +163,12 @@ def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat
         sys.stdout.write(json.dumps(clean({"runs": docs}), indent=2, sort_keys=False) + "\n")
         return
     for (run, sim, c, rows), doc in zip(outputs, docs, strict=True):
-        console.print(f"[bold]{run.name}[/bold]: {doc['latency_model']} on {doc['hardware']} "
-                      f"(TP {doc['tp']}, DP {doc['dp']}), {sim.total_kv_blocks} KV blocks"
-                      + (f", coefficients {doc['coefficients']}" if doc["coefficients"] else ""),
-                      highlight=False)
+        _headline(console, run.name, doc)
+        if sim is None:
+            render_aggregate(console, c)
+            for note in run.notes:
+                console.print(f"note: {note}", highlight=False)
+            continue
         render(console, c)
         if rows:
             render_timeline(console, rows)
@@ -134,8 +190,9 @@ def register(app: typer.Typer) -> None:
     params = [
         inspect.Parameter("runs", inspect.Parameter.KEYWORD_ONLY, annotation=list[str],
                           default=typer.Argument(..., metavar="RUN...",
-                                                 help="measured runs: a vLLM log folder, a vllm bench "
-                                                      "result .json, or the PREFIX of converted files")),
+                                                 help="measured runs: a vLLM log folder, an inference-perf "
+                                                      "results folder, a vllm bench result .json, or "
+                                                      "the PREFIX of converted files")),
         inspect.Parameter("scenario", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
                           default=typer.Option(None, "--scenario", metavar="FILE.yaml",
                                                help="deployment to replay under (default: the run's "
@@ -168,7 +225,7 @@ def register(app: typer.Typer) -> None:
 
     cmd.__signature__ = inspect.Signature(params)
     cmd.__name__ = "calibrate"
-    cmd.__doc__ = ("Replay measured runs (vLLM log folder, vllm bench result, converted PREFIX) "
-                   "to completion and report sim vs real: TTFT/TPOT/E2E/scheduling-delay "
-                   "errors, MAPE, throughput, timelines.")
+    cmd.__doc__ = ("Replay measured runs (vLLM log folder, inference-perf results folder, vllm bench "
+                   "result, converted PREFIX) to completion and report sim vs real: TTFT/TPOT/E2E/"
+                   "scheduling-delay errors, MAPE, the three-number score, throughput, timelines.")
     app.command("calibrate")(cmd)

@@ -1,8 +1,9 @@
 """``blis-simpy fit``: fit a latency backend's coefficients to measured runs and write them
 as a coefficient-set file (``--coefficients FILE`` / ``latency.coefficients`` load it).
 
-Runs are given as for ``calibrate`` (vLLM log folder, vllm bench result, converted PREFIX);
-each is replayed under its own logged settings (or ``--scenario``) with the flags on top.
+Runs are given as for ``calibrate`` (vLLM log folder, inference-perf results folder, vllm
+bench result, converted PREFIX); each is replayed under its own logged settings (or
+``--scenario``) with the flags on top.
 All runs must be on one GPU: a set describes a GPU, never a model.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import typer
 
 from blis_simpy.cli import flags as F
-from blis_simpy.cli.calibrate_cmd import SKIP, run_plan
+from blis_simpy.cli.calibrate_cmd import SKIP, prepare_runs
 from blis_simpy.cli.logs import setup_logging
 from blis_simpy.cli.options import flag_parameters, given_flags
 from blis_simpy.errors import ConfigError
@@ -31,15 +32,25 @@ BLACKBOX_START = "5000,0.5,50"
 
 
 def _summary(c) -> dict:
+    """The figures fit reports for one run's comparison: mean errors (and E2E MAPE for a run
+    with per-request data; the whole run's for an aggregate one) and the three-number score."""
+    whole = getattr(c, "total", c)          # an AggregateComparison's whole-run scope
     out = {}
     for m in ("ttft", "tpot", "e2e"):
-        r = c.row(m)
-        if r is not None:
+        r = whole.row(m)
+        if r is not None and r.real and r.sim:
             out[f"{m}_mean_error_pct"] = round(r.err_pct["mean"], 3)
-    e2e = c.row("e2e")
-    if e2e is not None:
+    e2e = whole.row("e2e")
+    if e2e is not None and hasattr(e2e, "mape_pct"):
         out["e2e_mape_pct"] = round(e2e.mape_pct, 3)
+    if whole.score is not None:
+        out["avg3_pct"] = round(whole.score.avg3_pct, 3)
     return out
+
+
+def _cell(summary: dict, key: str, sign: str = "") -> str:
+    """A % figure of :func:`_summary`, or "-" when the run has none (an aggregate run's MAPE)."""
+    return f"{summary[key]:{sign}.1f}%" if key in summary else "-"
 
 
 def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, budget_s: float,
@@ -49,20 +60,18 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
     from rich.table import Table
 
     from blis_simpy.atomic import check_target
-    from blis_simpy.fit import Case, fit, space_for
+    from blis_simpy.fit import Case, case_for, fit, space_for
     from blis_simpy.latency.coefficient_sets import write_set
-    from blis_simpy.observed.converted import load_observed
     if not (0 < budget_s <= MAX_BUDGET_S):
         raise ConfigError(f"must be > 0 and <= {MAX_BUDGET_S:.0f} s, got {budget_s}", field="--time-budget")
     if not (1 <= max_evaluations <= 100_000):
         raise ConfigError(f"must be in [1, 100000], got {max_evaluations}", field="--max-evaluations")
     check_target(output, field="--output")     # before the fit's minutes of simulations
-    loaded = [load_observed(r) for r in runs]
     if given.get("--latency-model") == "blackbox" and scenario is None and not (
             "--alpha-coeffs" in given or "--beta-coeffs" in given):
         # a model with no catalog row still fits: start from a generic point
         given = {**given, "--alpha-coeffs": "0,0,0", "--beta-coeffs": BLACKBOX_START}
-    cases = [Case(r, run_plan(r, given, scenario, "fit").scenario) for r in loaded]
+    cases = [case_for(r, plan.scenario) for r, plan in prepare_runs(runs, given, scenario, "fit")]
     first = cases[0].scenario
     for c in cases[1:]:
         s = c.scenario
@@ -102,7 +111,8 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
     if res.prefit is not None:
         from blis_simpy.fit.prefit import step_mape_pct
         pre = res.prefit.to_dict()
-        pre["step_mape_fitted_pct"] = round(step_mape_pct(space, [c.run for c in cases], res.x), 3)
+        pre["step_mape_fitted_pct"] = round(step_mape_pct(space, [c.run for c in cases if isinstance(c, Case)],
+                                                          res.x), 3)
         provenance["step_prefit"] = pre
         step_line = (f"step-level pre-fit on {pre['ticks']} pure-decode ticks: step MAPE "
                      f"{pre['step_mape_before_pct']:.1f}% at the base set, {pre['step_mape_after_pct']:.1f}% "
@@ -120,15 +130,16 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
     for p, v in zip(space.params, res.x, strict=True):
         t.add_row(p.name + (f" ({p.unit})" if p.unit else ""), f"{p.x0:.4g}", f"{v:.4g}", f"[{p.lo:.4g}, {p.hi:.4g}]")
     con.print(t)
-    t = Table(title="error after the fit (mean sim vs real; E2E MAPE per request)", title_justify="left")
-    for col in ("run", "", "TTFT", "TPOT", "E2E", "E2E MAPE"):
+    t = Table(title="error after the fit (mean sim vs real; E2E MAPE per request; the three-number score)",
+              title_justify="left")
+    for col in ("run", "", "TTFT", "TPOT", "E2E", "E2E MAPE", "avg3"):
         t.add_column(col, justify="left" if col in ("run", "") else "right")
     for label, comps in (("in-sample", res.in_sample), ("held out", res.held_out)):
         for c in comps:
             s = _summary(c)
-            t.add_row(c.run, label, *(f"{s.get(k, float('nan')):+.1f}%" for k in
+            t.add_row(c.run, label, *(_cell(s, k, "+") for k in
                                       ("ttft_mean_error_pct", "tpot_mean_error_pct", "e2e_mean_error_pct")),
-                      f"{s.get('e2e_mape_pct', float('nan')):.1f}%")
+                      _cell(s, "e2e_mape_pct"), _cell(s, "avg3_pct"))
     con.print(t)
     if step_line:
         con.print(step_line, highlight=False)

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import least_squares
 
+from blis_simpy.calibrate.aggregate import AggregateComparison
 from blis_simpy.calibrate.compare import Comparison
-from blis_simpy.fit.objective import BudgetExceeded, Case, Objective
+from blis_simpy.fit.objective import AggregateCase, BudgetExceeded, Case, Objective
 from blis_simpy.fit.prefit import PrefitResult, prefit_physics
 from blis_simpy.fit.space import Space
 from blis_simpy.latency.coefficient_sets import CoefficientSet
@@ -40,8 +41,8 @@ class FitResult:
     evaluations: int
     seconds: float
     stopped: str                                   # "converged" | "budget" | "evaluations"
-    in_sample: list[Comparison] = field(default_factory=list)
-    held_out: list[Comparison] = field(default_factory=list)   # leave-one-out, one per run
+    in_sample: list[Comparison | AggregateComparison] = field(default_factory=list)
+    held_out: list[Comparison | AggregateComparison] = field(default_factory=list)   # leave-one-out
     prefit: PrefitResult | None = None             # the step-level pre-fit (physics with ticks)
     #: some search (a start of the main fit or a held-out fit) ended at the time budget: the
     #: result then depends on how fast this machine ran, not only on the inputs
@@ -63,7 +64,7 @@ def _quiet_engine():
         eng.setLevel(old)
 
 
-def _search(space: Space, cases: list[Case], deadline: float, max_evaluations: int,
+def _search(space: Space, cases: list[Case | AggregateCase], deadline: float, max_evaluations: int,
             on_eval=None, start: list[float] | None = None) -> tuple[Objective, str, float]:
     obj = Objective(space, cases, deadline=deadline, on_eval=on_eval)
     lo = np.array([p.lo for p in space.params])
@@ -80,7 +81,7 @@ def _search(space: Space, cases: list[Case], deadline: float, max_evaluations: i
     return obj, stopped, obj.best_cost
 
 
-def fit(space: Space, cases: list[Case], *, time_budget_s: float = 600.0,
+def fit(space: Space, cases: list[Case | AggregateCase], *, time_budget_s: float = 600.0,
         max_evaluations: int = MAX_EVALUATIONS, cross_validate: bool = True, on_eval=None,
         prefit: bool = True) -> FitResult:
     """Fit ``space`` to every case; then, with ≥ 2 cases and ``cross_validate``, refit
@@ -90,7 +91,8 @@ def fit(space: Space, cases: list[Case], *, time_budget_s: float = 600.0,
     ticks (:mod:`blis_simpy.fit.prefit`). Held-out fits start from the base set only (a start
     fitted with the held-out run would leak it)."""
     t0 = time.monotonic()
-    pre = prefit_physics(space, [c.run for c in cases]) if prefit and space.backend == "physics" else None
+    logged = [c.run for c in cases if isinstance(c, Case)]          # runs with per-request data
+    pre = prefit_physics(space, logged) if prefit and space.backend == "physics" and logged else None
     start = pre.x if pre is not None else None
     k = len(cases)
     cv = cross_validate and k >= 2

@@ -11,6 +11,13 @@ residual vector stacks, per run and per metric m in (TTFT, TPOT, E2E):
 
 A request the twin did not complete counts as 10× its real value (never with a complete
 replay, which calibrate and fit always run).
+
+An aggregate run (an inference-perf folder: an :class:`AggregateCase`) has no per-request
+values; its residuals are, per stage, ``MEAN_WEIGHT · (sim/real − 1)`` of the mean and p90
+of TTFT and E2E and of the mean ITL as the three-number score defines it ((mean E2E − mean
+TTFT)/(decoded output length − 1), :mod:`blis_simpy.calibrate.aggregate`). inference-perf's
+own ITL and TPOT are per streamed chunk, which need not be per token (docs/accuracy.md), so
+they are not fitted. A stage the twin completed no request of counts as 10× its real values.
 """
 
 from __future__ import annotations
@@ -20,11 +27,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from blis_simpy.calibrate.aggregate import AggregateComparison, calibrate_aggregate
 from blis_simpy.calibrate.compare import Comparison, compare, real_values, sim_values
 from blis_simpy.calibrate.twin import simulate
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.fit.space import Space
-from blis_simpy.observed.run import ObservedRun
+from blis_simpy.observed.run import AggregateRun, ObservedRun
 
 FIT_METRICS = ("ttft", "tpot", "e2e")
 MEAN_WEIGHT = 10.0
@@ -47,6 +55,37 @@ class Case:
         self.scale = {m: float(a.mean()) if len(a) and a.mean() > 0 else 1.0 for m, a in self.vals.items()}
 
 
+#: an aggregate run's fitted figures: (metric, statistic) per stage ("itl" is the score's)
+AGGREGATE_TERMS = (("ttft", "mean"), ("ttft", "p90"), ("e2e", "mean"), ("e2e", "p90"), ("itl", "mean"))
+
+
+@dataclass
+class AggregateCase:
+    """An aggregate run and the scenario it is replayed under (module docstring)."""
+
+    run: AggregateRun
+    scenario: Scenario
+
+    def residuals(self, c: AggregateComparison) -> np.ndarray:
+        out = []
+        for sc in c.stages:
+            for metric, stat in AGGREGATE_TERMS:
+                if metric == "itl":
+                    real = sc.score.real["itl"] if sc.score else None
+                    sim = sc.score.sim["itl"] if sc.score else None
+                else:
+                    row = sc.row(metric)
+                    real = row.real[stat] if row is not None and row.real else None
+                    sim = row.sim[stat] if row is not None and row.sim else None
+                if real is None or not real > 0:
+                    continue
+                if sim is None:
+                    out.append(MEAN_WEIGHT * (MISSING_FACTOR - 1.0))
+                else:
+                    out.append(MEAN_WEIGHT * (sim / real - 1.0))
+        return np.array(out, dtype=float)
+
+
 @dataclass
 class Objective:
     """Residuals of a parameter vector over ``cases``; remembers the best point seen and
@@ -61,9 +100,12 @@ class Objective:
     on_eval: object = None               # callable(evaluations, best_cost) for a progress bar
     history: list[float] = field(default_factory=list)
 
-    def simulate(self, case: Case, x):
-        cs = self.space.to_set(x)
-        dep = self.space.deployment(case.scenario, cs)
+    def simulate(self, case: Case | AggregateCase, x):
+        """The twin of ``case`` with the set ``x``: a SimRun, or for an aggregate run its
+        :class:`AggregateComparison`."""
+        dep = self.space.deployment(case.scenario, self.space.to_set(x))
+        if isinstance(case, AggregateCase):
+            return calibrate_aggregate(case.scenario, case.run, deployment=dep)
         return simulate(case.scenario, case.run, deployment=dep, sample_period_us=0)
 
     def residuals(self, x) -> np.ndarray:
@@ -72,6 +114,9 @@ class Objective:
         parts = []
         for case in self.cases:
             sim = self.simulate(case, x)
+            if isinstance(case, AggregateCase):
+                parts.append(case.residuals(sim))
+                continue
             for m in FIT_METRICS:
                 keys, real = case.keys[m], case.vals[m]
                 if not keys:
@@ -90,5 +135,11 @@ class Objective:
             self.on_eval(self.evaluations, self.best_cost)
         return r
 
-    def comparison(self, case: Case, x) -> Comparison:
-        return compare(case.run, self.simulate(case, x))
+    def comparison(self, case: Case | AggregateCase, x) -> Comparison | AggregateComparison:
+        got = self.simulate(case, x)
+        return got if isinstance(case, AggregateCase) else compare(case.run, got)
+
+
+def case_for(run: ObservedRun | AggregateRun, scenario: Scenario) -> Case | AggregateCase:
+    """The fit case of a measured run of either kind."""
+    return AggregateCase(run, scenario) if isinstance(run, AggregateRun) else Case(run, scenario)

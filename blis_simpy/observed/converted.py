@@ -12,7 +12,8 @@ For an output ``PREFIX``:
 
 Every file is written to a temporary name first and renamed into place only when all are
 written (:func:`write_files`). :func:`load_observed` reads a raw vLLM run folder, a ``vllm
-bench`` result JSON or a converted ``PREFIX`` into an :class:`ObservedRun`.
+bench`` result JSON or a converted ``PREFIX`` into an :class:`ObservedRun`; :func:`load_run`
+also an inference-perf results folder (an :class:`AggregateRun`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from blis_simpy.atomic import Batch, atomic_write
 from blis_simpy.config.loader import load_scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.observed.files import read_ticks
-from blis_simpy.observed.run import ObservedRun, RealRequest, Settings, Tick, latencies
+from blis_simpy.observed.inference_perf import is_inference_perf, load_inference_perf
+from blis_simpy.observed.run import AggregateRun, ObservedRun, RealRequest, Settings, Tick, latencies
 from blis_simpy.observed.vllm_bench import load_vllm_bench
 from blis_simpy.observed.vllm_log import load_vllm_log
 from blis_simpy.units import MAX_INT64
@@ -185,6 +187,14 @@ def load_converted(prefix: str | os.PathLike) -> ObservedRun:
                        0.0, [], header, records, source=str(prefix))
 
 
+def load_run(path: str | os.PathLike, workload: str | os.PathLike | None = None) -> ObservedRun | AggregateRun:
+    """Any measured run :func:`load_observed` reads, or an inference-perf results folder
+    (an :class:`AggregateRun`: aggregate metrics only, the workload rebuilt)."""
+    if is_inference_perf(path):
+        return load_inference_perf(path)
+    return load_observed(path, workload)
+
+
 def load_observed(path: str | os.PathLike, workload: str | os.PathLike | None = None) -> ObservedRun:
     """Any measured run: a raw vLLM run folder (with ``meta.json``), a ``vllm bench`` result
     (``*.json``), or the ``PREFIX`` of converted files (``PREFIX.scenario.yaml`` or
@@ -199,5 +209,5 @@ def load_observed(path: str | os.PathLike, workload: str | os.PathLike | None = 
         return load_vllm_bench(p)
     if paths(p)["header"].is_file():
         return load_converted(p)
-    raise ConfigError("not a vLLM run folder, a vllm bench result (.json) or the prefix of "
-                      "converted files (PREFIX.header.yaml + PREFIX.csv)", file=str(p))
+    raise ConfigError("not a vLLM run folder, an inference-perf results folder, a vllm bench result "
+                      "(.json) or the prefix of converted files (PREFIX.header.yaml + PREFIX.csv)", file=str(p))

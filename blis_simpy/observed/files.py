@@ -88,12 +88,18 @@ def _read_jsonl(path: Path, numbers: tuple[str, ...], integers: tuple[str, ...],
 
 def read_json_object(path: Path, max_bytes: int) -> dict:
     """A JSON file holding one object, at most ``max_bytes``; errors are located."""
+    return read_json_text(path, max_bytes)[0]
+
+
+def read_json_text(path: Path, max_bytes: int) -> tuple[dict, str]:
+    """:func:`read_json_object` and the file's text (to locate keys: :func:`json_line`)."""
     if not path.is_file():
         raise ConfigError("missing file", file=str(path))
     if path.stat().st_size > max_bytes:
         raise ConfigError(f"larger than {max_bytes} bytes", file=str(path))
     try:
-        data = json.loads(read_input_text(path))
+        text = read_input_text(path)
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"not JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
     except RecursionError:
@@ -102,7 +108,19 @@ def read_json_object(path: Path, max_bytes: int) -> dict:
         raise ConfigError(f"not valid UTF-8 ({exc.reason})", file=str(path)) from None
     if not isinstance(data, dict):
         raise ConfigError("not a JSON object", file=str(path))
-    return data
+    return data, text
+
+
+def json_line(text: str, keys: tuple[str, ...]) -> int | None:
+    """The 1-based line of the nested key ``keys`` in JSON ``text`` written one key a line
+    (``json.dump(indent=...)``): each key is looked for after the one before it. None when
+    a key is not found (then the error names the field only)."""
+    pos = 0
+    for k in keys:
+        pos = text.find(json.dumps(k), pos)
+        if pos < 0:
+            return None
+    return text.count("\n", 0, pos) + 1
 
 
 def read_ticks(path: Path) -> list[Tick]:

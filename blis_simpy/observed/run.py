@@ -72,6 +72,7 @@ class Settings:
     gpu_memory_utilization: float
     prefix_caching: bool
     seed: int
+    model_config_folder: str = ""  # a HuggingFace config.json folder of the run ("" = the catalog's)
 
 
 @dataclass
@@ -115,3 +116,78 @@ def latencies(first_s: float, last_s: float, start_s: float, n_out: int) -> tupl
     single output token."""
     return ((first_s - start_s) * 1000.0, (last_s - start_s) * 1000.0,
             (last_s - first_s) * 1000.0 / (n_out - 1) if n_out > 1 else None)
+
+
+# ----------------------------------------------------------------------- aggregate runs
+#: latency metrics an aggregate run reports, in this order: time to first token, inter-token
+#: latency (every gap between streamed chunks, pooled), time per output token (per request),
+#: request latency (E2E)
+AGG_METRICS = ("ttft", "itl", "tpot", "e2e")
+#: the statistics compared for each metric
+AGG_STATS = ("mean", "p50", "p90", "p99")
+
+
+@dataclass(frozen=True)
+class StageWindow:
+    """One load stage of an aggregate run on the rebuilt clock: ``start_us`` is when its load
+    timer started (its sends fall in ``(start_us, end_us]``, ``end_us`` = start + duration),
+    ``rate_rps`` its rate (requests/s), and its requests are ``records[first : first + count]``."""
+
+    index: int
+    start_us: int
+    end_us: int
+    rate_rps: float
+    first: int
+    count: int
+
+
+@dataclass(frozen=True)
+class AggregateStats:
+    """What a results file says about a set of requests (one stage, or the whole run):
+    success and failure counts; per latency metric of :data:`AGG_METRICS` its
+    ``{mean, p50, p90, p99}`` in ms over the successes (a metric the file leaves null is
+    absent); the mean prompt and output lengths of the successes (tokens, as the client
+    counted them; None without successes); the longest latency of any request, success or
+    failure (ms: how long the stage took to drain after its last send, at most)."""
+
+    successes: int
+    failures: int
+    latency_ms: dict[str, dict[str, float]]
+    prompt_len_mean: float | None
+    output_len_mean: float | None
+    max_latency_ms: float
+
+
+@dataclass
+class AggregateRun:
+    """A measured run known only by its aggregate metrics (an inference-perf results folder),
+    with the workload rebuilt as the tool generated it.
+
+    Fields: ``name``; ``source`` (the folder read); ``settings`` (:class:`Settings` when the
+    run records its engine, else None); ``header``/``records`` the rebuilt workload as
+    TraceV2 (client send times as arrivals, ``deadline_us`` from the client timeout, prompt
+    token IDs that realise the shared prefixes), sorted by send time, stage after stage;
+    ``stages`` (:class:`StageWindow`); ``real_stages`` per stage and ``real_total`` for the
+    whole run (None when the folder has no summary) the measured :class:`AggregateStats`;
+    ``timeout_us`` the client's request timeout (None: none); ``pause_us`` the client's pause
+    between one stage draining and the next one's timer starting; ``decoded_output_len``
+    the mean number of tokens the server decoded per successful request (the three-number
+    score's ITL divides by it minus 1); ``seed`` the seed of the rebuild; ``measured_at``
+    where the latencies were measured (``"client"``); ``notes`` what was assumed;
+    ``spec`` the parsed configuration (to rebuild with another seed)."""
+
+    name: str
+    source: str
+    settings: Settings | None
+    header: TraceHeader
+    records: list[TraceRecord]
+    stages: list[StageWindow]
+    real_stages: list[AggregateStats]
+    real_total: AggregateStats | None
+    timeout_us: int | None
+    pause_us: int
+    decoded_output_len: float
+    seed: int
+    measured_at: str = "client"
+    notes: list[str] = field(default_factory=list)
+    spec: object = None
