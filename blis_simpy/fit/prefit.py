@@ -10,7 +10,7 @@ steady batch).
 
 Fitting the physics model's pure-decode step to those observations (scipy least squares on
 relative errors, no simulation: milliseconds) gives ``memory``, ``step_cpu_us`` and
-``request_cpu_us`` — the costs a decode step is made of; ``compute`` stays at its start
+``request_cpu_us`` and ``collectives`` (with ``kv_memory``) — the costs a decode step is made of; ``compute`` stays at its start
 value (a decode step rarely reaches the compute roof). The result is the simulator-in-the-
 loop fit's starting point, and its step-level error is reported beside the fit.
 """
@@ -27,19 +27,27 @@ from blis_simpy.latency.physics import PhysicsModel
 from blis_simpy.observed.run import ObservedRun
 
 MIN_TICKS = 5
+#: weight of the pull towards the start values: one parameter ``scale`` away from its start
+#: costs as much as a 1 % step error on every observation
+PRIOR_WEIGHT = 0.01
 MAX_RUNNING_CHANGE = 0.25
-PREFIT_PARAMS = ("memory", "step_cpu_us", "request_cpu_us")
+PREFIT_PARAMS = ("memory", "kv_memory", "step_cpu_us", "request_cpu_us", "collectives")
 
 
 @dataclass(frozen=True)
 class StepObs:
-    """One tick's pure-decode step: ``batch`` requests at ``context`` tokens took
-    ``step_us`` µs per step (all means over the tick)."""
+    """One pure-decode step observation: ``batch`` requests at ``context`` tokens took
+    ``step_us`` µs per step (means over a tick, or over a stage of an aggregate run:
+    :mod:`blis_simpy.fit.aggregate_steps`). ``deployment``: the resolved deployment it was
+    measured on when it is not the fit's own (runs of several models, TPs or GPUs);
+    ``label`` names it in reports."""
 
     t_s: float
     batch: float
     context: float
     step_us: float
+    deployment: object = None
+    label: str = ""
 
 
 def decode_steps(run: ObservedRun) -> list[StepObs]:
@@ -67,7 +75,7 @@ def decode_steps(run: ObservedRun) -> list[StepObs]:
 
 @dataclass
 class PrefitResult:
-    x: list[float]                    # the full physics vector (compute, memory, step, request)
+    x: list[float]                    # the full physics vector (compute, memory, kv_memory, step, request, collectives)
     observations: int
     mape_before_pct: float            # step-level MAPE at the start point
     mape_after_pct: float
@@ -81,10 +89,17 @@ class PrefitResult:
 def model_steps(space, obs: list[StepObs], x) -> np.ndarray:
     """The physics model's pure-decode step (µs, before truncation to whole µs, so the
     pre-fit sees a smooth function) at each observation, with the set ``x``."""
-    lat = space.dep.new_latency_model()
-    m = PhysicsModel(lat.model, lat.gpu, lat.tp, dp=lat.dp, coefficients=space.to_set(x))
+    cs = space.to_set(x)
+    models: dict[int, PhysicsModel] = {}
     out = []
     for o in obs:
+        dep = o.deployment if o.deployment is not None else space.dep
+        m = models.get(id(dep))
+        if m is None:
+            lat = dep.new_latency_model()
+            m = models[id(dep)] = PhysicsModel(lat.model, lat.gpu, lat.tp, dp=lat.dp,
+                                               expert_parallel=lat.shape.expert_parallel,
+                                               coefficients=cs)
         b = max(1, round(o.batch))
         out.append(m.combine(m.terms(BatchView(decode_count=b, decode_tokens=b,
                                                decode_pi_sum=round(b * o.context), size=b))))
@@ -111,20 +126,27 @@ def prefit_steps(space, obs: list[StepObs]) -> PrefitResult | None:
     if len(obs) < MIN_TICKS:
         return None
     x0 = np.array(space.x0())
-    idx = [1, 2, 3]                               # memory, step_cpu_us, request_cpu_us
+    idx = [1, 2, 3, 4, 5]                         # every parameter but compute
     real = np.array([o.step_us for o in obs])
-
-    def resid(z) -> np.ndarray:
-        x = x0.copy()
-        x[idx] = z
-        return model_steps(space, obs, x) / real - 1.0
 
     lo = np.array([space.params[i].lo for i in idx])
     hi = np.array([space.params[i].hi for i in idx])
     scale = np.array([space.params[i].scale for i in idx])
-    before = float(np.mean(np.abs(resid(x0[idx])))) * 100
+    n = len(obs)
+
+    def steps(z) -> np.ndarray:
+        x = x0.copy()
+        x[idx] = z
+        return model_steps(space, obs, x) / real - 1.0
+
+    def resid(z) -> np.ndarray:
+        # the step errors, then a weak pull of each parameter towards its start (ridge): with
+        # few observations a cost the data barely sees stays physical instead of drifting
+        return np.concatenate((steps(z), PRIOR_WEIGHT * np.sqrt(n) * (z - x0[idx]) / scale))
+
+    before = float(np.mean(np.abs(steps(x0[idx])))) * 100
     res = least_squares(resid, x0[idx], bounds=(lo, hi), x_scale=scale, diff_step=1e-3, max_nfev=200)
     x = x0.copy()
     x[idx] = res.x
-    after = float(np.mean(np.abs(res.fun))) * 100
+    after = float(np.mean(np.abs(steps(res.x)))) * 100
     return PrefitResult([float(v) for v in x], len(obs), before, after)

@@ -3,15 +3,19 @@
 A :class:`Space` maps a parameter vector ``x`` to a coefficient set
 (:mod:`blis_simpy.latency.coefficient_sets`) and to a resolved deployment that uses it.
 
-* ``physics`` — four numbers per GPU, never per model:
+* ``physics`` — six numbers per GPU or shared across GPUs, never per model:
   ``compute`` (the achieved fraction of peak tensor throughput, as its inverse: every
   compute basis — prefill, decode, attention, MoE — is multiplied by it; ≥ 1, a GPU cannot
-  beat its peak), ``memory`` (the same for every memory basis — weights, KV, MoE experts;
-  bounded below so the implied bandwidth never exceeds the datasheet peak),
+  beat its sustained rate), ``memory`` (the same for the streamed weights — dense and MoE
+  experts), ``kv_memory`` (the same for the paged KV cache attention reads and writes, whose
+  scattered blocks stream less well than weights) — both bounded below so the implied
+  bandwidth never exceeds the datasheet peak —
   ``step_cpu_us`` (µs per step: scheduler, launch, sync) and ``request_cpu_us`` (µs per
-  scheduled request per step: input preparation, sampling bookkeeping, output processing).
-  The per-layer launch cost, communication and sampling multipliers keep the base set's
-  values: one Llama run cannot tell them apart, and they carry to other models unchanged.
+  scheduled request per step: input preparation, sampling bookkeeping, output processing)
+  and ``collectives`` (the TP all-reduce and the EP dispatch/combine multiplier: how the
+  GPU's collectives compare with the ring formula at the catalog's link rate and latency;
+  runs without TP or EP leave it where it starts). The per-layer launch cost and sampling
+  multipliers keep the base set's values: they carry to other models unchanged.
 * ``trained-physics`` — BLIS HEAD's β1a (prefill compute), β3 (weight reads), β2b (decode
   KV reads), β6 (µs per request) and β7 (µs per step); the others stay at the base values.
 * ``blackbox`` — β0 (µs per step), β1 (µs per prefill token), β2 (µs per decode token);
@@ -31,7 +35,8 @@ from blis_simpy.latency import physics_terms as P
 from blis_simpy.latency.coefficient_sets import AlphaBetaSet, CoefficientSet, PhysicsCoefficients
 
 COMPUTE_BASES = ("prefill_compute", "decode_compute", "attention_compute", "moe_compute")
-MEMORY_BASES = ("weight_reads", "prefill_memory", "decode_kv_reads", "moe_expert_reads")
+MEMORY_BASES = ("weight_reads", "moe_expert_reads")          # streamed weights: the GEMMs
+KV_BASES = ("prefill_memory", "decode_kv_reads")              # paged KV: attention
 FITTABLE = ("physics", "trained-physics", "blackbox")
 
 
@@ -82,14 +87,18 @@ class PhysicsSpace(Space):
         self.params = [
             Param("compute", 1.0, 20.0, max(1.0, b.prefill_compute), 0.3),
             Param("memory", round(mem_lo, 6), 20.0, max(mem_lo, b.weight_reads), 0.1),
+            Param("kv_memory", round(mem_lo, 6), 20.0, max(mem_lo, b.decode_kv_reads), 0.1),
             Param("step_cpu_us", 0.0, 50_000.0, b.step_cpu_us, 200.0, "µs"),
             Param("request_cpu_us", 0.0, 2_000.0, b.request_cpu_us, 20.0, "µs"),
+            Param("collectives", 0.1, 10.0, b.tp_allreduce, 0.1),
         ]
 
     def to_set(self, x) -> PhysicsCoefficients:
-        compute, memory, step, req = (float(v) for v in x)
-        upd = {k: compute for k in COMPUTE_BASES} | {k: memory for k in MEMORY_BASES}
-        upd |= {"step_cpu_us": step, "request_cpu_us": req, "backend": "physics", "fit": None}
+        compute, memory, kv, step, req, coll = (float(v) for v in x)
+        upd = ({k: compute for k in COMPUTE_BASES} | {k: memory for k in MEMORY_BASES}
+               | {k: kv for k in KV_BASES})
+        upd |= {"step_cpu_us": step, "request_cpu_us": req, "tp_allreduce": coll,
+                "ep_dispatch_combine": coll, "backend": "physics", "fit": None}
         return self.base.model_copy(update=upd)
 
     def deployment(self, scenario: Scenario, cs: CoefficientSet) -> Deployment:
