@@ -12,6 +12,13 @@ Usage::
 
     python bench/realdata.py --data DIR [--runs NAME ...] [--backends physics,roofline]
                              [--format table|json|markdown] [--no-timing]
+    python bench/realdata.py --cross-validate [--data DIR] [--aggregate-data DIR --hardware GPU
+                             --kv-cpu-gib G] [--format markdown|json]
+
+``--cross-validate`` covers both kinds of data — the per-request logs of ``--data`` and the
+inference-perf results folders of ``--aggregate-data`` (aggregate metrics only) — and prints,
+per run, the ``physics`` backend uncalibrated, with step costs fitted on every run
+(in-sample), and fitted without that run (leave-one-run-out); see ``bench/crossval.py``.
 
 Output is deterministic except the wall-time figures (``--no-timing`` leaves them out).
 A missing or malformed input file is one line on stderr and exit status 2.
@@ -409,7 +416,14 @@ def bench(data: Path, runs: list[str] | None, backends: str | None,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", required=True, type=Path, help="folder of run folders and the workload JSONL")
+    ap.add_argument("--data", type=Path, help="folder of run folders and the workload JSONL")
+    ap.add_argument("--aggregate-data", type=Path,
+                    help="folder of inference-perf results folders (--cross-validate only)")
+    ap.add_argument("--hardware", default="", help="GPU of the aggregate runs that record none")
+    ap.add_argument("--kv-cpu-gib", type=float, default=0.0,
+                    help="CPU KV offload the aggregate runs ran with, GiB (default 0)")
+    ap.add_argument("--cross-validate", action="store_true",
+                    help="in-sample and leave-one-run-out tables of the physics step costs")
     ap.add_argument("--runs", nargs="+", help="run folder names (default: every folder with a meta.json)")
     ap.add_argument("--backends", help="comma-separated latency backends (default: every analytical one)")
     ap.add_argument("--format", choices=("table", "json", "markdown"), default="table")
@@ -417,6 +431,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="largest running batch counted as low load (default 4)")
     ap.add_argument("--no-timing", action="store_true", help="leave out wall times (fully deterministic)")
     args = ap.parse_args(argv)
+    if args.cross_validate:
+        return _cross_validate(args)
+    if args.data is None:
+        ap.error("--data is required (or --cross-validate)")
     try:
         report = bench(args.data, args.runs, args.backends, args.max_running)
     except ConfigError as exc:
@@ -437,6 +455,28 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(render_markdown(report, timing))
     else:
         sys.stdout.write(render_table(report, timing))
+    return 0
+
+
+def _cross_validate(args) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import crossval
+    if args.data is None and args.aggregate_data is None:
+        print("error: --cross-validate needs --data and/or --aggregate-data", file=sys.stderr)
+        return 2
+    try:
+        cases = crossval.per_request_cases(args.data) if args.data else []
+        if args.aggregate_data:
+            cases += crossval.aggregate_cases(args.aggregate_data, args.hardware, args.kv_cpu_gib)
+        report = crossval.cross_validate(
+            cases, progress=lambda n, m, s: print(f"{n} {m}: {s:.0f} s", file=sys.stderr, flush=True))
+    except (ConfigError, BlisError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        print(json.dumps(_clean(report), indent=2, sort_keys=True))
+    else:
+        sys.stdout.write(crossval.render_markdown(report))
     return 0
 
 

@@ -133,6 +133,11 @@ def prefit_steps(space, obs: list[StepObs]) -> PrefitResult | None:
     hi = np.array([space.params[i].hi for i in idx])
     scale = np.array([space.params[i].scale for i in idx])
     n = len(obs)
+    # every deployment (run) weighs the same, however many observations it gives: a log's
+    # hundred ticks must not drown the two stages of an aggregate run
+    group = [id(o.deployment) for o in obs]
+    count = {g: group.count(g) for g in set(group)}
+    weight = np.array([np.sqrt(n / len(count) / count[g]) for g in group])
 
     def steps(z) -> np.ndarray:
         x = x0.copy()
@@ -142,7 +147,7 @@ def prefit_steps(space, obs: list[StepObs]) -> PrefitResult | None:
     def resid(z) -> np.ndarray:
         # the step errors, then a weak pull of each parameter towards its start (ridge): with
         # few observations a cost the data barely sees stays physical instead of drifting
-        return np.concatenate((steps(z), PRIOR_WEIGHT * np.sqrt(n) * (z - x0[idx]) / scale))
+        return np.concatenate((weight * steps(z), PRIOR_WEIGHT * np.sqrt(n) * (z - x0[idx]) / scale))
 
     before = float(np.mean(np.abs(steps(x0[idx])))) * 100
     res = least_squares(resid, x0[idx], bounds=(lo, hi), x_scale=scale, diff_step=1e-3, max_nfev=200)
