@@ -4,7 +4,8 @@ as a coefficient-set file (``--coefficients FILE`` / ``latency.coefficients`` lo
 Runs are given as for ``calibrate`` (vLLM log folder, inference-perf results folder, vllm
 bench result, converted PREFIX); each is replayed under its own logged settings (or
 ``--scenario``) with the flags on top.
-All runs must be on one GPU: a set describes a GPU, never a model.
+A set describes a GPU (or, for ``physics``, GPUs: its multipliers scale each GPU's own
+catalog rates), never a model or a run: other backends' runs must all be on one GPU.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ log = logging.getLogger("blis_simpy.fit")
 #: blackbox's start when the run's model has no catalog row: 5 ms a step, 0.5 µs a prefill
 #: token, 50 µs a decode token (the magnitude of the catalog's 8B rows)
 BLACKBOX_START = "5000,0.5,50"
+#: backends whose fitted set may span GPUs: physics' multipliers scale each GPU's own catalog
+#: rates and its CPU costs are the host's, so one set can be shared across GPUs
+SHARED_ACROSS_GPUS = ("physics",)
 
 
 def _summary(c) -> dict:
@@ -75,10 +79,13 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
     first = cases[0].scenario
     for c in cases[1:]:
         s = c.scenario
-        if (s.hardware, s.latency.model) != (first.hardware, first.latency.model):
+        if s.latency.model != first.latency.model or (
+                s.hardware != first.hardware and first.latency.model not in SHARED_ACROSS_GPUS):
             raise ConfigError(f"run {c.run.name} is on {s.hardware} ({s.latency.model}), run "
                               f"{cases[0].run.name} on {first.hardware} ({first.latency.model}): a "
                               "coefficient set describes one GPU and one backend", field="fit")
+    gpus = sorted({c.scenario.hardware for c in cases})
+    where = gpus[0] if len(gpus) == 1 else "+".join(gpus)
     space = space_for(first)
     err = Console(stderr=True)
     bar = Progress(TextColumn("fitting {task.fields[backend]}: {task.completed} simulations, "
@@ -109,21 +116,20 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
         provenance["leave_one_out"] = {c.run: _summary(c) for c in res.held_out}
     step_line = ""
     if res.prefit is not None:
-        from blis_simpy.fit.prefit import step_mape_pct
+        from blis_simpy.fit.prefit import case_steps, step_mape_pct
         pre = res.prefit.to_dict()
-        pre["step_mape_fitted_pct"] = round(step_mape_pct(space, [c.run for c in cases if isinstance(c, Case)],
-                                                          res.x), 3)
+        pre["step_mape_fitted_pct"] = round(step_mape_pct(space, case_steps(space, cases), res.x), 3)
         provenance["step_prefit"] = pre
-        step_line = (f"step-level pre-fit on {pre['ticks']} pure-decode ticks: step MAPE "
+        step_line = (f"step-level pre-fit on {pre['ticks']} pure-decode steps (log ticks, aggregate stages): step MAPE "
                      f"{pre['step_mape_before_pct']:.1f}% at the base set, {pre['step_mape_after_pct']:.1f}% "
                      f"after the pre-fit (a second start), {pre['step_mape_fitted_pct']:.1f}% with the fitted set")
     cs = res.coefficient_set.model_copy(update={
-        "name": name or f"{first.hardware}-{space.backend}-fitted", "gpu": first.hardware,
-        "description": f"{space.backend} coefficients fitted to {len(cases)} measured run(s) on {first.hardware}",
+        "name": name or f"{where}-{space.backend}-fitted", "gpu": where,
+        "description": f"{space.backend} coefficients fitted to {len(cases)} measured run(s) on {where}",
         "fit": provenance})
     write_set(Path(output), cs, comment=f"written by: {provenance['command']}", field="--output")
     con = Console(file=sys.stdout, width=max(Console().width, 120))
-    t = Table(title=f"fit: {space.backend} on {first.hardware} ({res.evaluations} simulations, "
+    t = Table(title=f"fit: {space.backend} on {where} ({res.evaluations} simulations, "
                     f"{res.seconds:.0f} s, {res.stopped})", title_justify="left")
     for col in ("parameter", "start", "fitted", "bounds"):
         t.add_column(col, justify="right" if col != "parameter" else "left")

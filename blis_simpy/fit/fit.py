@@ -25,7 +25,7 @@ from scipy.optimize import least_squares
 from blis_simpy.calibrate.aggregate import AggregateComparison
 from blis_simpy.calibrate.compare import Comparison
 from blis_simpy.fit.objective import AggregateCase, BudgetExceeded, Case, Objective
-from blis_simpy.fit.prefit import PrefitResult, prefit_physics
+from blis_simpy.fit.prefit import PrefitResult, case_steps, prefit_steps
 from blis_simpy.fit.space import Space
 from blis_simpy.latency.coefficient_sets import CoefficientSet
 
@@ -91,8 +91,7 @@ def fit(space: Space, cases: list[Case | AggregateCase], *, time_budget_s: float
     ticks (:mod:`blis_simpy.fit.prefit`). Held-out fits start from the base set only (a start
     fitted with the held-out run would leak it)."""
     t0 = time.monotonic()
-    logged = [c.run for c in cases if isinstance(c, Case)]          # runs with per-request data
-    pre = prefit_physics(space, logged) if prefit and space.backend == "physics" and logged else None
+    pre = prefit_steps(space, case_steps(space, cases)) if prefit and space.backend == "physics" else None
     start = pre.x if pre is not None else None
     k = len(cases)
     cv = cross_validate and k >= 2
