@@ -21,6 +21,7 @@ values, avg3 (docs/accuracy.md). Times in ms, errors in %.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,10 +150,10 @@ def render_markdown(report: dict) -> str:
             avg = f"{e['avg3']:.1f}%" if "avg3" in e else "-"
             lines.append(f"| {r['name']} | {r['gpu']} | {mode} | {' | '.join(cells)} | {avg} |")
     lines.append("")
-    for mode, key in (("uncalibrated", None), ("in-sample", None), ("held-out", None)):
+    for mode in MODES:
         vals = sorted(r["results"][mode]["avg3"] for r in report["runs"] if "avg3" in r["results"].get(mode, {}))
         if vals:
-            med = vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
+            med = statistics.median(vals)
             lines.append(f"- {mode}: median avg3 {med:.1f}% over {len(vals)} runs (max {vals[-1]:.1f}%)")
     lines.append("")
     lines.append("| parameter | start | in-sample | " + " | ".join(f"held out: {n}" for n in report["held_out"]) + " |")

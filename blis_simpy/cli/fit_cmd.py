@@ -64,7 +64,7 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
     from rich.table import Table
 
     from blis_simpy.atomic import check_target
-    from blis_simpy.fit import Case, case_for, fit, space_for
+    from blis_simpy.fit import case_for, fit, space_for
     from blis_simpy.latency.coefficient_sets import write_set
     if not (0 < budget_s <= MAX_BUDGET_S):
         raise ConfigError(f"must be > 0 and <= {MAX_BUDGET_S:.0f} s, got {budget_s}", field="--time-budget")
