@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from blis_simpy.bounds import MAX_REQUESTS, MAX_TOKENS
+from blis_simpy.latency.frontend import FrontendParams
 from blis_simpy.metrics.fitness import FITNESS_KEYS
 from blis_simpy.units import MAX_INT64
 
@@ -221,6 +222,11 @@ class MetricsConfig(Strict):
     streaming: bool = Field(
         False, description="percentiles from DDSketch sketches (relative accuracy 0.01) and "
                            "requests dropped as they complete; false = exact percentiles")
+    measured_at: Literal["server", "client"] = Field(
+        "server", description="where latencies are taken (docs/frontend.md): server = from when "
+                              "the engine gets the request to when it emits each token; client = "
+                              "from the client's send to when each token reaches the client, "
+                              "through the front end. The same without a front end")
 
 
 class OutputConfig(Strict):
@@ -405,6 +411,9 @@ class Scenario(Strict):
     gpus: dict[str, GPUEntry] = Field(default_factory=dict, description="extra GPUs by name")
     latency: LatencyConfig = Field(default_factory=LatencyConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    frontend: FrontendParams | None = Field(
+        None, description="the API server in front of every instance, costs in µs (docs/frontend.md); "
+                          "None = the latency model's (none for the built-in ones); all 0 = no front end")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)
     workload: Workload = Field(default_factory=DistributionWorkload)
