@@ -45,7 +45,7 @@ from blis_simpy.cluster.plugin_checks import (
     with_plugin_hint,
 )
 from blis_simpy.cluster.policies import build_admission, build_router
-from blis_simpy.config.scenario import Scenario
+from blis_simpy.config.scenario import FRONTEND_CHECKOUT, Scenario
 from blis_simpy.des import SimEnv
 from blis_simpy.disagg.fabric import KVTransferFabric
 from blis_simpy.engine import tally
@@ -263,9 +263,8 @@ class Simulation:
         if params is None or not params.active:
             return
         if scenario.disaggregation.enabled and scenario.disaggregation.compat == "checkout":
-            raise ConfigError("an API server in front of the instances cannot be combined with "
-                              "disaggregation.compat checkout (BLIS parity has none): set its "
-                              "costs to 0 or use compat fixed", field="frontend")
+            raise ConfigError(f"the latency model's API server {FRONTEND_CHECKOUT}",
+                              field="latency.model")
         FrontEnd(self.env, inst, params, client=scenario.metrics.measured_at == "client")
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimulationResult:

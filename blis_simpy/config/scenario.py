@@ -52,6 +52,9 @@ MIN_FABRIC_GBPS, MAX_FABRIC_GBPS = 1e-3, 1e6
 MAX_KV_BYTES_PER_TOKEN = 2**30
 #: the CPU→GPU KV reload bandwidth range, blocks/µs
 MIN_RELOAD_BLOCKS_PER_US, MAX_RELOAD_BLOCKS_PER_US = 1e-6, 1e6
+#: why an API server is refused with ``disaggregation.compat: checkout`` (docs/frontend.md)
+FRONTEND_CHECKOUT = ("cannot be combined with disaggregation.compat checkout (BLIS parity has no "
+                     "API server): set every cost to 0 or use compat fixed")
 Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
 PosTokens = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
 DelayUs = Annotated[int, Field(ge=0, le=MAX_DELAY_US)]
@@ -468,6 +471,17 @@ class Scenario(Strict):
                     "coefficients_together", "must be given together with latency.{other} "
                     "(both select blackbox), or name latency.model", {"other": other}),
                 loc=("latency", given[0]), input=getattr(lat, given[0]))])
+        return self
+
+    @model_validator(mode="after")
+    def _no_front_end_in_parity_mode(self) -> Scenario:
+        """BLIS's PD parity mode has no API server in front of the instances (docs/frontend.md);
+        a latency model's own front end is refused when the simulation is built."""
+        d = self.disaggregation
+        if self.frontend is not None and self.frontend.active and d.enabled and d.compat == "checkout":
+            raise ValidationError.from_exception_data(type(self).__name__, [InitErrorDetails(
+                type=PydanticCustomError("frontend_checkout", FRONTEND_CHECKOUT),
+                loc=("frontend",), input=self.frontend.model_dump())])
         return self
 
     @property

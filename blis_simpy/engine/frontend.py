@@ -83,7 +83,7 @@ class FrontEnd:
         self._tokens = 0                      # tokens of the instance charged so far
         self._streams: dict = {}              # request -> _Stream (client)
         self._ttft_sum = 0                    # Σ client TTFT written (client)
-        self._ttft_records = 0                # the ledger's TTFT records seen (client)
+        self._ttft_records = 0                # the ledger's TTFT records seen
         self._itls: Counter = Counter()       # client ITL samples of delivered requests
         inst.frontend = self
         self.process = env.process(self._serve())
@@ -120,14 +120,19 @@ class FrontEnd:
     # ------------------------------------------------------------------ outputs
     def step_done(self, end_us: int, completed) -> None:
         """An engine step of the instance ended at ``end_us``; ``completed`` are the requests
-        it completed. Its outputs reach the API server then: one piece of work for every
-        token the step emitted (the instance's counters tell how many)."""
+        it completed. Its outputs reach the API server then: one piece of work, costed by the
+        tokens the step emitted (the instance's counters tell how many), when it emitted a
+        token, completed a request or recorded a TTFT (BLIS records one again for a decoder
+        skipped at the end of its prompt: the client's is then taken again)."""
         inst = self.inst
-        n = inst.metrics.total_output_tokens + inst.ledger.first_tokens
+        ledger = inst.ledger
+        n = inst.metrics.total_output_tokens + ledger.first_tokens
         tokens = n - self._tokens
         self._tokens = n
-        emitted = self._claim(completed) if self.client else ()
-        if not tokens and not completed:
+        recorded = ledger.ttft_records - self._ttft_records   # TTFTs the engine wrote now
+        self._ttft_records = ledger.ttft_records
+        emitted = self._claim(completed, recorded) if self.client else ()
+        if not (tokens or completed or recorded):
             return                              # nothing to send to anybody
         self.undelivered += len(completed)
         work = (self.params.output_cost_us(tokens), self._deliver, (emitted, completed))
@@ -153,22 +158,20 @@ class FrontEnd:
         listener.on_event_end(inst)
 
     # ------------------------------------------------------------------ client figures
-    def _claim(self, completed) -> list:
+    def _claim(self, completed, recorded: int) -> list:
         """After a step (``client``): which requests emitted how many tokens — ``ttft_set``
         and their ITL samples (:meth:`Ledger.samples`) counted against what was seen — and
         which recorded their TTFT again (BLIS does for a decoder skipped at the end of its
         prompt, and for a prompt regenerated after a ``blis`` preemption: the client's TTFT
         is then taken again, when this step's outputs reach it). The engine's own TTFT,
         E2E, mean ITL and completion time are taken back out of the instance's maps (the
-        client's replace them as tokens are delivered)."""
+        client's replace them as tokens are delivered). ``recorded``: how many TTFTs the
+        engine recorded in the step."""
         inst = self.inst
         met = inst.metrics
         ttft = met.ttft
         streams = self._streams
-        ledger = inst.ledger
-        samples = ledger.samples
-        recorded = ledger.ttft_records - self._ttft_records   # TTFTs the engine wrote now
-        self._ttft_records = ledger.ttft_records
+        samples = inst.ledger.samples
         firsts = 0
         emitted = []
         for req in chain(inst.running, completed):

@@ -220,7 +220,7 @@ class EagerLedger(Ledger):
                     req.itl.append(self._recompute_done(req, end))
                     req.last_emit_us = end
                     continue
-                self.first_tokens += 1
+                self.first_tokens += 1          # a prompt done: its first token
             elif req.num_new_tokens > 0:
                 req.pi = pi + 1
                 met.total_output_tokens += 1
@@ -229,6 +229,8 @@ class EagerLedger(Ledger):
                 continue
             elif pi != n_in:
                 continue
+            elif req in self.inst.allocator.admitted:   # admitted with nothing to prefill
+                self.first_tokens += 1          # (an empty prompt): a first token, as a prefill
             self._first_token(req, first_tok)
             req.last_emit_us = end
 

@@ -1,6 +1,7 @@
-"""The scenario's ``frontend:`` section and ``metrics.measured_at`` / ``--measured-at`` on the
-command line (docs/frontend.md, docs/cli.md): bad values are one located error, the flag
-beats the key, and without a front end every output is byte-identical in both modes."""
+"""``metrics.measured_at`` / ``--measured-at`` and the scenario's ``frontend:`` section on the
+command line (docs/frontend.md, docs/cli.md): a bad flag value is one error line (bad scenario
+values: tests/config/test_loader.py), the flag beats the key, and without a front end every
+output is byte-identical in both modes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from blis_simpy.cli import flags as F
 from blis_simpy.cli.runner import prepare
 
-from .support import LOCATED, SMALL_SCENARIO, trace_row, write_trace_files
+from .support import SMALL_SCENARIO, trace_row, write_trace_files
 
 REPLAY_FLAGS = ("--model", "meta-llama/llama-3.1-8b-instruct", "--alpha-coeffs", "100,1,0",
                 "--beta-coeffs", "1000,10,5", "--total-kv-blocks", "2000", "--horizon", "10000000")
@@ -22,23 +23,6 @@ def _one_error(res) -> str:
     assert res.stdout == "" and "Traceback" not in res.stderr
     (line,) = res.stderr.splitlines()
     return line
-
-
-@pytest.mark.parametrize("text, line, field, words", [
-    ("frontend:\n  request_us: 10\n  tokenize_us: 3\n", 3, "frontend.tokenize_us", "unknown key"),
-    ("frontend:\n  network_us: -5\n", 2, "frontend.network_us", "greater than or equal to 0"),
-    ("frontend:\n  output_token_us: .nan\n", 2, "frontend.output_token_us", "finite"),
-    ("frontend:\n  step_output_us: '200'\n", 2, "frontend.step_output_us", "valid number"),
-    ("frontend: 3\n", 1, "frontend", "input should be a mapping"),
-    ("metrics:\n  measured_at: proxy\n", 2, "metrics.measured_at", "'server' or 'client'"),
-])
-def test_bad_scenario_values_are_one_located_error(cli, tmp_path, text, line, field, words):
-    sc = tmp_path / "bad.yaml"
-    sc.write_text(SMALL_SCENARIO + text)
-    got = LOCATED.match(_one_error(cli("run", "--scenario", sc, "--format", "json")))
-    assert got, text
-    assert (got["file"], int(got["line"]), got["field"]) == (str(sc), SMALL_SCENARIO.count("\n") + line, field)
-    assert words in got["problem"]
 
 
 def test_bad_flag_value(cli, small_scenario):

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from blis_simpy.build.resolve import Deployment
 from blis_simpy.cluster.simulation import Simulation
+from blis_simpy.config.loader import Source, validate
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.latency.frontend import FrontendParams
@@ -78,8 +81,8 @@ def test_every_dp_rank_has_its_own_front_end(model, end):
 
 
 # ---------------------------------------------------------------------------- PD
-def _pd(mode: str, fe=FULL, compat="fixed") -> Scenario:
-    return Scenario.model_validate({
+def _pd_data(mode: str, fe=FULL, compat="fixed") -> dict:
+    return {
         "seed": 7, "model": "m",
         "latency": {"model": "blackbox", "alpha_coeffs": [0, 0, 0], "beta_coeffs": [1000, 10, 5]},
         "engine": {"total_kv_blocks": 1000, "block_size": 16},
@@ -88,7 +91,11 @@ def _pd(mode: str, fe=FULL, compat="fixed") -> Scenario:
                            "decider": {"policy": "always"}, "compat": compat,
                            "transfer": {"bandwidth_gbps": 1e6, "base_latency_ms": 0,
                                         "kv_bytes_per_token": 1, "contention": "none"}},
-        "frontend": fe, "metrics": {"measured_at": mode}})
+        "frontend": fe, "metrics": {"measured_at": mode}}
+
+
+def _pd(mode: str, fe=FULL, compat="fixed") -> Scenario:
+    return Scenario.model_validate(_pd_data(mode, fe, compat))
 
 
 def _pd_request() -> Request:
@@ -122,11 +129,18 @@ def test_pd_by_hand(impl):
 
 
 def test_pd_parity_mode_refuses_a_front_end():
+    """BLIS's PD parity mode (compat checkout) has no API server: a scenario's is a located
+    error on ``frontend``, a latency model's one on ``latency.model``; costs of 0 are fine."""
     with pytest.raises(ConfigError) as e:
-        Simulation(_pd("server", compat="checkout"), [_pd_request()])
-    assert e.value.field == "frontend" and "compat checkout" in str(e.value)
-    sim = Simulation(_pd("server", fe={}, compat="checkout"), [_pd_request()])   # no cost: no front end
+        validate(_pd_data("server", compat="checkout"), Source(None), semantic=False)
+    assert e.value.field == "frontend" and "compat checkout" in e.value.problem
+    sim = Simulation(_pd("server", fe={}, compat="checkout"), [_pd_request()])
     assert all(inst.frontend is None for inst in sim.instances)
+    dep = Deployment(total_kv_blocks=1000, block_size=16, max_model_len=0,
+                     latency_factory=WithFrontend, model_config=None, tp=1)
+    with pytest.raises(ConfigError) as e:
+        Simulation(_pd("server", fe=None, compat="checkout"), [_pd_request()], deployment=dep)
+    assert e.value.field == "latency.model" and "compat checkout" in str(e.value)
 
 
 # ---------------------------------------------------------------------------- sessions
@@ -207,3 +221,36 @@ def test_the_latency_model_supplies_defaults_and_the_scenario_wins():
     with pytest.raises(ConfigError) as e:
         _hooked(Bad, None)
     assert e.value.field == "latency.model" and "FrontendParams" in str(e.value)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 20_000), st.integers(1, 200), st.integers(0, 30),
+                          st.sampled_from([0, 0, 60_000])), min_size=1, max_size=25),
+       st.sampled_from(["always", "never"]), st.sampled_from([16, 60]),
+       st.fixed_dictionaries({k: st.sampled_from([0.0, 3.0, 400.0]) for k in FULL}))
+def test_pd_engines_agree_with_a_front_end(gaps, decider, decode_kv, fe):
+    """Random 1P1D runs (small decode KV pools: drops and preemptions; deadlines) with random
+    front-end costs: both engines give the same parent records in each mode, and the engine
+    counters are the same in both modes."""
+    t = 0
+    reqs_spec = []
+    for i, (gap, n_in, n_out, timeout) in enumerate(gaps):
+        t += gap
+        reqs_spec.append((f"r{i}", t, n_in, n_out, t + timeout if timeout else 0))
+    got = {}
+    for mode in ("server", "client"):
+        for impl in ("reference", "fast"):
+            data = _pd_data(mode, fe)
+            data["engine"]["implementation"] = impl
+            data["disaggregation"]["decider"]["policy"] = decider
+            data["disaggregation"]["decode_pool"] = {"total_kv_blocks": decode_kv}
+            reqs = [Request(rid, a, np.arange(n) + 10 * i, np.arange(m) + 7, deadline_us=d)
+                    for i, (rid, a, n, m, d) in enumerate(reqs_spec)]
+            got[mode, impl] = Simulation(Scenario.model_validate(data), reqs).run().cluster
+        a, b = got[mode, "reference"], got[mode, "fast"]
+        for name in ("ttft", "e2e", "itl", "scheduling_delay", "completion_time",
+                     "completed_requests", "timed_out_requests", "dropped_unservable"):
+            assert getattr(a, name) == getattr(b, name), (mode, name)
+    for name in ("completed_requests", "timed_out_requests", "dropped_unservable",
+                 "total_output_tokens", "preemption_count"):
+        assert getattr(got["server", "fast"], name) == getattr(got["client", "fast"], name), name

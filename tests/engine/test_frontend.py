@@ -10,11 +10,14 @@ Front end (FE) unless stated: request_us 100, input_token_us 1 (a 32-token promp
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.latency.frontend import FrontendParams
 from blis_simpy.metrics.summary import request_rows
 from tests.engine.helpers import make_requests, scenario
+from tests.engine.test_fast_vs_reference import FIELDS, workloads
 
 IMPLS = ["reference", "fast"]
 FE = dict(request_us=100, input_token_us=1, step_output_us=200, output_token_us=10, network_us=50)
@@ -279,3 +282,41 @@ def test_under_kv_pressure_both_engines_agree_and_every_token_is_delivered(preem
     assert sum(mc.all_itls.values()) == sum(ms.all_itls.values())
     for rid, e2e in mc.e2e.items():
         assert e2e >= mc.ttft[rid] and mc.ttft[rid] >= ms.ttft[rid]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.fixed_dictionaries({
+    k: st.sampled_from([0.0, 0.5, 7.0, 300.0, 2500.0]) for k in FE}))
+def test_engines_agree_and_modes_share_one_simulation(w, fe):
+    """Random workloads (chunked prefill, preemption under both models, prefix hits,
+    MaxModelLen, timeouts, horizon cuts) with random front-end costs: the two engines give
+    identical results in each mode; the two modes run the same simulation (the engine's
+    counters agree); client TTFTs are never earlier than the server's (but where a timeout
+    leaves a stale step that overlaps a new chain of steps: BLIS's quirk, docs/engine.md, a
+    later token can reach the client first); every request the engine completed is
+    delivered unless the horizon cut it off."""
+    specs, groups, engine, seed, horizon = w
+    got = {}
+    for mode in ("server", "client"):
+        for impl in IMPLS:
+            sc = fe_scenario(mode, fe, alpha=(100.0, 1.0, 20.0), impl=impl, **engine)
+            sim, res = simulate(sc, make_requests(specs, seed=seed, prefixes=groups), horizon)
+            got[mode, impl] = (res.instances[0], sim)
+        a, b = (got[mode, impl][0] for impl in IMPLS)
+        for name in FIELDS:
+            assert getattr(a, name) == getattr(b, name), (mode, name)
+        fes = [got[mode, impl][1].instances[0].frontend for impl in IMPLS]
+        if fes[0] is not None:              # the same work on the API server's CPU
+            assert fes[0].busy_us == fes[1].busy_us, mode
+    ms, mc = got["server", "fast"][0], got["client", "fast"][0]
+    for name in ("completed_requests", "total_output_tokens", "step_samples", "timed_out_requests",
+                 "preemption_count", "kv_blocks_integral"):
+        assert getattr(ms, name) == getattr(mc, name), name
+    assert set(mc.e2e) <= set(ms.e2e)
+    if not (ms.preemption_count or ms.timed_out_requests):
+        for rid, t in mc.ttft.items():
+            assert t >= ms.ttft[rid], rid
+    sim = got["client", "fast"][1]
+    fe_obj = sim.instances[0].frontend
+    if fe_obj is not None and horizon is None:
+        assert fe_obj.undelivered == 0 and set(mc.e2e) == set(ms.e2e)
