@@ -18,8 +18,8 @@ instances'). Its work, with the costs of a
 * an incoming request, ``network_us`` after routing placed it: ``request_us +
   input_token_us × prompt tokens``; when done, the request enters the engine
   (:meth:`Instance.enter_engine`: the latency model's queueing delay, then the wait queue);
-* the outputs of an engine step that emitted tokens or completed requests, at the end of
-  that step: ``step_output_us + output_token_us × tokens``; when done, the tokens reach the
+* the outputs of an engine step that emitted tokens, completed requests or recorded a TTFT,
+  at the end of that step: ``step_output_us + output_token_us × tokens``; when done, the tokens reach the
   client ``network_us`` later. A request that completed in the step leaves the instance
   then: the cluster's :meth:`~blis_simpy.engine.listener.InstanceListener.on_request_done`
   (in-flight counts, closed-loop sessions, PD hand-offs) is told at that time.

@@ -291,10 +291,10 @@ def test_engines_agree_and_modes_share_one_simulation(w, fe):
     """Random workloads (chunked prefill, preemption under both models, prefix hits,
     MaxModelLen, timeouts, horizon cuts) with random front-end costs: the two engines give
     identical results in each mode; the two modes run the same simulation (the engine's
-    counters agree); client TTFTs are never earlier than the server's (but where a timeout
-    leaves a stale step that overlaps a new chain of steps: BLIS's quirk, docs/engine.md, a
-    later token can reach the client first); every request the engine completed is
-    delivered unless the horizon cut it off."""
+    counters agree); client TTFTs are never earlier than the server's, preemptions included
+    (but where a timeout leaves a stale step that overlaps a new chain of steps — BLIS's
+    behaviour, docs/engine.md — a later token can reach the client first); every request the
+    engine completed is delivered unless the horizon cut it off."""
     specs, groups, engine, seed, horizon = w
     got = {}
     for mode in ("server", "client"):
@@ -313,7 +313,7 @@ def test_engines_agree_and_modes_share_one_simulation(w, fe):
                  "preemption_count", "kv_blocks_integral"):
         assert getattr(ms, name) == getattr(mc, name), name
     assert set(mc.e2e) <= set(ms.e2e)
-    if not (ms.preemption_count or ms.timed_out_requests):
+    if not ms.timed_out_requests:
         for rid, t in mc.ttft.items():
             assert t >= ms.ttft[rid], rid
     sim = got["client", "fast"][1]
