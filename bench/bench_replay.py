@@ -10,7 +10,10 @@ would, and reports:
 * peak resident memory of the child (``ru_maxrss``), in MB and KB per request;
 * the mean running-batch size actually reached.
 
-Usage: ``python bench/bench_replay.py [--sizes 10000,100000] [--rate 36]``.
+``--front-end server|client`` puts an API server in front of the instance (:data:`FRONT_END`
+costs, docs/frontend.md) and measures latencies there.
+
+Usage: ``python bench/bench_replay.py [--sizes 10000,100000] [--rate 36] [--front-end MODE]``.
 Wall times depend on the machine and its load; run it on an idle machine.
 """
 
@@ -28,6 +31,8 @@ from pathlib import Path
 ALPHA = "232.46191091038054,1.752360364195244,3357.4400353290152"
 BETA = "5752.705191348184,17.25086436834028,5.999143920128404"
 KV_BLOCKS = 200_000
+#: ``--front-end``: the API server's costs, µs (docs/frontend.md)
+FRONT_END = "frontend: {request_us: 300, input_token_us: 0.5, step_output_us: 400, output_token_us: 20, network_us: 100}\n"
 
 
 def write_workload(prefix: Path, n: int, rate: float, seed: int = 7) -> None:
@@ -49,8 +54,9 @@ def write_workload(prefix: Path, n: int, rate: float, seed: int = 7) -> None:
     write_trace(str(prefix), TraceHeader(trace_version=2, mode="generated", workload_seed=seed), rows)
 
 
-def child(header: str, data: str) -> None:
-    """Run one replay in this process and print timings as JSON."""
+def child(header: str, data: str, front_end: str = "") -> None:
+    """Run one replay in this process and print timings as JSON; ``front_end``: "" (none),
+    ``server`` or ``client``."""
     t0 = time.perf_counter()
     from blis_simpy.cli import runner
     from blis_simpy.metrics.report import render_json
@@ -59,7 +65,12 @@ def child(header: str, data: str) -> None:
              "--alpha-coeffs": ALPHA, "--beta-coeffs": BETA,
              "--total-kv-blocks": str(KV_BLOCKS), "--trace-header": header, "--trace-data": data,
              "--horizon": str(2**62)}
-    plan = runner.prepare("replay", given, None)
+    scenario = None
+    if front_end:
+        scenario = str(Path(header).with_name("front_end.yaml"))
+        Path(scenario).write_text(FRONT_END)
+        given["--measured-at"] = front_end
+    plan = runner.prepare("replay", given, scenario)
     t1 = time.perf_counter()
     out = runner.execute(plan)
     t2 = time.perf_counter()
@@ -74,8 +85,10 @@ def child(header: str, data: str) -> None:
     }))
 
 
-def measure(header: Path, data: Path) -> dict:
+def measure(header: Path, data: Path, front_end: str = "") -> dict:
     cmd = [sys.executable, __file__, "--child", str(header), str(data)]
+    if front_end:
+        cmd += ["--front-end", front_end]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -93,10 +106,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="10000,100000")
     ap.add_argument("--rate", type=float, default=36.0, help="arrivals per second")
+    ap.add_argument("--front-end", choices=("server", "client"), default="",
+                    help="an API server in front of the instance, latencies measured there")
     ap.add_argument("--child", nargs=2, metavar=("HEADER", "DATA"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return child(*args.child)
+        return child(*args.child, args.front_end)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     print(f"{'requests':>9} {'wall s':>8} {'req/s':>8} {'sim s':>7} {'sim req/s':>10} "
           f"{'peak MB':>8} {'KB/req':>7} {'running':>8} {'steps':>8}")
@@ -104,7 +119,7 @@ def main() -> None:
         for n in (int(s) for s in args.sizes.split(",")):
             prefix = Path(tmp) / f"bench{n}"
             write_workload(prefix, n, args.rate)
-            r = measure(prefix.with_suffix(".yaml"), prefix.with_suffix(".csv"))
+            r = measure(prefix.with_suffix(".yaml"), prefix.with_suffix(".csv"), args.front_end)
             assert r["completed"] == n, r
             print(f"{n:>9} {r['wall_s']:>8.2f} {n / r['wall_s']:>8.0f} {r['sim_s']:>7.2f} "
                   f"{n / r['sim_s']:>10.0f} {r['peak_rss_mb']:>8.0f} "

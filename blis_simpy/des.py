@@ -9,7 +9,9 @@ priority. We encode
 
 * cluster event of BLIS priority ``p``  → key ``CLUSTER_BASE + 2p`` (``+1`` for session
   follow-up arrivals, which BLIS pushes after every pre-generated arrival);
-* event of BLIS priority ``p`` on instance ``k`` → key ``INSTANCE_BASE + 8k + p``.
+* event of BLIS priority ``p`` on instance ``k`` → key ``INSTANCE_BASE + 8k + p``;
+* an event of an instance's front end (ours, docs/frontend.md) → key ``FRONTEND``, between
+  the two blocks (same-time front-end events keep the order they were scheduled in).
 
 SimPy's own URGENT/NORMAL (0/1) events (process start-up, interrupts, the acknowledgements
 of resource requests) sort before all of these; they never change simulation state. The
@@ -49,6 +51,10 @@ DECODE_ROUTING = CLUSTER_BASE + 14
 INSTANCE_BASE = 32
 INSTANCE_STRIDE = 8
 ARRIVAL, QUEUED, STEP, SCHEDULED, REQUEST_LEFT, TIMEOUT = range(6)
+#: every instance's API server (docs/frontend.md; BLIS has none): after every cluster event
+#: and before every instance event at the same time, so a request handed to an engine at
+#: ``t`` is in its wait queue when a step begins at ``t``
+FRONTEND = INSTANCE_BASE - 1
 
 
 def instance_key(index: int, prio: int) -> int:

@@ -85,7 +85,7 @@ class Request:
         # --- engine state -----------------------------------------------------------------
         "state", "pi", "num_new_tokens", "computed_tokens", "ttft_set", "ttft_us",
         "itl", "scheduled_step", "finished_step", "length_capped", "batch_pos", "enqueue_us",
-        "first_itl_us", "prefill_to", "last_emit_us",
+        "first_itl_us", "prefill_to", "last_emit_us", "origin_us",
         # --- KV cache (owned by the kv package) -------------------------------------------
         "kv_blocks", "kv_len", "kv_base", "kv_view", "_hash_bs", "_prompt_hashes",
         "_shared_prefix",
@@ -137,7 +137,7 @@ class Request:
         self.num_new_tokens = 0
         self.computed_tokens = 0
         self.ttft_set = False
-        self.ttft_us = 0          # TTFT (µs from arrival), set with ttft_set
+        self.ttft_us = 0          # TTFT (µs from origin_us), set with ttft_set
         self.itl = []
         self.scheduled_step = 0
         self.finished_step = 0
@@ -149,6 +149,10 @@ class Request:
         # prompt + outputs so far, whose last position samples the next token
         self.prefill_to = self.input_len
         self.last_emit_us = 0      # end (µs) of the step that emitted the latest token
+        # where the engine's latencies of this request are measured from (µs): its arrival,
+        # or — with a front end and metrics measured at the server — the moment the front
+        # end handed it to the engine (docs/frontend.md)
+        self.origin_us = self.arrival_us
         self.kv_blocks = []
         self.kv_len = 0
         self.kv_base = 0

@@ -116,7 +116,8 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
         provenance["leave_one_out"] = {c.run: _summary(c) for c in res.held_out}
     step_line = ""
     if res.prefit is not None:
-        from blis_simpy.fit.prefit import case_steps, step_mape_pct
+        from blis_simpy.fit.aggregate_steps import case_steps
+        from blis_simpy.fit.prefit import step_mape_pct
         pre = res.prefit.to_dict()
         pre["step_mape_fitted_pct"] = round(step_mape_pct(space, case_steps(space, cases), res.x), 3)
         provenance["step_prefit"] = pre

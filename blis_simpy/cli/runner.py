@@ -431,7 +431,7 @@ def export_trace(out: Outcome, prefix: str, batch: Batch | None = None) -> None:
         first = last = 0
         ttft = cluster.ttft.get(r.id)     # the cluster record: PD parents are projected there
         if ttft is not None:
-            first = r.arrival_us + ttft
+            first = r.origin_us + ttft      # latencies count from there (docs/frontend.md)
             e2e = cluster.e2e.get(r.id)
             itl_sum = (e2e - ttft - (post if r.output_len > 0 else 0)
                        if e2e is not None else sum(r.itl))  # itl: set for unfinished requests

@@ -18,8 +18,8 @@ class RequestEndStates:
     The states are disjoint and, with ``offered``, balance (:func:`check_end_states`):
     ``completed`` + ``still_queued`` + ``still_running`` + ``still_in_control_plane``
     (arrived, inside the admission or routing latency) + ``still_in_queueing_delay`` (routed
-    to an instance, inside its latency model's queueing delay) + ``not_arrived`` (arriving
-    after the horizon) + ``dropped_unservable`` + ``timed_out`` + ``rejected_admission`` +
+    to an instance, inside its API server or its latency model's queueing delay) +
+    ``not_arrived`` (arriving after the horizon) + ``dropped_unservable`` + ``timed_out`` + ``rejected_admission`` +
     ``rejected_routing`` = ``offered``.
     """
 
@@ -84,17 +84,21 @@ def check_pipeline_conservation(counters, instances, pending_in_control_plane: i
 
 
 def check_causality(inst) -> None:
-    """INV-5: arrival ≤ enqueue ≤ schedule ≤ first token ≤ completion, per request."""
+    """INV-5: arrival ≤ enqueue ≤ schedule ≤ first token ≤ completion, per request. The
+    latencies count from the request's ``origin_us`` (its arrival, or its hand-over to the
+    engine by a front end, docs/frontend.md), itself at or after its arrival."""
     m = inst.metrics
     for rid, req in m.registry.items():
         arr = req.arrival_us
+        origin = req.origin_us
         enq = req.enqueue_us
-        if enq >= 0 and enq < arr:
-            raise InvariantError(f"enqueued at {enq} before arrival {arr}", instance=inst.id, request=rid)
+        if origin < arr or (enq >= 0 and enq < origin):
+            raise InvariantError(f"enqueued at {enq} before arrival {arr} (latencies from {origin})",
+                                 instance=inst.id, request=rid)
         sd = m.scheduling_delay.get(rid)
         if sd is not None:
-            if sd < 0 or (enq >= 0 and arr + sd < enq and not req.is_decode_sub):
-                raise InvariantError(f"scheduled at {arr + sd} before enqueue {enq}",
+            if sd < 0 or (enq >= 0 and origin + sd < enq and not req.is_decode_sub):
+                raise InvariantError(f"scheduled at {origin + sd} before enqueue {enq}",
                                      instance=inst.id, request=rid)
         e2e = m.e2e.get(rid)
         if e2e is None or req.is_decode_sub:

@@ -169,6 +169,9 @@ class PDCluster(Cluster, name="pd"):
                       prefix_length=req.prefix_length, is_decode_sub=True)
         _share_hashes(req, sub)
         _drop_hashes(req)
+        # the server's clock of the parent started where its prefill's did (a front end
+        # moves it to the hand-over to the prefill engine, docs/frontend.md)
+        sub.origin_us = req.origin_us = parent.prefill_sub.origin_us
         parent.decode_sub = sub
         self.decode_inbox.deliver(parent)
 
@@ -307,9 +310,10 @@ def build_pd_cluster(env, instances, admission, router, plan, scenario, rng, blo
     return cluster
 
 
-def finish_pd(cluster: PDCluster, metrics, plan):
+def finish_pd(cluster: PDCluster, metrics, plan, *, client_instances=frozenset()):
     """End of a PD run: check the PD invariants, then the corrected, parent-projected
-    cluster record and the PD metrics (docs/disaggregation.md, "End-of-run accounting")."""
+    cluster record and the PD metrics (docs/disaggregation.md, "End-of-run accounting").
+    ``client_instances``: the IDs of the instances whose front end measured at the client."""
 
     check_pd_invariants(cluster)
     agg = aggregate(metrics)
@@ -319,7 +323,8 @@ def finish_pd(cluster: PDCluster, metrics, plan):
         decode_completed=cluster.decode_completed,
         dropped_at_decode_kv=cluster.dropped_at_decode_kv,
         pending_decode=len(cluster.pending_decode),
-        compat="checkout" if plan.checkout_parent_timing else "fixed")
+        compat="checkout" if plan.checkout_parent_timing else "fixed",
+        client_instances=client_instances)
     done = {role: sum(m.completed_requests for m, r in zip(metrics, cluster.roles, strict=True)
                       if r == role) for role in ("prefill", "decode")}
     fabric = cluster.fabric

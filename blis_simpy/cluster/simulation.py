@@ -45,18 +45,20 @@ from blis_simpy.cluster.plugin_checks import (
     with_plugin_hint,
 )
 from blis_simpy.cluster.policies import build_admission, build_router
-from blis_simpy.config.scenario import Scenario
+from blis_simpy.config.scenario import FRONTEND_CHECKOUT, Scenario
 from blis_simpy.des import SimEnv
 from blis_simpy.disagg.fabric import KVTransferFabric
 from blis_simpy.engine import tally
 from blis_simpy.engine.batching import BatchingPolicy
 from blis_simpy.engine.dp import DPEngine
 from blis_simpy.engine.fast import FastInstance  # noqa: F401  (registers engine implementation "fast")
+from blis_simpy.engine.frontend import FrontEnd
 from blis_simpy.engine.instance import Instance
 from blis_simpy.engine.limits import EngineLimits
 from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
 from blis_simpy.engine.stall import watch_for_stall
 from blis_simpy.errors import BlisError, ConfigError, InvariantError, SimulationError
+from blis_simpy.latency.frontend import FrontendParams
 from blis_simpy.latency.interference import InterferenceModel
 from blis_simpy.metrics.records import InstanceMetrics
 from blis_simpy.rng import RngStreams
@@ -210,6 +212,7 @@ class Simulation:
                 inst.model = scenario.model
                 if not inst._blis_builtin:    # what a plugin engine class returns is checked
                     check_instance(inst)
+                self._attach_frontend(inst, scenario)
                 watched = next((p for p in (inst.batching, inst.kv, inst) if not p._blis_builtin),
                                None)
                 if watched is not None:    # a plugin may schedule nothing forever
@@ -248,6 +251,22 @@ class Simulation:
                                        **common)
         self.sessions = sessions
         self.cluster.sessions = sessions
+
+    def _attach_frontend(self, inst: Instance, scenario: Scenario) -> None:
+        """Put an API server in front of ``inst`` (docs/frontend.md): the scenario's
+        ``frontend`` costs, else its latency model's; none when every cost is 0."""
+        params = scenario.frontend
+        if params is None:
+            params = inst.latency.frontend_params()
+            if params is not None and not isinstance(params, FrontendParams):
+                raise ConfigError(f"frontend_params() returned {type(params).__name__}; expected "
+                                  "a FrontendParams or None", field="latency.model")
+        if params is None or not params.active:
+            return
+        if scenario.disaggregation.enabled and scenario.disaggregation.compat == "checkout":
+            raise ConfigError(f"the latency model's API server {FRONTEND_CHECKOUT}",
+                              field="latency.model")
+        FrontEnd(self.env, inst, params, client=scenario.metrics.measured_at == "client")
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimulationResult:
         """Run to the horizon (or until no event is left), then finalize and check.
@@ -313,7 +332,9 @@ class Simulation:
         self._check_inflight(metrics)
         cluster_metrics = pd = None
         if self.plan.enabled:
-            cluster_metrics, pd = finish_pd(self.cluster, metrics, self.plan)
+            client = frozenset(inst.id for inst in self.instances
+                               if inst.frontend is not None and inst.frontend.client)
+            cluster_metrics, pd = finish_pd(self.cluster, metrics, self.plan, client_instances=client)
         end = self.end_states(metrics, cluster_metrics)
         check_end_states(end)
         return SimulationResult(self.scenario, metrics, self.cluster.counters, limit, n,
@@ -348,10 +369,12 @@ class Simulation:
         for inst, m in zip(self.instances, metrics, strict=True):
             left = self.cluster.inflight[inst.index]
             delayed = inst.in_queueing_delay
-            if left != m.still_queued + m.still_running + delayed:
+            # completed by the engine, last token not yet delivered by the front end
+            undelivered = inst.frontend.undelivered if inst.frontend is not None else 0
+            if left != m.still_queued + m.still_running + delayed + undelivered:
                 log.warning("%s: %d requests in flight at the end, but %d queued + %d running + "
-                            "%d in the queueing delay", inst.id, left, m.still_queued,
-                            m.still_running, delayed)
+                            "%d in the queueing delay or front end + %d undelivered", inst.id,
+                            left, m.still_queued, m.still_running, delayed, undelivered)
 
     def _done_requests(self) -> int:
         """Offered requests that have ended (the progress bar's count). With PD pools a

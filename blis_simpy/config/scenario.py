@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from blis_simpy.bounds import MAX_REQUESTS, MAX_TOKENS
+from blis_simpy.latency.frontend import FrontendParams
 from blis_simpy.metrics.fitness import FITNESS_KEYS
 from blis_simpy.units import MAX_INT64
 
@@ -53,6 +54,9 @@ MAX_KV_BYTES_PER_TOKEN = 2**30
 MIN_RELOAD_BLOCKS_PER_US, MAX_RELOAD_BLOCKS_PER_US = 1e-6, 1e6
 #: the largest CPU KV offload tier, GiB (64 TiB: beyond the host memory of any server)
 MAX_KV_CPU_GIB = 65536.0
+#: why an API server is refused with ``disaggregation.compat: checkout`` (docs/frontend.md)
+FRONTEND_CHECKOUT = ("cannot be combined with disaggregation.compat checkout (BLIS parity has no "
+                     "API server): set every cost to 0 or use compat fixed")
 Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
 PosTokens = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
 DelayUs = Annotated[int, Field(ge=0, le=MAX_DELAY_US)]
@@ -239,6 +243,11 @@ class MetricsConfig(Strict):
     streaming: bool = Field(
         False, description="percentiles from DDSketch sketches (relative accuracy 0.01) and "
                            "requests dropped as they complete; false = exact percentiles")
+    measured_at: Literal["server", "client"] = Field(
+        "server", description="where latencies are taken (docs/frontend.md): server = from when "
+                              "the engine gets the request to when it emits each token; client = "
+                              "from the client's send to when each token reaches the client, "
+                              "through the front end. The same without a front end")
 
 
 class OutputConfig(Strict):
@@ -423,6 +432,9 @@ class Scenario(Strict):
     gpus: dict[str, GPUEntry] = Field(default_factory=dict, description="extra GPUs by name")
     latency: LatencyConfig = Field(default_factory=LatencyConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    frontend: FrontendParams | None = Field(
+        None, description="the API server in front of every instance, costs in µs (docs/frontend.md); "
+                          "None = the latency model's (none for the built-in ones); all 0 = no front end")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)
     workload: Workload = Field(default_factory=DistributionWorkload)
@@ -491,6 +503,17 @@ class Scenario(Strict):
                     "coefficients_together", "must be given together with latency.{other} "
                     "(both select blackbox), or name latency.model", {"other": other}),
                 loc=("latency", given[0]), input=getattr(lat, given[0]))])
+        return self
+
+    @model_validator(mode="after")
+    def _no_front_end_in_parity_mode(self) -> Scenario:
+        """BLIS's PD parity mode has no API server in front of the instances (docs/frontend.md);
+        a latency model's own front end is refused when the simulation is built."""
+        d = self.disaggregation
+        if self.frontend is not None and self.frontend.active and d.enabled and d.compat == "checkout":
+            raise ValidationError.from_exception_data(type(self).__name__, [InitErrorDetails(
+                type=PydanticCustomError("frontend_checkout", FRONTEND_CHECKOUT),
+                loc=("frontend",), input=self.frontend.model_dump())])
         return self
 
     @property

@@ -13,6 +13,11 @@ parent IDs: the ``_prefill`` / ``_decode`` entries go, a completed parent gets o
 * ``checkout`` (BLIS parity) — TTFT = the prefill sub-request's TTFT; E2E = detection time of
   the decode completion − arrival (the *start* of the last decode step, so it can be shorter
   than one decode step).
+
+With a front end measuring at the client on the decode instance (docs/frontend.md), the
+decode sub-request's maps already hold the client's figures from the parent's arrival: its
+TTFT (its first token at the client) and E2E are the parent's. Server-side figures count
+from the request's ``origin_us`` (its arrival, or where a front end handed it to the engine).
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ _MAPS = ("ttft", "itl", "scheduling_delay", "e2e", "completion_time", "registry"
 
 def correct_and_project(agg: InstanceMetrics, parents: list[ParentRequest], *,
                         prefill_completed: int, decode_completed: int, dropped_at_decode_kv: int,
-                        pending_decode: int, compat: str = "fixed") -> dict[str, int]:
+                        pending_decode: int, compat: str = "fixed",
+                        client_instances=frozenset()) -> dict[str, int]:
     """Correct ``agg`` in place and project its maps to parents; returns each completed
-    parent's projected TTFT (µs), for the PD metrics."""
+    parent's projected TTFT (µs), for the PD metrics. ``client_instances``: IDs of the
+    instances whose front end measured at the client (module docstring)."""
     agg.completed_requests -= prefill_completed
     agg.dropped_unservable += dropped_at_decode_kv
     in_transfer = prefill_completed - decode_completed - dropped_at_decode_kv - pending_decode
@@ -60,6 +67,10 @@ def correct_and_project(agg: InstanceMetrics, parents: list[ParentRequest], *,
             if ttft is None:
                 log.warning("parent %s has no prefill TTFT", parent.id)
             completion = parent.completion_us
+        elif parent.decode_instance in client_instances:
+            ttft = dec["ttft"]
+            e2e = dec["e2e"] or 0
+            completion = orig.arrival_us + e2e
         else:
             sd = dec["scheduling_delay"] or 0
             sub = parent.decode_sub
@@ -72,7 +83,7 @@ def correct_and_project(agg: InstanceMetrics, parents: list[ParentRequest], *,
             else:
                 ttft = sd + sub.first_itl_us
                 e2e = sd + (dec["e2e"] or 0)      # its ITLs and post-decode overhead
-            completion = parent.arrival_us + e2e
+            completion = orig.origin_us + e2e
         agg.e2e[parent.id] = e2e
         if ttft is not None:
             agg.ttft[parent.id] = ttft

@@ -15,7 +15,9 @@ only what such a step changes: the KV slots of the decoders whose slot opens or 
 block, the step time, the ledger's tick arrays and the per-step statistics. Every step is
 still timed by the latency model, and every per-request timestamp and ITL sample is the
 same as with one event per step (the engines-agree tests and the conformance cases check
-it); any other step runs the ordinary way.
+it); any other step runs the ordinary way. With a front end (docs/frontend.md) every step's
+outputs reach it as an event at the step's end, so no step is inline any more (the short
+path still serves pure-decode steps, one event each).
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ class FastInstance(Instance, name="fast"):
         return (ledger, self.metrics, kv, self.env, lat.step_time_us, ledger._entries,
                 ledger.classes, ledger.comp_at, kv.block_size, kv.append_token, kv.total_blocks,
                 self.horizon_us, self.id, ledger.otpt_us, ledger._boundary, more, make,
-                kv.end_step if self._offload else None)
+                kv.end_step if self._offload else None, self.frontend)
 
     def _parts_allow(self) -> bool:
         """What the short path assumes about the parts, checked at the first step so that
@@ -130,7 +132,7 @@ class FastInstance(Instance, name="fast"):
         if k is None:
             k = self._tick_parts = self._make_tick_parts()
         (ledger, met, kv, env, step_time_us, entries, classes, comp_at, bs, append, total,
-         horizon, inst_id, otpt_us, boundary, more, make, end_step) = k
+         horizon, inst_id, otpt_us, boundary, more, make, end_step, frontend) = k
         # every running request decodes (u of them, the batch size): fixed in the run
         u = ledger.u_count
         if u != self._decode_fn_u:           # the model's step as a function of the context
@@ -185,6 +187,8 @@ class FastInstance(Instance, name="fast"):
             nxt = now_us + step_us
             self.step_start_us = now_us      # finish_step's record of the step (async scheduling)
             self.step_end_us = nxt
+            if frontend is not None:      # its tokens go to the API server at its end (an
+                frontend.step_done(nxt, ())   # event there: the next step is not inline)
             if not (more and nxt < env.peek() and nxt <= horizon
                     and T + 1 not in comp_at and len(classes[T % bs]) <= total - kv.used):
                 return nxt

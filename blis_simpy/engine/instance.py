@@ -130,8 +130,10 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         #: async scheduling: requests queued after this time are not admitted in the step
         #: being formed (µs; docs/engine.md, "Async scheduling")
         self.admit_cutoff_us = 0
-        self.in_queueing_delay = 0  # injected, Queued event not yet processed
+        self.in_queueing_delay = 0  # injected, Queued event not yet processed (API server included)
         self.injected = 0
+        #: the API server in front of the instance (engine/frontend.py), None: none
+        self.frontend = None
         self._doorbell: Event | None = None
         self.process = env.process(self._run())
 
@@ -190,11 +192,23 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
 
     # ================================================================= arrivals
     def inject(self, req, now_us: int) -> None:
-        """Routing placed ``req`` here at ``now_us``: Arrival now, Queued after the delay."""
+        """Routing placed ``req`` here at ``now_us``: Arrival now, Queued after the delay —
+        or, with a front end, after the front end has handed it to the engine
+        (:meth:`enter_engine`)."""
         req.assigned_instance = self.id
         self.metrics.registry[req.id] = req
         self.injected += 1
         self.in_queueing_delay += 1
+        self._touch(now_us)
+        if self.frontend is not None:
+            self.frontend.receive(req, now_us)
+            return
+        q = self.latency.queueing_time_us(req)
+        self.env.call_at(now_us + q, self.key_queued, self._on_queued, req)
+
+    def enter_engine(self, req, now_us: int) -> None:
+        """The front end handed ``req`` to the engine at ``now_us`` (docs/frontend.md): Queued
+        after the latency model's queueing delay, as an injected request without one."""
         self._touch(now_us)
         q = self.latency.queueing_time_us(req)
         self.env.call_at(now_us + q, self.key_queued, self._on_queued, req)
@@ -327,7 +341,7 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         keep_first = self._keep_first_schedule
         for req in scheduled:
             if not (keep_first and req.id in sd):   # blis: a re-admission overwrites it
-                sd[req.id] = now_us - req.arrival_us
+                sd[req.id] = now_us - req.origin_us
         met.waitq_len_sum += len(self.waitq)
         met.running_len_sum += len(self.running)
         met.step_samples += 1
@@ -347,7 +361,9 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
             self.kv.end_step(now_us, now_us + step_us)   # store the blocks this step filled
         completed = self.complete(now_us, step_us)
         self.on_step_end(now_us, step_us, completed)
-        if completed:
+        if self.frontend is not None:   # the step's outputs go to the API server at its end;
+            self.frontend.step_done(now_us + step_us, completed)   # it forgets them later
+        elif completed:
             self.ledger.forget(completed)
         return completed
 
@@ -443,7 +459,7 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         post = self.post_decode_us if n_out > 0 else 0
         e2e = req.ttft_us + itl_sum + post
         met.e2e[req.id] = e2e
-        met.completion_time[req.id] = req.arrival_us + e2e
+        met.completion_time[req.id] = req.origin_us + e2e
         if n_out == 0:
             avg = 0.0
         elif req.length_capped:
@@ -453,7 +469,8 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         met.itl[req.id] = avg
         met.completed_requests += 1
         met.step_counters_sum += req.finished_step - req.scheduled_step
-        self.listener.on_request_done(self, req, now_us + step_us)
+        if self.frontend is None:       # else it leaves when the front end delivers it
+            self.listener.on_request_done(self, req, now_us + step_us)
 
     # ================================================================= end of run
     def finalize(self) -> InstanceMetrics:
@@ -465,6 +482,8 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         met.cache_hit_rate = self.kv.cache_hit_rate()
         met.kv_thrashing_rate = self.kv.kv_thrashing_rate()
         self.ledger.finalize(met)
+        if self.frontend is not None:
+            self.frontend.finalize(met)
         return met
 
 

@@ -287,6 +287,7 @@ class LazyLedger(Ledger):
                     r.itl_extra.append((T, self._recompute_done(r, end)))
                 else:
                     self._first_token(r, first_tok)
+                    self.first_tokens += 1
                 r.last_emit_tick = T
                 finished.append(r)
             elif mml > 0 and r.pi >= completion_pi(r, mml):
@@ -392,16 +393,26 @@ class LazyLedger(Ledger):
         for r in extra:
             self._sync_itl(r)
 
+    def samples(self, r) -> int:
+        """How many ITL samples ``r`` has: its segments' ticks (the open one up to now) and
+        its samples off the tick grid, listed in ``r.itl`` or not yet; O(segments)."""
+        segs = r.itl_segments
+        n = sum(e - s for s, e in segs) if segs else 0
+        if r.res_class >= 0 and self.T > r.seg_start:
+            n += self.T - r.seg_start
+        extra = r.itl_extra
+        return n + len(extra) if extra else n
+
     def _sync_itl(self, r) -> None:
         """Append to ``r.itl`` the ITL samples it has beyond those already listed."""
+        missing = self.samples(r) - len(r.itl)
+        if missing <= 0:
+            return
         segs = r.itl_segments
         spans = list(segs) if segs else []
         if r.res_class >= 0 and self.T > r.seg_start:
             spans.append((r.seg_start, self.T))
         extra = r.itl_extra or ()
-        missing = sum(e - s for s, e in spans) + len(extra) - len(r.itl)
-        if missing <= 0:
-            return
         cum = self.tick_cum
         b = self.base
         ticks = ((t, cum[t + 1 - b] - cum[t - b]) for s, e in reversed(spans)

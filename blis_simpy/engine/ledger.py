@@ -78,6 +78,12 @@ class Ledger:
         self.metrics = inst.metrics
         self.limits = inst.limits
         self.otpt_us = inst.otpt_us
+        #: first output tokens emitted (a prompt's prefill done), not counting a TTFT
+        #: recorded again (``total_output_tokens`` counts the later tokens); the front end
+        #: charges each token a step emits (docs/frontend.md)
+        self.first_tokens = 0
+        #: TTFTs recorded (:meth:`_first_token` calls, first tokens and records again)
+        self.ttft_records = 0
 
     # ------------------------------------------------------------------ membership
     def add(self, req, decoding: bool) -> None:
@@ -110,6 +116,11 @@ class Ledger:
 
     def end_batching(self) -> None:
         """Batch formation of the step is over (the policy and admissions are done)."""
+
+    def samples(self, req) -> int:
+        """How many ITL samples ``req`` has so far — one per output token after its first —
+        whether or not its ``itl`` list is materialised."""
+        return len(req.itl)
 
     def sync_last_emit(self, req) -> None:
         """Make ``req.last_emit_us`` (end µs of the step that emitted its latest token)
@@ -146,9 +157,11 @@ class Ledger:
 
     # ------------------------------------------------------------------ shared pieces
     def _first_token(self, req, first_token_end_us: int) -> None:
-        """``req`` emitted its first token (TTFT = its end + OTPT − arrival)."""
+        """``req`` emitted its first token (TTFT = its end + OTPT − ``origin_us``, the
+        request's arrival unless a front end says otherwise)."""
         req.ttft_set = True
-        ttft = first_token_end_us - req.arrival_us
+        self.ttft_records += 1
+        ttft = first_token_end_us - req.origin_us
         req.ttft_us = ttft
         met = self.metrics
         met.ttft_sum += ttft
@@ -207,6 +220,7 @@ class EagerLedger(Ledger):
                     req.itl.append(self._recompute_done(req, end))
                     req.last_emit_us = end
                     continue
+                self.first_tokens += 1          # a prompt done: its first token
             elif req.num_new_tokens > 0:
                 req.pi = pi + 1
                 met.total_output_tokens += 1
@@ -215,6 +229,8 @@ class EagerLedger(Ledger):
                 continue
             elif pi != n_in:
                 continue
+            elif req in self.inst.allocator.admitted:   # admitted with nothing to prefill
+                self.first_tokens += 1          # (an empty prompt): a first token, as a prefill
             self._first_token(req, first_tok)
             req.last_emit_us = end
 

@@ -27,7 +27,8 @@ Units: ``*_us`` µs, ``*_ms`` ms, token counts in tokens, rates in requests/s.
 
 from __future__ import annotations
 
-from blis_simpy.fit.prefit import StepObs
+from blis_simpy.build.resolve import resolve
+from blis_simpy.fit.prefit import StepObs, decode_steps
 from blis_simpy.observed.run import AggregateRun
 
 #: a stage whose failures (client timeouts) exceed this share of its requests gives no
@@ -65,4 +66,18 @@ def stage_steps(run: AggregateRun, max_num_seqs: int, *, deployment=None) -> lis
     return out
 
 
-__all__ = ["stage_steps"]
+def case_steps(space, cases) -> list[StepObs]:
+    """The step observations of fit cases, each with its own resolved deployment: the decode
+    ticks of a logged run, the stage means of an aggregate run (:mod:`.aggregate_steps`)."""
+    out = []
+    for c in cases:
+        dep = space.dep if c.scenario is space.scenario else resolve(c.scenario, quiet=True)
+        if isinstance(c.run, AggregateRun):
+            out += stage_steps(c.run, c.scenario.engine.max_num_running_reqs, deployment=dep)
+        else:
+            out += [StepObs(o.t_s, o.batch, o.context, o.step_us, deployment=dep, label=f"{c.run.name} t={o.t_s:g}s")
+                    for o in decode_steps(c.run)]
+    return out
+
+
+__all__ = ["case_steps", "stage_steps"]

@@ -24,8 +24,9 @@ from scipy.optimize import least_squares
 
 from blis_simpy.calibrate.aggregate import AggregateComparison
 from blis_simpy.calibrate.compare import Comparison
+from blis_simpy.fit.aggregate_steps import case_steps
 from blis_simpy.fit.objective import AggregateCase, BudgetExceeded, Case, Objective
-from blis_simpy.fit.prefit import PrefitResult, case_steps, prefit_steps
+from blis_simpy.fit.prefit import PrefitResult, prefit_steps
 from blis_simpy.fit.space import Space
 from blis_simpy.latency.coefficient_sets import CoefficientSet
 

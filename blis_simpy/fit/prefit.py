@@ -120,23 +120,6 @@ def prefit_physics(space, runs: list[ObservedRun]) -> PrefitResult | None:
     return prefit_steps(space, [o for run in runs for o in decode_steps(run)])
 
 
-def case_steps(space, cases) -> list[StepObs]:
-    """The step observations of fit cases, each with its own resolved deployment: the decode
-    ticks of a logged run, the stage means of an aggregate run (:mod:`.aggregate_steps`)."""
-    from blis_simpy.build.resolve import resolve
-    from blis_simpy.fit.aggregate_steps import stage_steps
-    from blis_simpy.observed.run import AggregateRun
-    out = []
-    for c in cases:
-        dep = space.dep if c.scenario is space.scenario else resolve(c.scenario, quiet=True)
-        if isinstance(c.run, AggregateRun):
-            out += stage_steps(c.run, c.scenario.engine.max_num_running_reqs, deployment=dep)
-        else:
-            out += [StepObs(o.t_s, o.batch, o.context, o.step_us, deployment=dep, label=f"{c.run.name} t={o.t_s:g}s")
-                    for o in decode_steps(c.run)]
-    return out
-
-
 def prefit_steps(space, obs: list[StepObs]) -> PrefitResult | None:
     """Fit memory, step and request CPU costs to pure-decode step observations."""
     if len(obs) < MIN_TICKS:

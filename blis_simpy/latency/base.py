@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from blis_simpy.plugins import Pluggable
 from blis_simpy.units import to_int64
+
+if TYPE_CHECKING:
+    from blis_simpy.latency.frontend import FrontendParams
 
 
 @dataclass(slots=True)
@@ -163,6 +166,14 @@ class LatencyModel(Pluggable, family="latency model"):
     def post_decode_us(self) -> int:
         """Added once to the E2E of a request with at least one output token, µs."""
         return 0
+
+    def frontend_params(self) -> FrontendParams | None:
+        """The costs of the API server in front of an instance this model times
+        (:class:`~blis_simpy.latency.frontend.FrontendParams`, µs), or None: no front end,
+        the default. A scenario's ``frontend:`` section, when given, replaces them
+        (docs/frontend.md). The three overheads above are BLIS's closed-form stand-ins for
+        the same work; a model that supplies front-end costs should not also charge them."""
+        return None
 
 
 class ConstantOverheads:

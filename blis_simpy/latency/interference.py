@@ -105,5 +105,8 @@ class InterferenceModel(LatencyModel):
     def post_decode_us(self) -> int:
         return self.inner.post_decode_us()
 
+    def frontend_params(self):
+        return self.inner.frontend_params()
+
 
 __all__ = ["InterferenceModel", "MAX_INTERFERENCE_FACTOR", "check_factor", "interference_multiplier"]

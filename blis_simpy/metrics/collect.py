@@ -35,13 +35,14 @@ class DoneRequest:
     """The registry row of a completed request: what the reports and the end-of-run checks
     read (times in µs, lengths in tokens)."""
 
-    __slots__ = ("id", "arrival_us", "input_len", "output_len", "slo_class", "tenant_id",
-                 "assigned_instance", "model", "length_capped", "state", "enqueue_us",
+    __slots__ = ("id", "arrival_us", "origin_us", "input_len", "output_len", "slo_class",
+                 "tenant_id", "assigned_instance", "model", "length_capped", "state", "enqueue_us",
                  "is_decode_sub", "itl_segments")
 
     def __init__(self, req):
         self.id = req.id
         self.arrival_us = req.arrival_us
+        self.origin_us = req.origin_us
         self.input_len = req.input_len
         self.output_len = req.output_len
         self.slo_class = req.slo_class

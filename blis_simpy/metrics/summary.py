@@ -123,7 +123,7 @@ def request_row(rid: str, req, ttft_us, itl_us, e2e_us, sched_us) -> dict:
     """One results-file row: ``req`` is the registry row, the latencies are µs (0, or None for
     null, when the request does not have them)."""
     row = {
-        "arrived_at": float(req.arrival_us) / 1e6,
+        "arrived_at": float(req.origin_us) / 1e6,
         "requestID": rid,
         "num_prefill_tokens": req.input_len,
         "num_decode_tokens": req.output_len,

@@ -32,6 +32,7 @@ SAMPLES = {
     "--trace-level": ("decisions", "decisions"),
     "--summarize-trace": ("true", True),
     "--streaming-metrics": ("true", True),
+    "--measured-at": ("client", "client"),
     "--timeline": ("tl.csv", "tl.csv"),
     "--timeline-interval-ms": ("250", 250.0),
     "--fitness-weights": ("p99_ttft:1,throughput:2.5", {"p99_ttft": 1.0, "throughput": 2.5}),

@@ -23,6 +23,7 @@ from blis_simpy.config.scenario import (
     MIN_RELOAD_BLOCKS_PER_US,
 )
 from blis_simpy.errors import ConfigError
+from blis_simpy.latency.frontend import MAX_FRONTEND_US
 
 # (key, the last accepted value, the first refused one)
 BOUNDS = [
@@ -55,7 +56,8 @@ BOUNDS = [
     ("disaggregation.transfer.kv_bytes_per_token", MAX_KV_BYTES_PER_TOKEN, MAX_KV_BYTES_PER_TOKEN + 1),
     ("disaggregation.decode_pool.tp", MAX_TP, MAX_TP + 1),
     ("disaggregation.prefill_pool.max_model_len", MAX_TOKENS, MAX_TOKENS + 1),
-]
+] + [(f"frontend.{k}", MAX_FRONTEND_US, MAX_FRONTEND_US * 2)
+     for k in ("request_us", "input_token_us", "step_output_us", "output_token_us", "network_us")]
 
 
 def _data(key: str, value) -> dict:

@@ -95,6 +95,13 @@ def test_trace_paths_resolve_against_the_scenario_directory(tmp_path):
     ("workload:\n  num_requests: 0\n", 2, "workload.num_requests", "horizon"),
     ("plugins: [1]\n", 1, "plugins[0]", "string"),
     ("a: 1\na: 2\n", 2, "a", "duplicate key"),
+    # the API server's costs and where latencies are taken (docs/frontend.md)
+    ("frontend:\n  request_us: 10\n  tokenize_us: 3\n", 3, "frontend.tokenize_us", "unknown key"),
+    ("frontend:\n  network_us: -5\n", 2, "frontend.network_us", "greater than or equal to 0"),
+    ("frontend:\n  output_token_us: .nan\n", 2, "frontend.output_token_us", "finite"),
+    ("frontend:\n  step_output_us: '200'\n", 2, "frontend.step_output_us", "valid number"),
+    ("frontend: 3\n", 1, "frontend", "input should be a mapping"),
+    ("metrics:\n  measured_at: proxy\n", 2, "metrics.measured_at", "'server' or 'client'"),
 ])
 def test_located_errors(tmp_path, text, line, field, words):
     e = _error(tmp_path, text)
