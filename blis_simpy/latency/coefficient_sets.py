@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from blis_simpy.atomic import atomic_write
 from blis_simpy.errors import ConfigError, validation_problem
+from blis_simpy.latency.frontend import FrontendParams
 from blis_simpy.infile import read_input_text
 from blis_simpy.yaml_input import parse as parse_yaml
 
@@ -75,6 +76,8 @@ class PhysicsCoefficients(_Set):
     queueing_per_input_token_us: float = _Cost
     output_token_us: float = _Cost
     post_decode_us: float = _Cost
+    #: the API server in front of the instance (docs/frontend.md): all 0 = none
+    frontend: FrontendParams = FrontendParams()
 
 
 class AlphaBetaSet(_Set):

@@ -211,6 +211,11 @@ class PhysicsModel(LatencyModel, name="physics"):
     def queueing_time_us(self, req) -> int:
         return to_int64(self._queue + self._queue_tok * req.input_len)
 
+    def frontend_params(self):
+        """The coefficient set's API-server costs (``frontend:`` of the set), None when all 0."""
+        fe = self.coeffs.frontend
+        return fe if fe.active else None
+
     def output_token_time_us(self) -> int:
         return self._otpt
 

@@ -311,3 +311,16 @@ def test_llama8b_batch1_decode_is_weight_bound_on_the_4090():
     peak = PhysicsModel(m.model, replace(gpu, bw_sustained_tbs=0.0), 1, coefficients=physical)
     assert peak.rates.hbm_bytes_per_us == 1.008e6
     assert 14_890 <= peak.decode_step_us(1, 1000) < m.decode_step_us(1, 1000)
+
+
+def test_a_set_carries_the_api_server_costs():
+    """A coefficient set's ``frontend:`` costs are the physics model's API server (docs/frontend.md);
+    all 0 (the default set) is none. Unknown keys and negative costs are refused."""
+    assert PhysicsModel(TINY, UNIT, 1, coefficients=PhysicsCoefficients()).frontend_params() is None
+    cs = PhysicsCoefficients(frontend={"request_us": 300.0, "output_token_us": 20.0, "network_us": 50})
+    fe = PhysicsModel(TINY, UNIT, 1, coefficients=cs).frontend_params()
+    assert (fe.request_us, fe.output_token_us, fe.network_us, fe.step_output_us) == (300.0, 20.0, 50.0, 0.0)
+    assert fe.input_cost_us(10) == 300 and fe.output_cost_us(4) == 80
+    for bad in ({"colour": 1.0}, {"request_us": -1.0}):
+        with pytest.raises(ValueError):
+            PhysicsCoefficients(frontend=bad)
