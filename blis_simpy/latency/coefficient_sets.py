@@ -29,8 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from blis_simpy.atomic import atomic_write
 from blis_simpy.errors import ConfigError, validation_problem
-from blis_simpy.latency.frontend import FrontendParams
 from blis_simpy.infile import read_input_text
+from blis_simpy.latency.frontend import FrontendParams
 from blis_simpy.yaml_input import parse as parse_yaml
 
 _Mult = Field(1.0, ge=0, le=1000, allow_inf_nan=False)
