@@ -12,7 +12,7 @@ is carried over, as vLLM's is): K stages cost K simulations, and each stage's pe
 inter-token latencies are the difference of the engines' ITL histograms between two of them.
 
 Each request is sent at its client send time (the scenario's ``metrics.measured_at`` says the
-latencies are the client's where the scenario model has that key: :func:`client_measured`)
+latencies are the client's: :func:`client_measured`)
 with the client's deadline (``deadline_us``): the engine drops a request still queued or
 running then (docs/engine.md, "Timeouts"), and one the engine completes after it — its last
 step began before the deadline and ended after — is a failure too, since the client had
@@ -36,11 +36,8 @@ from blis_simpy.workload.replay import trace_requests
 
 def client_measured(scenario: Scenario, measured_at: str) -> Scenario:
     """The one place an aggregate run's ``measured_at`` ("client": latencies from the client's
-    send to its last chunk) reaches the scenario: ``metrics.measured_at`` is set when the
-    scenario model has that key, and the scenario is returned unchanged otherwise."""
+    send to its last chunk) reaches the scenario (``metrics.measured_at``, docs/frontend.md)."""
     metrics = scenario.metrics
-    if "measured_at" not in type(metrics).model_fields:
-        return scenario
     return scenario.model_copy(update={"metrics": metrics.model_copy(update={"measured_at": measured_at})})
 
 

@@ -19,7 +19,6 @@ from blis_simpy.calibrate.aggregate import calibrate_aggregate
 from blis_simpy.calibrate.aggregate_twin import client_measured
 from blis_simpy.cli.app import app
 from blis_simpy.cli.calibrate_cmd import prepare_runs
-from blis_simpy.config.scenario import MetricsConfig
 from blis_simpy.fit import AggregateCase, Objective, space_for
 from tests.workload.iperf_support import write_run
 
@@ -176,15 +175,12 @@ def test_fit_accepts_an_inference_perf_folder_beside_a_bench_result(tmp_path):
     assert "avg3" in res.stdout
 
 
-def test_measured_at_reaches_the_scenario_only_where_the_key_exists(tmp_path):
+def test_an_aggregate_run_is_measured_at_the_client(tmp_path):
     (_, plan), = prepare_runs([str(write_run(tmp_path))], {"--hardware": "H100"}, None)
     s = plan.scenario
-    assert client_measured(s, "client") is s                     # no metrics.measured_at key yet
-
-    class WithKey(MetricsConfig):
-        measured_at: str = "server"
-    s2 = s.model_copy(update={"metrics": WithKey()})
-    assert client_measured(s2, "client").metrics.measured_at == "client"
+    assert s.metrics.measured_at == "server"                     # the scenario's own default
+    got = client_measured(s, "client")
+    assert got.metrics.measured_at == "client" and s.metrics.measured_at == "server"
 
 
 def test_without_a_summary_the_whole_run_means_are_pooled_from_the_stages(tmp_path):
