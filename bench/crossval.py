@@ -33,8 +33,8 @@ from blis_simpy.calibrate.compare import compare
 from blis_simpy.calibrate.twin import simulate
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
-from blis_simpy.fit.aggregate_steps import stage_steps
-from blis_simpy.fit.prefit import StepObs, decode_steps, prefit_steps
+from blis_simpy.fit.aggregate_steps import case_steps
+from blis_simpy.fit.prefit import StepObs, prefit_steps
 from blis_simpy.fit.space import PhysicsSpace
 from blis_simpy.observed.inference_perf import is_inference_perf, load_inference_perf
 from blis_simpy.observed.vllm_log import load_vllm_log
@@ -52,8 +52,8 @@ class Case:
     gpu: str
     scenario: Scenario
     deployment: Deployment
-    obs: list[StepObs]
     run: object
+    obs: list[StepObs] = field(default_factory=list)   # made by cross_validate
     results: dict = field(default_factory=dict)      # mode -> errors
 
     def replay(self, dep: Deployment) -> dict:
@@ -83,9 +83,7 @@ def per_request_cases(folder: Path) -> list[Case]:
         run = load_vllm_log(p, require_ticks=True)
         sc = _physics(scenario_data(run.settings, run.name), run.name)
         dep = resolve(sc, quiet=True)
-        obs = [StepObs(o.t_s, o.batch, o.context, o.step_us, deployment=dep, label=f"{run.name} t={o.t_s:g}s")
-               for o in decode_steps(run)]
-        out.append(Case(run.name, "per-request", dep.gpu.name, sc, dep, obs, run))
+        out.append(Case(run.name, "per-request", dep.gpu.name, sc, dep, run))
     return out
 
 
@@ -106,8 +104,7 @@ def aggregate_cases(folder: Path, hardware: str, kv_cpu_gib: float) -> list[Case
             data["engine"] = dict(data["engine"], kv_cpu_gib=kv_cpu_gib)
         sc = _physics(data, run.name)
         dep = resolve(sc, quiet=True)
-        obs = stage_steps(run, run.settings.max_num_seqs, deployment=dep)
-        out.append(Case(run.name, "aggregate", dep.gpu.name, sc, dep, obs, run))
+        out.append(Case(run.name, "aggregate", dep.gpu.name, sc, dep, run))
     return out
 
 
@@ -117,6 +114,8 @@ def cross_validate(cases: list[Case], progress=None) -> dict:
     if not cases:
         raise ConfigError("no run to cross-validate", field="--cross-validate")
     space = PhysicsSpace(cases[0].scenario, cases[0].deployment)
+    for c in cases:
+        c.obs = case_steps(space, [c])
     names = [p.name for p in space.params]
     every = [o for c in cases for o in c.obs]
     fitted = prefit_steps(space, every)

@@ -185,12 +185,14 @@ class FastInstance(Instance, name="fast"):
             met.kv_blocks_integral += used * step_us
             self.step_pending = True
             nxt = now_us + step_us
-            self.step_start_us = now_us      # finish_step's record of the step (async scheduling)
-            self.step_end_us = nxt
             if frontend is not None:      # its tokens go to the API server at its end (an
                 frontend.step_done(nxt, ())   # event there: the next step is not inline)
             if not (more and nxt < env.peek() and nxt <= horizon
                     and T + 1 not in comp_at and len(classes[T % bs]) <= total - kv.used):
+                # finish_step's record of the last step (async scheduling reads it; the steps
+                # run inline before it have no reader in between)
+                self.step_start_us = now_us
+                self.step_end_us = nxt
                 return nxt
             env.advance_to(nxt)
             now_us = nxt
