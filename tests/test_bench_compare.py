@@ -44,9 +44,10 @@ def test_ours_only_table_every_request_completed():
 
 
 def test_ab_against_a_second_binary_reports_identical_metrics(tmp_path):
-    # a stand-in "Go binary" that is our own CLI: same flags, so the blocks must be identical
+    # a stand-in "Go binary": our own CLI with BLIS's semantics (the switches compare.py gives
+    # ours against a Go binary), so the blocks must be identical
     fake = tmp_path / "blis"
-    fake.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m blis_simpy "$@"\n')
+    fake.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m blis_simpy "$@" {" ".join(cmp.OURS_PARITY)}\n')
     fake.chmod(0o755)
     lines = _run({"BLIS_BIN": str(fake)}, "--only", "pd-2p2d,replay", "--scale", "0.001",
                  "--repeats", "2")
