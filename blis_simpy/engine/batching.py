@@ -219,9 +219,12 @@ class StepAllocator:
         kv = self.kv
         waitq = self.waitq
         now = self._inst.env.now
+        late = self._inst.admit_cutoff_us if self.limits.async_scheduling else None
         i = 0
         while i < len(waitq):
             nxt = waitq[i]
+            if late is not None and nxt.enqueue_us > late:
+                return None                   # queued after this step was chosen (async scheduling)
             if kv.waiting_for_load(nxt, now):
                 i += 1
                 continue

@@ -197,16 +197,37 @@ def test_a_prefix_evicted_from_the_cpu_too_is_recomputed(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_async_scheduling_admits_one_step_later_with_the_tier_too(impl, async_scheduling):
+    # A (t=0, 16 tokens, 10 outputs) is queued at 116 and prefilled 116-1276 (1000 + 160):
+    # TTFT 1276 + 50 - 0 = 1326; it then decodes 1276-2281, 2281-3286, ... (1005 each).
+    # B (t=1500, 16 tokens) is queued at 1616, while step 1276-2281 runs.
+    #   synchronous: the step at 2281 admits it (delay 781) and lasts 1000 + 160 + 5 = 1165:
+    #     first token 3446 + 50 -> TTFT 1996.
+    #   async: the step at 2281 was chosen at 1276, before B was queued; the one at 3286
+    #     admits it (delay 1786): first token 4451 + 50 -> TTFT 3001.
+    # The CPU tier's admission path must honour the cutoff exactly as the plain one does.
+    rng = np.random.default_rng(0)
+    reqs = [Request("request_0", 0, rng.integers(0, 1000, 16), list(range(10))),
+            Request("request_1", 1500, rng.integers(0, 1000, 16), [1, 2])]
+    m, _, _ = _run(impl, reqs, async_scheduling=async_scheduling)
+    assert m.ttft == {"request_0": 1326, "request_1": 3001 if async_scheduling else 1996}
+    assert m.scheduling_delay == {"request_0": 116,
+                                  "request_1": 1786 if async_scheduling else 781}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_other_requests_run_while_a_request_waits_for_its_load(impl):
     """D (t=5000, 16 tokens, 10 outputs) prefills at 5116 (1160 µs) and decodes from 6276 in
     steps of 1005 µs. C (t=6500, 48 tokens) is queued at 6648; at the step of 7281 its 2 CPU
     hits start loading (lands at 7491) and D's step still lasts 1005 µs. At 8286 C prefills
     [32, 48) beside D's token: 1000 + 160 + 5 = 1165 -> TTFT(C) = 8286 + 1165 + 50 - 6500 =
-    3001, and that ITL of D is 1215; D's 8 others are 1055."""
+    3001, and that ITL of D is 1215; D's 8 others are 1055. Synchronous scheduling (under
+    async scheduling C, queued during the step of 6276, is first seen at 8286: one step later)."""
     rng = np.random.default_rng(7)
     d = Request("request_3", 5000, rng.integers(0, 1000, 16), rng.integers(0, 1000, 10))
     reqs, _ = _prefix_then_flood(rng, c_arrival=6500, extra=(d,))
-    m, kv, _ = _run(impl, reqs)
+    m, kv, _ = _run(impl, reqs, async_scheduling=False)
     assert m.ttft["request_3"] == 1326 and m.ttft["request_2"] == 3001
     assert dict(m.all_itls) == {1055: 8, 1215: 1}
     assert kv.offload_stats()["load_wait_us"] == 210
