@@ -7,16 +7,19 @@ Used by ``bench/realdata.py --cross-validate``. Every run — a per-request vLLM
 * **uncalibrated**: the physical default set (datasheet and measured sustained rates, the
   default fixed costs);
 * **in-sample**: the step costs pre-fitted (``blis_simpy.fit.prefit.prefit_steps``) to the
-  step observations of *every* run — the decode ticks of the logs, the stage means of the
-  aggregate results (``blis_simpy.fit.aggregate_steps``);
-* **held out**: the same fit without the run's own observations, so the run is predicted by
-  costs it never informed.
+  step observations of the runs — the decode ticks of the logs, the stage means of the
+  aggregate results (``blis_simpy.fit.aggregate_steps``) — and the front end's fixed latency
+  (``blis_simpy.fit.frontend``) to the light stages of the runs measured at the client;
+* **held out**: the same fits without the run, so the run is predicted by costs it never
+  informed.
 
-The costs are shared across GPUs and models (multipliers of each GPU's own rates, and CPU
-costs), never per run: a run of a GPU with no other run is predicted from the other GPUs'
-runs and its own catalog figures. For each replay: the signed errors of mean E2E, mean TTFT
-and mean ITL (per-token: ``(E2E − TTFT)/(decoded − 1)``) and their average of absolute
-values, avg3 (docs/accuracy.md). Times in ms, errors in %.
+Which runs a fit uses: those of the run's own GPU when that GPU has at least
+:data:`MIN_GPU_RUNS` of them (held out: other than the run itself) — a per-GPU set, as
+``blis-simpy fit`` ships — else every run of every GPU (held out: every other run), so a
+GPU with no other run is predicted from the other GPUs' runs and its own catalog figures.
+Never per model or per run. For each replay: the signed errors of mean E2E, mean TTFT and
+mean ITL (per-token: ``(E2E − TTFT)/(decoded − 1)``) and their average of absolute values,
+avg3 (docs/accuracy.md). Times in ms, errors in %.
 """
 
 from __future__ import annotations
@@ -34,12 +37,15 @@ from blis_simpy.calibrate.twin import simulate
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.fit.aggregate_steps import case_steps
+from blis_simpy.fit.frontend import fit_frontend, with_frontend
 from blis_simpy.fit.prefit import StepObs, prefit_steps
 from blis_simpy.fit.space import PhysicsSpace
 from blis_simpy.observed.inference_perf import is_inference_perf, load_inference_perf
 from blis_simpy.observed.vllm_log import load_vllm_log
 
 MODES = ("uncalibrated", "in-sample", "held-out")
+#: a GPU with this many runs (besides a held-out one) is fitted on its own runs only
+MIN_GPU_RUNS = 2
 
 
 @dataclass
@@ -108,31 +114,50 @@ def aggregate_cases(folder: Path, hardware: str, kv_cpu_gib: float) -> list[Case
     return out
 
 
+def training_runs(cases: list[Case], target: Case, held_out: bool) -> list[Case]:
+    """The runs a fit for ``target`` uses (module docstring): its GPU's runs when there are
+    :data:`MIN_GPU_RUNS` of them, else every run; without ``target`` when ``held_out``."""
+    pool = [c for c in cases if not (held_out and c is target)]
+    own = [c for c in pool if c.gpu == target.gpu]
+    return own if len(own) >= MIN_GPU_RUNS else pool
+
+
 def cross_validate(cases: list[Case], progress=None) -> dict:
     """Replay every case uncalibrated, in-sample and held out (module docstring); returns the
-    fitted parameters (in-sample and per held-out run) and fills ``case.results``."""
+    fitted parameters (per run: in-sample and held out) and fills ``case.results``."""
     if not cases:
         raise ConfigError("no run to cross-validate", field="--cross-validate")
     space = PhysicsSpace(cases[0].scenario, cases[0].deployment)
     for c in cases:
         c.obs = case_steps(space, [c])
     names = [p.name for p in space.params]
-    every = [o for c in cases for o in c.obs]
-    fitted = prefit_steps(space, every)
-    if fitted is None:
-        raise ConfigError(f"{len(every)} step observations: too few to fit", field="--cross-validate")
-    report = {"parameters": names, "start": space.x0(), "in_sample": fitted.x, "held_out": {},
-              "step_mape_pct": {"start": fitted.mape_before_pct, "in_sample": fitted.mape_after_pct},
-              "observations": {c.name: len(c.obs) for c in cases}}
+    fits: dict[tuple[str, ...], tuple] = {}        # training runs -> (vector, step MAPEs, front end)
+
+    def fitted(train: list[Case]):
+        key = tuple(c.name for c in train)
+        if key not in fits:
+            res = prefit_steps(space, [o for c in train for o in c.obs])
+            x = res.x if res is not None else space.x0()
+            fe = fit_frontend(space, train, space.to_set(x))
+            mape = (res.mape_before_pct, res.mape_after_pct) if res is not None else None
+            fits[key] = (x, mape, fe)
+        return fits[key]
+
+    report = {"parameters": names + ["network_us"], "start": space.x0() + [0.0], "in_sample": {},
+              "held_out": {}, "step_mape_pct": {}, "observations": {c.name: len(c.obs) for c in cases}}
     for c in cases:
-        rest = [o for d in cases if d is not c for o in d.obs]
-        held = prefit_steps(space, rest)
-        sets = {"uncalibrated": space.x0(), "in-sample": fitted.x,
-                "held-out": held.x if held is not None else space.x0()}
-        report["held_out"][c.name] = sets["held-out"]
+        sets = {"uncalibrated": (space.x0(), None, None)}
+        for mode, held in (("in-sample", False), ("held-out", True)):
+            sets[mode] = fitted(training_runs(cases, c, held))
+            x, mape, fe = sets[mode]
+            report["in_sample" if mode == "in-sample" else "held_out"][c.name] = (
+                list(x) + [fe.params.network_us if fe is not None else 0.0])
+            if mode == "in-sample" and mape is not None:
+                report["step_mape_pct"][c.name] = {"start": mape[0], "in_sample": mape[1]}
         for mode in MODES:
+            x, _, fe = sets[mode]
             t0 = time.perf_counter()
-            c.results[mode] = c.replay(space.deployment(c.scenario, space.to_set(sets[mode])))
+            c.results[mode] = c.replay(space.deployment(c.scenario, with_frontend(space.to_set(x), fe)))
             if progress is not None:
                 progress(c.name, mode, time.perf_counter() - t0)
     report["runs"] = [{"name": c.name, "kind": c.kind, "gpu": c.gpu, "results": c.results} for c in cases]
@@ -155,13 +180,15 @@ def render_markdown(report: dict) -> str:
             med = statistics.median(vals)
             lines.append(f"- {mode}: median avg3 {med:.1f}% over {len(vals)} runs (max {vals[-1]:.1f}%)")
     lines.append("")
-    lines.append("| parameter | start | in-sample | " + " | ".join(f"held out: {n}" for n in report["held_out"]) + " |")
-    lines.append("|---|---|---|" + "---|" * len(report["held_out"]))
-    for i, p in enumerate(report["parameters"]):
-        row = [f"{report['start'][i]:.4g}", f"{report['in_sample'][i]:.4g}"]
-        row += [f"{x[i]:.4g}" for x in report["held_out"].values()]
-        lines.append(f"| {p} | " + " | ".join(row) + " |")
+    lines.append("| run | set | " + " | ".join(report["parameters"]) + " |")
+    lines.append("|---|---|" + "---|" * len(report["parameters"]))
+    lines.append("| (all) | uncalibrated | " + " | ".join(f"{v:.4g}" for v in report["start"]) + " |")
+    for name in report["in_sample"]:
+        for mode in ("in_sample", "held_out"):
+            lines.append(f"| {name} | {mode.replace('_', '-')} | "
+                         + " | ".join(f"{v:.4g}" for v in report[mode][name]) + " |")
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["Case", "MODES", "aggregate_cases", "cross_validate", "per_request_cases", "render_markdown"]
+__all__ = ["Case", "MIN_GPU_RUNS", "MODES", "aggregate_cases", "cross_validate", "per_request_cases",
+           "render_markdown", "training_runs"]

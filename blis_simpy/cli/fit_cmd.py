@@ -114,6 +114,8 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
     }
     if res.held_out:
         provenance["leave_one_out"] = {c.run: _summary(c) for c in res.held_out}
+    if res.frontend is not None:
+        provenance["frontend"] = res.frontend.to_dict()
     step_line = ""
     if res.prefit is not None:
         from blis_simpy.fit.aggregate_steps import case_steps
@@ -150,6 +152,10 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
     con.print(t)
     if step_line:
         con.print(step_line, highlight=False)
+    if res.frontend is not None:
+        gaps = ", ".join(f"{g.run} {g.gap_ms:.2f} ms" for g in res.frontend.gaps)
+        con.print(f"front end: {res.frontend.params.network_us:.0f} µs each way, half the median TTFT gap "
+                  f"of the light stages measured at the client ({gaps})", highlight=False)
     con.print(f"wrote {output}", highlight=False)
 
 

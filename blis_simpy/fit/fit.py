@@ -10,10 +10,16 @@ numbers trade off (memory against per-request CPU), so one start can stop in a w
 A search stops at convergence, after ``max_evaluations`` simulations, or at the time budget
 (then the best point seen is returned). With several runs, each is also
 held out in turn (leave-one-out): fitted on the others, scored on it.
+
+For physics with aggregate runs measured at the client, the front end's fixed latency
+(:mod:`blis_simpy.fit.frontend`) is fitted once before the search, at its start point, and
+then held: the search fits the engine's costs under it. A held-out fit refits it without
+the held-out run.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from contextlib import contextmanager
@@ -25,6 +31,7 @@ from scipy.optimize import least_squares
 from blis_simpy.calibrate.aggregate import AggregateComparison
 from blis_simpy.calibrate.compare import Comparison
 from blis_simpy.fit.aggregate_steps import case_steps
+from blis_simpy.fit.frontend import FrontendFit, fit_frontend, with_frontend
 from blis_simpy.fit.objective import AggregateCase, BudgetExceeded, Case, Objective
 from blis_simpy.fit.prefit import PrefitResult, prefit_steps
 from blis_simpy.fit.space import Space
@@ -48,6 +55,20 @@ class FitResult:
     #: some search (a start of the main fit or a held-out fit) ended at the time budget: the
     #: result then depends on how fast this machine ran, not only on the inputs
     budget_hit: bool = False
+    frontend: FrontendFit | None = None            # the fitted front end (physics, client runs)
+
+
+def with_fitted_frontend(space: Space, cases, start) -> tuple[Space, FrontendFit | None]:
+    """``space`` whose sets carry the front end fitted to ``cases`` at ``start`` (the space
+    itself when it is not physics or no case is measured at the client)."""
+    if space.backend != "physics":
+        return space, None
+    fe = fit_frontend(space, cases, space.to_set(start if start is not None else space.x0()))
+    if fe is None:
+        return space, None
+    out = copy.copy(space)
+    out.base = with_frontend(space.base, fe)
+    return out, fe
 
 
 @contextmanager
@@ -94,6 +115,8 @@ def fit(space: Space, cases: list[Case | AggregateCase], *, time_budget_s: float
     t0 = time.monotonic()
     pre = prefit_steps(space, case_steps(space, cases)) if prefit and space.backend == "physics" else None
     start = pre.x if pre is not None else None
+    base_space = space
+    space, fe = with_fitted_frontend(space, cases, start)
     k = len(cases)
     cv = cross_validate and k >= 2
     main_share = 0.5 if cv else 1.0
@@ -112,12 +135,13 @@ def fit(space: Space, cases: list[Case | AggregateCase], *, time_budget_s: float
     x = obj.best_x
     result = FitResult(x, space.to_set(x), cost, evaluations, 0.0, stopped,
                        in_sample=[obj.comparison(c, x) for c in cases], prefit=pre,
-                       budget_hit=budget_hit)
+                       budget_hit=budget_hit, frontend=fe)
     if cv:
         per = (t0 + time_budget_s - time.monotonic()) / k
         for i, held in enumerate(cases):
             rest = cases[:i] + cases[i + 1:]
-            o, why, _ = _search(space, rest, time.monotonic() + max(per, 1.0), max_evaluations, on_eval)
+            fold, _ = with_fitted_frontend(base_space, rest, None)
+            o, why, _ = _search(fold, rest, time.monotonic() + max(per, 1.0), max_evaluations, on_eval)
             result.budget_hit |= why == "budget"
             result.held_out.append(o.comparison(held, o.best_x))
     result.seconds = time.monotonic() - t0

@@ -132,6 +132,10 @@ class Rates:
     hbm_bytes_per_us: float
     link_bytes_per_us: float      # GPU-GPU bus bandwidth per direction (halved without P2P)
     collective_us: float          # fixed cost of one collective
+    #: GPUs with peer-to-peer access (vLLM's custom all-reduce may run) and whether their link
+    #: is NVLink (it runs for any supported TP size) or PCIe (two GPUs only)
+    p2p: bool = False
+    nvlink: bool = False
 
 
 def gpu_rates(gpu: GPUSpec, weight_bytes: float) -> Rates:
@@ -148,7 +152,8 @@ def gpu_rates(gpu: GPUSpec, weight_bytes: float) -> Rates:
         tflops *= gpu.tflops_sustained / gpu.tflops_peak
     link = gpu.link_bw_gbps * 1e3 * (1.0 if gpu.p2p else 0.5)
     bw = gpu.bw_sustained_tbs if gpu.bw_sustained_tbs > 0 else gpu.bw_peak_tbs
-    return Rates(tflops * 1e6, bw * 1e6, link, gpu.collective_latency_us)
+    return Rates(tflops * 1e6, bw * 1e6, link, gpu.collective_latency_us, bool(gpu.p2p),
+                 gpu.interconnect == "nvlink")
 
 
 #: vLLM's default CUDA-graph capture sizes end at min(2·max_num_seqs, 512); with the common
@@ -246,16 +251,46 @@ def ring_gather_us(r: Rates, nbytes: float, ranks: int) -> float:
     return r.collective_us + (ranks - 1) / ranks * nbytes / r.link_bytes_per_us
 
 
+#: vLLM's custom all-reduce (``CustomAllreduce``) takes TP all-reduces of up to 8 MiB when
+#: the GPUs have peer access, the TP size is 2, 4, 6 or 8, and they are NVLink-connected or
+#: only two (docs/latency-models.md, "Tensor parallelism")
+CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
+CUSTOM_AR_SIZES = frozenset({2, 4, 6, 8})
+#: fixed cost of one custom all-reduce inside a CUDA graph, µs: vLLM's H100 benchmarks of the
+#: kernel under CUDA graphs (vllm-project/vllm PRs #24111 and #24532, 0.5 MB of bf16: 7 µs at
+#: TP 2, 10 µs at TP 4, 13 µs at TP 6) less the bytes term of :func:`custom_allreduce_us`
+CUSTOM_AR_US = 5.0
+
+
+def uses_custom_allreduce(r: Rates, ranks: int, nbytes: float) -> bool:
+    """Does vLLM run this all-reduce with its custom kernel (else NCCL's ring)?"""
+    return (r.p2p and ranks in CUSTOM_AR_SIZES and (r.nvlink or ranks == 2)
+            and nbytes <= CUSTOM_AR_MAX_BYTES)
+
+
+def custom_allreduce_us(r: Rates, nbytes: float, ranks: int) -> float:
+    """vLLM's custom all-reduce of ``nbytes``: every GPU reads its ``n − 1`` peers' buffers
+    over the link and sums them (the one-stage kernel; the two-stage one it picks for larger
+    messages measures no faster at these sizes), plus :data:`CUSTOM_AR_US`. No CPU launch:
+    it is captured in the step's CUDA graph."""
+    return CUSTOM_AR_US + (ranks - 1) * nbytes / r.link_bytes_per_us
+
+
 def tp_allreduce_us(s: Shape, r: Rates, tokens: int) -> float:
     """Tensor-parallel all-reduces of the step's hidden states: after attention (every layer),
     after the dense MLPs, and after the MoE layers when their output is all-reduced over TP
-    (DP = 1 without expert parallel; otherwise :func:`ep_dispatch_combine_us` moves it)."""
+    (DP = 1 without expert parallel; otherwise :func:`ep_dispatch_combine_us` moves it).
+    Each is vLLM's custom all-reduce where it applies (:func:`uses_custom_allreduce`), else
+    NCCL's ring (:func:`ring_allreduce_us`)."""
     if s.tp <= 1 or tokens <= 0:
         return 0.0
     n = s.layers + s.dense_layers
     if s.moe_layers and s.dp == 1 and not s.expert_parallel:
         n += s.moe_layers
-    return n * ring_allreduce_us(r, tokens * s.hidden * s.act_bytes, s.tp)
+    nbytes = tokens * s.hidden * s.act_bytes
+    if uses_custom_allreduce(r, s.tp, nbytes):
+        return n * custom_allreduce_us(r, nbytes, s.tp)
+    return n * ring_allreduce_us(r, nbytes, s.tp)
 
 
 def ep_dispatch_combine_us(s: Shape, r: Rates, gathered_tokens: float) -> float:
@@ -287,7 +322,8 @@ def weight_streaming_floor_us(s: Shape, r: Rates) -> float:
 
 __all__ = [
     "LOGIT_BYTES", "Rates", "Shape", "UNGATED_ACTIVATIONS", "attention_compute_us", "attention_pairs",
-    "CUDAGRAPH_MAX_TOKENS", "build_shape", "cudagraph_tokens", "decode_compute_us", "elementwise_us", "decode_kv_reads_us", "ep_dispatch_combine_us",
+    "CUDAGRAPH_MAX_TOKENS", "CUSTOM_AR_MAX_BYTES", "CUSTOM_AR_SIZES", "CUSTOM_AR_US", "build_shape",
+    "custom_allreduce_us", "uses_custom_allreduce", "cudagraph_tokens", "decode_compute_us", "elementwise_us", "decode_kv_reads_us", "ep_dispatch_combine_us",
     "expected_experts", "gpu_rates", "moe_compute_us", "moe_expert_reads_us", "moe_tokens_touched",
     "prefill_compute_us", "prefill_memory_us", "ring_allreduce_us", "ring_gather_us",
     "sampling_us", "tp_allreduce_us", "weight_reads_us", "weight_streaming_floor_us",

@@ -70,9 +70,29 @@ def test_tp_allreduce_two_per_layer_ring_cost():
     s = P.build_shape(TINY, tp=2)
     # per GPU: Q/O halve, the single KV head is replicated (max(1, 1 // 2) = 1)
     assert s.nonexpert_macs_per_token == 2 * (2 * 8 * 16 / 2 + 2 * 8 * 1 * 8 + 3 * 8 * 16 / 2)
-    r = P.gpu_rates(replace(UNIT, collective_latency_us=10.0), 2.0)
+    # without peer access NCCL's ring runs (through host memory: half the link, 0.5 B/µs)
+    r = P.gpu_rates(replace(UNIT, collective_latency_us=10.0, p2p=False), 2.0)
     # 2 layers x (attention + MLP) = 4 all-reduces of 5 tokens x 8 x 2 bytes over 2 ranks
-    assert P.tp_allreduce_us(s, r, 5) == 4 * (10 + 2 * 1 / 2 * 80)
+    assert P.tp_allreduce_us(s, r, 5) == 4 * (10 + 2 * 1 / 2 * 80 / 0.5)
+
+
+def test_custom_allreduce_where_vllm_runs_it():
+    """vLLM's custom all-reduce: peer access, TP 2/4/6/8, NVLink or only two GPUs, ≤ 8 MiB;
+    5 µs + (n − 1) x bytes / link. Otherwise NCCL's ring with the catalog's fixed cost."""
+    nv = replace(UNIT, collective_latency_us=10.0, interconnect="nvlink")
+    pcie = replace(UNIT, collective_latency_us=10.0, interconnect="pcie")
+    tiny = replace(TINY, num_heads=8, num_kv_heads=8)             # divisible by TP up to 8
+    # TP 2 over PCIe with peer access: custom (4 all-reduces of 80 bytes at 1 B/µs)
+    assert P.tp_allreduce_us(P.build_shape(tiny, tp=2), P.gpu_rates(pcie, 2.0), 5) == 4 * (5 + 1 * 80)
+    # TP 4 over PCIe: NCCL's ring (2·3/4 of the bytes, the catalog's 10 µs)
+    assert P.tp_allreduce_us(P.build_shape(tiny, tp=4), P.gpu_rates(pcie, 2.0), 5) == 4 * (10 + 1.5 * 80)
+    # TP 4 over NVLink: custom, every GPU reads its 3 peers
+    assert P.tp_allreduce_us(P.build_shape(tiny, tp=4), P.gpu_rates(nv, 2.0), 5) == 4 * (5 + 3 * 80)
+    r = P.gpu_rates(nv, 2.0)
+    assert not P.uses_custom_allreduce(r, 3, 80)                  # TP 3: not a supported size
+    assert P.uses_custom_allreduce(r, 8, 8 * 2**20)
+    assert not P.uses_custom_allreduce(r, 8, 8 * 2**20 + 1)       # above 8 MiB: NCCL
+    assert P.custom_allreduce_us(r, 2**20, 2) == 5 + 2**20
 
 
 def test_no_p2p_halves_the_link():
