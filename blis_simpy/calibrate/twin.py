@@ -54,6 +54,14 @@ def latency_used(dep: Deployment) -> str:
     return ""
 
 
+def fitted_on(dep: Deployment) -> list[str]:
+    """The runs the coefficient set of ``dep`` was fitted on (its ``fit.runs``; empty for a
+    set with no such record, or a backend without a set)."""
+    fit = getattr(getattr(dep.new_latency_model(), "coeffs", None), "fit", None)
+    runs = fit.get("runs") if isinstance(fit, dict) else None
+    return [str(r) for r in runs] if isinstance(runs, list) else []
+
+
 @dataclass
 class Sample:
     """The engines at one instant: requests running and waiting, KV blocks in use (summed

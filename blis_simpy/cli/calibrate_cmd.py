@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import inspect
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +28,8 @@ from blis_simpy.cli.logs import setup_logging
 from blis_simpy.cli.options import flag_parameters, given_flags
 from blis_simpy.errors import ConfigError
 from blis_simpy.units import MAX_INT64
+
+log = logging.getLogger("blis_simpy.calibrate")
 
 if TYPE_CHECKING:   # the simulator stack loads only when a command runs
     from blis_simpy.cli import runner
@@ -87,12 +90,18 @@ def prepare_runs(paths: list[str], given: dict, scenario: str | None, command: s
     return out
 
 
-def _about(s, dep, total_kv_blocks: int, notes: list[str]) -> dict:
-    """What the twin ran: backend, coefficients, deployment."""
-    from blis_simpy.calibrate.twin import latency_used
+def _about(s, dep, total_kv_blocks: int, notes: list[str], run_name: str) -> dict:
+    """What the twin ran: backend, coefficients, deployment; ``in_sample`` when the set was
+    fitted on this very run (its error is then no prediction: docs/accuracy.md)."""
+    from blis_simpy.calibrate.twin import fitted_on, latency_used
+    in_sample = run_name in fitted_on(dep)
+    if in_sample:
+        msg = (f"in-sample: the coefficient set was fitted on this run ({run_name}), so these errors "
+               "show how well it fits, not how well it predicts; --coefficients default runs uncalibrated")
+        log.warning("%s", msg)
     return {"latency_model": s.latency.model, "coefficients": s.latency.coefficients,
-            "coefficients_used": latency_used(dep), "hardware": s.hardware, "model": s.model, "tp": s.tp,
-            "dp": s.dp, "total_kv_blocks": total_kv_blocks, "notes": list(notes)}
+            "coefficients_used": latency_used(dep), "in_sample": in_sample, "hardware": s.hardware,
+            "model": s.model, "tp": s.tp, "dp": s.dp, "total_kv_blocks": total_kv_blocks, "notes": list(notes)}
 
 
 def _headline(console, name: str, doc: dict) -> None:
@@ -128,7 +137,7 @@ def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat
         dep = resolve(s, quiet=True)
         if _aggregate(run):
             c = calibrate_aggregate(s, run, deployment=dep)
-            doc = {**c.to_dict(), **_about(s, dep, c.sim.total_kv_blocks, run.notes),
+            doc = {**c.to_dict(), **_about(s, dep, c.sim.total_kv_blocks, run.notes, run.name),
                    "measured_at": run.measured_at, "seed": run.seed}
             docs.append(doc)
             outputs.append((run, None, c, []))
@@ -136,7 +145,7 @@ def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat
         sim = simulate(s, run, deployment=dep, horizon_us=s.horizon_us if s.horizon_us is not None else MAX_INT64)
         c = compare(run, sim)
         rows = paired_timeline(run.ticks, sim.samples) if timeline else []
-        doc = {**c.to_dict(), **_about(s, dep, sim.total_kv_blocks, run.notes)}
+        doc = {**c.to_dict(), **_about(s, dep, sim.total_kv_blocks, run.notes, run.name)}
         if rows:
             doc["timeline"] = rows
             doc["timeline_errors"] = timeline_errors(rows)

@@ -194,3 +194,17 @@ def test_without_a_summary_the_whole_run_means_are_pooled_from_the_stages(tmp_pa
     assert t["metrics"]["itl"]["real_ms"] is None and t["metrics"]["itl"]["sim_ms"]["mean"] == 1.0
     assert t["score"]["real_ms"] == pytest.approx({"e2e": 28 / 6, "ttft": 2.0, "itl": (28 / 6 - 2.0) / 2})
     assert any("no summary_lifecycle_metrics.json" in n for n in doc["notes"])
+
+
+def test_calibrate_warns_when_the_set_was_fitted_on_the_run(tmp_path):
+    """A set whose ``fit.runs`` names the run: in-sample, said on stderr and in the JSON."""
+    folder = write_run(tmp_path)
+    cs = tmp_path / "set.yaml"
+    for runs, expected in ((["run-a", "other"], True), (["other"], False)):
+        cs.write_text("backend: physics\nname: mine\nfit:\n  runs: " + json.dumps(runs) + "\n")
+        res = CliRunner().invoke(app, ["calibrate", str(folder), "--hardware", "H100", "--latency-model",
+                                       "physics", "--coefficients", str(cs), "--format", "json"])
+        assert res.exit_code == 0, res.output
+        doc = json.loads(res.stdout)["runs"][0]
+        assert doc["in_sample"] is expected and doc["coefficients_used"] == "coefficient set 'mine'"
+        assert ("in-sample: the coefficient set was fitted on this run (run-a)" in res.stderr) is expected
