@@ -62,7 +62,8 @@ def stage_steps(run: AggregateRun, max_num_seqs: int, *, deployment=None) -> lis
         context = prompt + n / 2.0
         out.append(StepObs(t_s=st.end_us / 1e6, batch=batch, context=context,
                            step_us=decode_ms * 1000.0 / (n - 1), deployment=deployment,
-                           label=f"{run.name} stage {st.index}"))
+                           label=f"{run.name} stage {st.index}",
+                           max_batch=float(max_num_seqs) if batch < max_num_seqs else 0.0))
     return out
 
 

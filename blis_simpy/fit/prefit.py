@@ -9,10 +9,14 @@ by more than :data:`MAX_RUNNING_CHANGE` of its mean are left out (the estimate a
 steady batch).
 
 Fitting the physics model's pure-decode step to those observations (scipy least squares on
-relative errors, no simulation: milliseconds) gives ``memory``, ``step_cpu_us`` and
-``request_cpu_us`` and ``collectives`` (with ``kv_memory``) — the costs a decode step is made of; ``compute`` stays at its start
-value (a decode step rarely reaches the compute roof). The result is the simulator-in-the-
-loop fit's starting point, and its step-level error is reported beside the fit.
+relative errors, no simulation: about a second) gives ``memory``, ``kv_memory``,
+``step_cpu_us``, ``request_cpu_us`` and ``collectives`` — the costs a decode step is made of;
+``compute`` stays at its start value (a decode step rarely reaches the compute roof). An
+observation whose batch came from its load (an aggregate stage below the running cap) is
+compared at the batch that load would build under the candidate set
+(:func:`fixed_point_steps`), the others at their measured batch. The result is the
+simulator-in-the-loop fit's starting point, and its step-level error is reported beside the
+fit.
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ class StepObs:
     step_us: float
     deployment: object = None
     label: str = ""
+    #: the engine's running cap when the batch came from the load (an aggregate stage below
+    #: the cap: :mod:`blis_simpy.fit.aggregate_steps`): the pre-fit then judges a set by the
+    #: step at the batch that load would build under it (:func:`fixed_point_steps`); 0 = the
+    #: batch was measured (a log tick) or sat at the cap
+    max_batch: float = 0.0
 
 
 def decode_steps(run: ObservedRun) -> list[StepObs]:
@@ -106,6 +115,73 @@ def model_steps(space, obs: list[StepObs], x) -> np.ndarray:
     return np.array(out, dtype=float)
 
 
+#: bisection steps of :func:`fixed_point_steps` (the batch to within 2^-40 of the cap)
+FIXED_POINT_ITERATIONS = 40
+
+
+def _models(space, obs: list[StepObs], x) -> list[PhysicsModel]:
+    """One physics model per observation (shared per deployment) with the set ``x``."""
+    cs = space.to_set(x)
+    by_dep: dict[int, PhysicsModel] = {}
+    out = []
+    for o in obs:
+        dep = o.deployment if o.deployment is not None else space.dep
+        m = by_dep.get(id(dep))
+        if m is None:
+            lat = dep.new_latency_model()
+            m = by_dep[id(dep)] = PhysicsModel(lat.model, lat.gpu, lat.tp, dp=lat.dp,
+                                               expert_parallel=lat.shape.expert_parallel, coefficients=cs)
+        out.append(m)
+    return out
+
+
+def _decode_us(m: PhysicsModel, batch: float, context: float) -> float:
+    """``m``'s pure-decode step (µs, unrounded) at a fractional ``batch``: linear between the
+    whole batches around it, so that it is continuous in the batch."""
+    lo = max(1, int(batch))
+    frac = batch - lo if batch > lo else 0.0
+
+    def at(b: int) -> float:
+        return m.combine(m.terms(BatchView(decode_count=b, decode_tokens=b,
+                                           decode_pi_sum=round(b * context), size=b)))
+    return at(lo) if frac == 0.0 else (1.0 - frac) * at(lo) + frac * at(lo + 1)
+
+
+def fixed_point_steps(space, obs: list[StepObs], x) -> np.ndarray:
+    """The decode step (µs) each observation's load implies under the set ``x``.
+
+    A stage's requests start decoding at a steady rate and each decodes for ``n − 1`` steps,
+    so by Little's law its batch is that rate times ``(n − 1)·step(batch)`` — the measured
+    batch over the measured step, times the model's step: ``b = (b_real / step_real)·step(b)``.
+    The batch the set implies is that equation's root below the running cap (bisection; the
+    step grows with the batch more slowly than the batch when the engine keeps up); where
+    there is none the engine would not keep up and sits at the cap, and its step there is
+    returned, scaled by how far the load exceeds what the cap serves. Near saturation a small
+    step error moves this batch a lot, which is what a replay of the stage shows and what the
+    step at the measured batch hides. Observations without ``max_batch`` give the step at
+    their measured batch."""
+    out = []
+    for o, m in zip(obs, _models(space, obs, x), strict=True):
+        if o.max_batch <= 0 or o.batch >= o.max_batch:
+            out.append(_decode_us(m, max(1.0, round(o.batch)), o.context))
+            continue
+        k = o.batch / o.step_us                       # batch per µs of step: the load
+        hi = o.max_batch
+        top = _decode_us(m, hi, o.context)
+        if k * top >= hi:                              # the cap cannot serve the load
+            out.append(top * k * top / hi)
+            continue
+        lo = 1.0
+        for _ in range(FIXED_POINT_ITERATIONS):
+            mid = 0.5 * (lo + hi)
+            if k * _decode_us(m, mid, o.context) > mid:
+                lo = mid
+            else:
+                hi = mid
+        out.append(_decode_us(m, hi, o.context))
+    return np.array(out, dtype=float)
+
+
 def step_mape_pct(space, obs: list[StepObs], x) -> float | None:
     """Step-level MAPE (%) of the set ``x`` on step observations (None without any)."""
     if not obs:
@@ -141,7 +217,7 @@ def prefit_steps(space, obs: list[StepObs]) -> PrefitResult | None:
     def steps(z) -> np.ndarray:
         x = x0.copy()
         x[idx] = z
-        return model_steps(space, obs, x) / real - 1.0
+        return fixed_point_steps(space, obs, x) / real - 1.0
 
     def resid(z) -> np.ndarray:
         # the step errors, then a weak pull of each parameter towards its start (ridge): with

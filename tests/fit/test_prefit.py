@@ -71,3 +71,42 @@ def test_prefit_keeps_a_cost_the_data_cannot_see_at_its_start():
     got = prefit_steps(space, obs)
     assert got.x[5] == space.x0()[5] == 1.0
     assert got.mape_after_pct < 2.0 and got.mape_before_pct > 15.0     # 18.7 % -> 1.1 %
+
+
+def _space8b():
+    return space_for(Scenario(model="meta-llama/llama-3.1-8b", hardware="H100", tp=1,
+                              latency=LatencyConfig(model="physics", coefficients="default")))
+
+
+def test_fixed_point_step_is_the_batch_the_load_builds():
+    """A stage measured at batch 40 and step 10 ms carries a load of 40 / 10,000 requests per
+    µs of step. Under a set, the implied batch b solves b = 0.004·step(b): the returned step
+    satisfies it (to the bisection's precision), and a set whose step at the measured batch is
+    exactly the measured one gives back the measured step."""
+    space = _space8b()
+    x = space.x0()
+    at40 = float(model_steps(space, [StepObs(0.0, 40.0, 1000.0, 0.0)], x)[0])
+    k = 40.0 / at40
+    obs = StepObs(0.0, 40.0, 1000.0, at40, max_batch=128.0)
+    (fp,) = prefit.fixed_point_steps(space, [obs], x)
+    assert fp == pytest.approx(at40, rel=1e-9)                 # the measurement is its own root
+    # a load 10 % heavier builds a bigger batch; its step is the model's at b = k'·step
+    heavy = StepObs(0.0, 40.0, 1000.0, at40 / 1.1, max_batch=128.0)
+    (fp2,) = prefit.fixed_point_steps(space, [heavy], x)
+    b = 1.1 * k * fp2
+    assert 40.0 < b < 128.0
+    assert fp2 == pytest.approx(prefit._decode_us(space.dep.new_latency_model(), b, 1000.0), rel=1e-6)
+    # a load the cap cannot serve: the step at the cap, scaled by the excess (> the cap's step)
+    over = StepObs(0.0, 40.0, 1000.0, at40 / 10.0, max_batch=128.0)
+    (fp3,) = prefit.fixed_point_steps(space, [over], x)
+    top = prefit._decode_us(space.dep.new_latency_model(), 128.0, 1000.0)
+    assert fp3 == pytest.approx(top * (400.0 / at40) * top / 128.0)
+    assert fp3 > top
+    # without a cap (a log tick) or at the cap: the step at the measured batch
+    assert prefit.fixed_point_steps(space, [StepObs(0.0, 40.0, 1000.0, 1.0)], x)[0] == pytest.approx(at40)
+
+
+def test_decode_step_is_linear_between_whole_batches():
+    m = _space8b().dep.new_latency_model()
+    a, b = prefit._decode_us(m, 10.0, 500.0), prefit._decode_us(m, 11.0, 500.0)
+    assert prefit._decode_us(m, 10.25, 500.0) == pytest.approx(0.75 * a + 0.25 * b)
