@@ -14,7 +14,10 @@ in a steady state, and its means pin the step the engine ran at:
 
 A stage where more than :data:`MAX_FAILED_SHARE` of the requests failed (an overloaded server
 whose clients timed out) gives none: its failed requests decoded too, and its successes
-waited through preemptions, so neither the batch nor the step can be read from them.
+waited through preemptions, so neither the batch nor the step can be read from them. Nor does
+a stage whose requests waited longer than they decoded (mean TTFT > mean E2E − mean TTFT):
+its server was overloaded — a queue, the batch at the running cap — and every step admitted
+waiting prompts beside the decodes, so its mean step is not a pure-decode step.
 
 Each stage becomes one :class:`~blis_simpy.fit.prefit.StepObs` for the deployment of its run,
 so :func:`~blis_simpy.fit.prefit.prefit_steps` can fit the physics model's step costs to many
@@ -54,6 +57,8 @@ def stage_steps(run: AggregateRun, max_num_seqs: int, *, deployment=None) -> lis
         if not e2e_ms > ttft_ms > 0:
             continue
         decode_ms = e2e_ms - ttft_ms
+        if ttft_ms > decode_ms:
+            continue          # queue-dominated: prompts prefilled in every step (docstring)
         span_s = (st.end_us - st.start_us) / 1e6 + e2e_ms / 1000.0
         batch = min(float(max_num_seqs), stats.successes / span_s * decode_ms / 1000.0)
         if batch < 1.0:

@@ -44,3 +44,16 @@ def test_a_stage_whose_clients_timed_out_gives_none(tmp_path):
     assert MAX_FAILED_SHARE == 0.01
     obs = stage_steps(load_inference_perf(folder), 128)
     assert [o.label for o in obs] == ["run-a stage 0"]
+
+
+def test_a_stage_whose_requests_waited_longer_than_they_decoded_gives_none(tmp_path):
+    folder = write_run(tmp_path)
+    # stage 1: TTFT 5 ms against E2E 6 ms: 5 ms waiting, 1 ms decoding -> overloaded, left out
+    stage1 = dict(STAGE1, ttft=(0.005, 0.005, 0.005, 0.005, 0.005))
+    (folder / "results" / "stage_1_lifecycle_metrics.json").write_text(json.dumps(lifecycle(2, 0, **stage1)))
+    obs = stage_steps(load_inference_perf(folder), 128)
+    assert [o.label for o in obs] == ["run-a stage 0"]
+    # at exactly half (TTFT 3 ms = E2E 6 - 3) it is kept
+    stage1 = dict(STAGE1, ttft=(0.003, 0.003, 0.003, 0.003, 0.003))
+    (folder / "results" / "stage_1_lifecycle_metrics.json").write_text(json.dumps(lifecycle(2, 0, **stage1)))
+    assert len(stage_steps(load_inference_perf(folder), 128)) == 2
