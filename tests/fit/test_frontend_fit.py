@@ -3,7 +3,7 @@ hand-made inference-perf folder of tests/workload/iperf_support.py.
 
 The physics set below times every step at exactly 1000 µs (every multiplier and cost 0 but
 ``step_cpu_us``); the rebuilt sends are at least 0.1 s apart, so a request is alone in the
-engine: TTFT 1 ms, E2E 3 ms (3 output tokens). The folder's real TTFT means are 2 ms in both
+engine: TTFT 1 ms, E2E 3 ms (3 output tokens). The folder's real TTFT medians are 2 ms in both
 stages, so the gap is 1 ms: 500 µs each way.
 """
 
@@ -33,11 +33,13 @@ def _cases(*folders):
     return out, space_for(out[0].scenario)
 
 
-def _set_ttft(folder, stage: int, ttft_s: float):
-    """Rewrite the real mean TTFT of ``stage`` (seconds)."""
+def _set_ttft(folder, stage: int, ttft_s: float, median_s: float | None = None):
+    """Rewrite the real mean and median TTFT of ``stage`` (seconds; the median = the mean
+    unless given)."""
     p = folder / "results" / f"stage_{stage}_lifecycle_metrics.json"
     doc = json.loads(p.read_text())
     doc["successes"]["latency"]["time_to_first_token"]["mean"] = ttft_s
+    doc["successes"]["latency"]["time_to_first_token"]["median"] = ttft_s if median_s is None else median_s
     p.write_text(json.dumps(doc))
 
 
@@ -87,6 +89,17 @@ def test_the_median_gap_over_runs_and_never_negative(tmp_path):
     _set_ttft(folders[0], 1, 0.0005)
     (low,), space = _cases(folders[0])
     assert fit_frontend(space, [low], FLAT).params.network_us == 0.0
+
+
+def test_the_gap_is_taken_at_the_median_not_the_mean(tmp_path):
+    """A tail of slow first tokens moves the mean (here to 9 ms) but not the median (2 ms):
+    the fixed latency is the median's gap."""
+    folder = write_run(tmp_path)
+    _set_ttft(folder, 1, 0.009, median_s=0.002)
+    (case,), space = _cases(folder)
+    fe = fit_frontend(space, [case], FLAT)
+    assert (fe.gaps[0].real_ttft_ms, fe.gaps[0].sim_ttft_ms) == (2.0, 1.0)
+    assert fe.params.network_us == 500.0
 
 
 def test_no_client_measured_run_no_front_end(tmp_path):
