@@ -141,3 +141,27 @@ def test_bad_inputs_exit_2(tmp_path, capsys):
     (write_folder(no_ticks) / "timeseries.csv").unlink()
     with pytest.raises(ConfigError, match="timeseries.csv: missing file"):
         rd.load_run(no_ticks, "vllm-rtx4090-tiny")
+
+
+def test_crossval_fits_per_gpu_where_the_gpu_has_other_runs():
+    """bench/crossval.py: a run of a GPU with at least two runs (besides it, when held out) is
+    fitted on that GPU's runs; a GPU alone is fitted on every run (held out: every other)."""
+    cv_spec = importlib.util.spec_from_file_location(
+        "bench_crossval", Path(__file__).resolve().parents[1] / "bench" / "crossval.py")
+    cv = importlib.util.module_from_spec(cv_spec)
+    sys.modules["bench_crossval"] = cv
+    cv_spec.loader.exec_module(cv)
+
+    def case(name, gpu):
+        return cv.Case(name, "aggregate", gpu, None, None, None)
+
+    h1, h2, h3, r = case("h1", "H100"), case("h2", "H100"), case("h3", "H100"), case("r", "RTX")
+    runs = [h1, h2, h3, r]
+    names = lambda cs: [c.name for c in cs]            # noqa: E731
+    assert cv.MIN_GPU_RUNS == 2
+    assert names(cv.training_runs(runs, h1, held_out=False)) == ["h1", "h2", "h3"]
+    assert names(cv.training_runs(runs, h1, held_out=True)) == ["h2", "h3"]
+    assert names(cv.training_runs(runs, r, held_out=False)) == ["h1", "h2", "h3", "r"]
+    assert names(cv.training_runs(runs, r, held_out=True)) == ["h1", "h2", "h3"]
+    # two H100 runs: holding one out leaves one, too few for a per-GPU fit -> every other run
+    assert names(cv.training_runs([h1, h2, r], h1, held_out=True)) == ["h2", "r"]
