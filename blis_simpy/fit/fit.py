@@ -32,7 +32,7 @@ from blis_simpy.calibrate.aggregate import AggregateComparison
 from blis_simpy.calibrate.compare import Comparison
 from blis_simpy.fit.aggregate_steps import case_steps
 from blis_simpy.fit.frontend import FrontendFit, fit_frontend, with_frontend
-from blis_simpy.fit.objective import AggregateCase, BudgetExceeded, Case, Objective
+from blis_simpy.fit.objective import AggregateCase, BudgetExceeded, Case, EvaluationsExhausted, Objective
 from blis_simpy.fit.prefit import PrefitResult, prefit_steps
 from blis_simpy.fit.space import Space
 from blis_simpy.latency.coefficient_sets import CoefficientSet
@@ -88,7 +88,7 @@ def _quiet_engine():
 
 def _search(space: Space, cases: list[Case | AggregateCase], deadline: float, max_evaluations: int,
             on_eval=None, start: list[float] | None = None) -> tuple[Objective, str, float]:
-    obj = Objective(space, cases, deadline=deadline, on_eval=on_eval)
+    obj = Objective(space, cases, deadline=deadline, on_eval=on_eval, max_evaluations=max_evaluations)
     lo = np.array([p.lo for p in space.params])
     hi = np.array([p.hi for p in space.params])
     scale = np.array([p.scale for p in space.params])
@@ -100,6 +100,8 @@ def _search(space: Space, cases: list[Case | AggregateCase], deadline: float, ma
             stopped = "converged" if res.status > 0 else "evaluations"
         except BudgetExceeded:
             stopped = "budget"
+        except EvaluationsExhausted:
+            stopped = "evaluations"
     return obj, stopped, obj.best_cost
 
 

@@ -43,6 +43,11 @@ class BudgetExceeded(Exception):
     """The time budget ran out inside an evaluation."""
 
 
+class EvaluationsExhausted(Exception):
+    """The search has run its ``max_evaluations`` simulations (scipy's finite-difference
+    Jacobian evaluations are not counted by its own ``max_nfev``; these are)."""
+
+
 @dataclass
 class Case:
     run: ObservedRun
@@ -89,7 +94,8 @@ class AggregateCase:
 @dataclass
 class Objective:
     """Residuals of a parameter vector over ``cases``; remembers the best point seen and
-    stops (:class:`BudgetExceeded`) once ``deadline`` (``time.monotonic()``) has passed."""
+    stops (:class:`BudgetExceeded`) once ``deadline`` (``time.monotonic()``) has passed, or
+    (:class:`EvaluationsExhausted`) after ``max_evaluations`` evaluations (0 = no cap)."""
 
     space: Space
     cases: list[Case]
@@ -98,6 +104,7 @@ class Objective:
     best_x: list[float] | None = None
     best_cost: float = float("inf")
     on_eval: object = None               # callable(evaluations, best_cost) for a progress bar
+    max_evaluations: int = 0
     history: list[float] = field(default_factory=list)
 
     def simulate(self, case: Case | AggregateCase, x):
@@ -111,6 +118,8 @@ class Objective:
     def residuals(self, x) -> np.ndarray:
         if time.monotonic() > self.deadline and self.best_x is not None:
             raise BudgetExceeded
+        if 0 < self.max_evaluations <= self.evaluations and self.best_x is not None:
+            raise EvaluationsExhausted
         parts = []
         for case in self.cases:
             sim = self.simulate(case, x)

@@ -134,3 +134,15 @@ def test_blackbox_fit_of_a_model_with_no_catalog_row(tmp_path):
     e2e = json.loads(cal.stdout)["runs"][0]["metrics"]["e2e"]["error_pct"]["mean"]
     assert e2e == pytest.approx(cs["fit"]["in_sample"]["vllm-rtxpro6000-llama-3.1-8b"]["e2e_mean_error_pct"],
                                 abs=1e-3)
+
+
+def test_max_evaluations_caps_every_simulation_of_a_search(measured, tmp_path):
+    """scipy's own ``max_nfev`` leaves out the finite-difference Jacobian's evaluations (three
+    more simulations here, one per beta); ``--max-evaluations`` counts every simulation."""
+    prefix, wrong = measured
+    out = tmp_path / "set.yaml"
+    res = _cli("fit", prefix, "--scenario", wrong, "-o", out, "--max-evaluations", "2", "--no-cross-validate")
+    assert res.exit_code == 0, res.output
+    cs = yaml.safe_load(out.read_text())
+    assert (cs["fit"]["evaluations"], cs["fit"]["stopped"]) == (2, "evaluations")
+    assert "time budget" not in res.stderr
