@@ -97,22 +97,9 @@ class PrefitResult:
 
 def model_steps(space, obs: list[StepObs], x) -> np.ndarray:
     """The physics model's pure-decode step (µs, before truncation to whole µs, so the
-    pre-fit sees a smooth function) at each observation, with the set ``x``."""
-    cs = space.to_set(x)
-    models: dict[int, PhysicsModel] = {}
-    out = []
-    for o in obs:
-        dep = o.deployment if o.deployment is not None else space.dep
-        m = models.get(id(dep))
-        if m is None:
-            lat = dep.new_latency_model()
-            m = models[id(dep)] = PhysicsModel(lat.model, lat.gpu, lat.tp, dp=lat.dp,
-                                               expert_parallel=lat.shape.expert_parallel,
-                                               coefficients=cs)
-        b = max(1, round(o.batch))
-        out.append(m.combine(m.terms(BatchView(decode_count=b, decode_tokens=b,
-                                               decode_pi_sum=round(b * o.context), size=b))))
-    return np.array(out, dtype=float)
+    pre-fit sees a smooth function) at each observation's measured batch, with the set ``x``."""
+    return np.array([_decode_us(m, max(1, round(o.batch)), o.context)
+                     for o, m in zip(obs, _models(space, obs, x), strict=True)], dtype=float)
 
 
 #: bisection steps of :func:`fixed_point_steps` (the batch to within 2^-40 of the cap)
