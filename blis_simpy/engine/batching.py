@@ -166,12 +166,13 @@ class StepAllocator:
         a PD decode sub-request's first decode slot. Returns the tokens it got, or None
         when the queue is empty or its head cannot be admitted now (the caller checks the
         running cap and the budget before calling)."""
+        # async scheduling: requests queued after this step was chosen are not seen
+        late = self._inst.admit_cutoff_us if self.limits.async_scheduling else None
         if self._offload:
-            return self._admit_offload(chunk, budget_tokens)
+            return self._admit_offload(chunk, budget_tokens, late)
         kv = self.kv
         bs = self.block_size
         waitq = self.waitq
-        late = self._inst.admit_cutoff_us if self.limits.async_scheduling else None
         while waitq:
             nxt = waitq[0]
             if late is not None and nxt.enqueue_us > late:
@@ -208,18 +209,18 @@ class StepAllocator:
             return n
         return None
 
-    def _admit_offload(self, chunk: Chunk, budget_tokens: int) -> int | None:
+    def _admit_offload(self, chunk: Chunk, budget_tokens: int, late: int | None) -> int | None:
         """:meth:`admit_head` with a CPU tier that loads asynchronously (docs/kv-cache.md,
         "CPU offload (vLLM OffloadingConnector)"), as vLLM's scheduler treats a KV connector:
         a queued request waiting for its KV load is passed over (``WAITING_FOR_REMOTE_KVS``:
         it keeps its place and takes no budget); one whose load has landed is scheduled from
         its loaded prefix (the whole prompt loaded: its last token is recomputed); any other
         request's full prompt blocks past its GPU prefix hit are looked up on the CPU tier,
-        and a hit starts their load (the request stays queued and the next one is looked at)."""
+        and a hit starts their load (the request stays queued and the next one is looked at).
+        ``late``: :meth:`admit_head`'s async-scheduling cutoff (None: none)."""
         kv = self.kv
         waitq = self.waitq
         now = self._inst.env.now
-        late = self._inst.admit_cutoff_us if self.limits.async_scheduling else None
         i = 0
         while i < len(waitq):
             nxt = waitq[i]

@@ -26,6 +26,7 @@ Units: ``*_us`` µs, ``*_ms`` ms.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field, replace
 
@@ -90,7 +91,8 @@ def frontend_gap(scenario, run: AggregateRun, deployment) -> FrontendGap | None:
     row = c.stages[k].row("ttft")
     if row is None or not row.real or not row.sim:
         return None
-    stat = "p50" if row.real.get("p50") == row.real.get("p50") and row.real.get("p50") is not None else "mean"
+    p50 = row.real.get("p50")
+    stat = "p50" if p50 is not None and not math.isnan(p50) else "mean"
     return FrontendGap(run.name, k, run.stages[k].rate_rps, row.real[stat], row.sim[stat])
 
 
