@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import matplotlib
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from blis_simpy.atomic import Batch, atomic_write
 from blis_simpy.report.inputs import Input
@@ -185,8 +186,18 @@ def timeline_figure(tl: Input) -> Figure | None:
             role = f" ({d['role']})" if d["role"] else ""
             ax.step(t, y, where="post", label=f"{name}{role}", linewidth=1)
         ax.set_ylabel(label)
+        if key != "kv":
+            _count_axis(ax)
     _finish_time_axes(fig, axes[:, 0])
     return fig
+
+
+def _count_axis(ax) -> None:
+    """A panel of counts (requests, preemptions, transfers): integer ticks from 0 (up to 1 when
+    every count is 0), a sliver below 0 so a line at 0 is not hidden by the frame."""
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    top = max(1.0, ax.get_ylim()[1])
+    ax.set_ylim(-0.02 * top, top)
 
 
 def _finish_time_axes(fig: Figure, axes) -> None:
@@ -222,6 +233,7 @@ def transfer_figure(tl: Input) -> Figure | None:
     axes[0][0].step([t / 1e6 for t in ts], [transfers[t] for t in ts], where="post",
                     color="tab:purple", label="KV transfers in flight")
     axes[0][0].set_ylabel("KV transfers in flight")
+    _count_axis(axes[0][0])
     for k, role in enumerate(sorted(pools)):
         pts = sorted(pools[role].items())
         size = sum(1 for d in by_inst.values() if (d["role"] or "instances") == role)
@@ -233,6 +245,7 @@ def transfer_figure(tl: Input) -> Figure | None:
             axes[2][0].step(xs, [r / size for r in rates], where="post", color=colour,
                             label=f"{role} pool ({size})")
     axes[1][0].set_ylabel("running requests")
+    _count_axis(axes[1][0])
     if steps:
         axes[2][0].set_ylabel(f"{STEPS_LABEL}\n(mean per instance)")
     _finish_time_axes(fig, axes[:, 0])
