@@ -255,10 +255,10 @@ def transfer_figure(tl: Input) -> Figure | None:
 # ---------------------------------------------------------------------------- plans
 def _plan_marks(plan: Input) -> tuple[str | None, float | None]:
     """The winner's label and the TTFT p99 SLO (ms) of a ``plan --out`` document."""
-    winner = (plan.doc.get("cheapest") or {}).get("winner") or {}
-    label = (winner.get("deployment") or {}).get("label") if isinstance(winner, dict) else None
-    slo = (plan.doc.get("plan") or {}).get("slo") or {}
-    thr = num(slo.get("ttft_p99_ms")) if isinstance(slo, dict) else None
+    def d(x) -> dict:
+        return x if isinstance(x, dict) else {}
+    label = d(d(d(plan.doc.get("cheapest")).get("winner")).get("deployment")).get("label")
+    thr = num(d(d(plan.doc.get("plan")).get("slo")).get("ttft_p99_ms"))
     return label, thr if thr and thr > 0 else None
 
 

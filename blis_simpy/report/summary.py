@@ -56,6 +56,16 @@ def fmt(x, digits: int = 4) -> str:
     return f"{f:.{digits}g}"
 
 
+def _d(x) -> dict:
+    """``x`` when it is a mapping, else an empty one (a hand-edited document may hold
+    anything where a mapping is expected)."""
+    return x if isinstance(x, dict) else {}
+
+
+def _l(x) -> list:
+    return x if isinstance(x, list) else []
+
+
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text).strip("-").lower()
 
@@ -78,25 +88,25 @@ def _slo_text(slo: dict) -> str:
 
 
 def _answer(inp: Input, doc: dict) -> Table:
-    plan, cheapest = doc.get("plan") or {}, doc.get("cheapest") or {}
+    plan, cheapest = _d(doc.get("plan")), _d(doc.get("cheapest"))
     unit = plan.get("cost_unit", "gpus")
-    picks = ([("winner", cheapest["winner"])] if cheapest.get("winner") else []) + [
-        (f"runner-up {k}", r) for k, r in enumerate(cheapest.get("runner_ups") or [], 1)]
+    picks = ([("winner", _d(cheapest["winner"]))] if cheapest.get("winner") else []) + [
+        (f"runner-up {k}", _d(r)) for k, r in enumerate(_l(cheapest.get("runner_ups")), 1)]
     rows = []
     for rank, p in picks:
-        m = p.get("metrics") or {}
-        rows.append([rank, str((p.get("deployment") or {}).get("label", "")), fmt(p.get("gpus")),
+        m = _d(p.get("metrics"))
+        rows.append([rank, str(_d(p.get("deployment")).get("label", "")), fmt(p.get("gpus")),
                      _cost(p.get("cost"), unit), fmt(m.get("ttft_p99_ms")),
                      fmt(m.get("itl_p99_ms")), fmt(m.get("e2e_p99_ms")), fmt(p.get("goodput_rps"))])
-    note = [f"{plan.get('model', '')} at {fmt((plan.get('workload') or {}).get('rate'))} req/s; "
-            f"SLO: {_slo_text(plan.get('slo') or {})}; seeds {plan.get('seeds', [])}."]
+    note = [f"{plan.get('model', '')} at {fmt(_d(plan.get('workload')).get('rate'))} req/s; "
+            f"SLO: {_slo_text(_d(plan.get('slo')))}; seeds {plan.get('seeds', [])}."]
     if not rows:
         note.append("No deployment met the SLOs.")
     if cheapest.get("runs") is not None:
         note.append(f"{cheapest['runs']} runs of {cheapest.get('cross_product_runs', '?')} in the "
                     f"full cross product ({cheapest.get('method', '')}).")
-    mr = doc.get("max_rate") or {}
-    if mr.get("deployment"):
+    mr = _d(doc.get("max_rate"))
+    if _d(mr.get("deployment")):
         note.append(f"Max rate of {mr['deployment'].get('label', '')}: sustains "
                     f"{fmt(mr.get('sustained_rate'))} req/s within the SLOs (fails at "
                     f"{fmt(mr.get('failing_rate'))}).")
@@ -108,12 +118,12 @@ def _answer(inp: Input, doc: dict) -> Table:
 
 def _failures(inp: Input, doc: dict) -> Table | None:
     rows, seen = [], set()
-    for p in doc.get("points") or []:
+    for p in _l(doc.get("points")):
         if not isinstance(p, dict) or p.get("meets"):
             continue
-        why = p.get("why_not") or p.get("error") or p.get("status") or ""
-        label = str((p.get("deployment") or {}).get("label", ""))
-        key = (label, p.get("rate"), p.get("seed"), why)
+        why = str(p.get("why_not") or p.get("error") or p.get("status") or "")
+        label = str(_d(p.get("deployment")).get("label", ""))
+        key = (label, str(p.get("rate")), str(p.get("seed")), why)
         if key not in seen:
             seen.add(key)
             rows.append([label, fmt(p.get("gpus")), fmt(p.get("rate")), str(p.get("seed", "")),

@@ -229,8 +229,9 @@ def test_pareto_is_log_marks_failures_and_labels_do_not_overlap(made):
         ["3 inst x H100 TP1", "1P:1D x H100 TP2", "1P:2D x H100 TP2", "2 inst x H100 TP4"])
     r = _renderer(fig)
     boxes = [t.get_window_extent(r) for t in texts]
+    frame = ax.get_window_extent(r)
     for i, a in enumerate(boxes):
-        assert a.fully_overlaps(ax.get_window_extent(r)) or ax.get_window_extent(r).contains(a.x0, a.y0)
+        assert frame.x0 <= a.x0 and a.x1 <= frame.x1 and frame.y0 <= a.y0 and a.y1 <= frame.y1
         for b in boxes[i + 1:]:
             assert not a.overlaps(b)
 
@@ -304,3 +305,27 @@ def test_summary_tables(made):
     # two seeds 10 ms either side of the mean: half the 95 % CI is t(0.975, 1) x 10 = 127.06
     assert sweep.rows[0] == ["4.0", "1", "2", "100 ± 127", "6,000 ± 1,271", "4", "100"]
     assert sweep.rows[-1][:5] == ["24.0", "2", "2", "1,500 ± 127", "20,000 ± 1,271"]
+
+
+def test_a_plain_deployment_list_is_tabled_passing_and_cheapest_first(tmp_path):
+    deps = [{"label": "slow", "gpus": 1, "cost_per_hour_usd": 2.5, "ttft_p99_ms": 3000, "meets_slo": False},
+            {"label": "b", "gpus": 2, "cost_per_hour_usd": 5.0, "ttft_p99_ms": 300, "meets_slo": True},
+            {"label": "a", "gpus": 1, "cost_per_hour_usd": 2.5, "ttft_p99_ms": 900, "meets_slo": True}]
+    (tmp_path / "p.json").write_text(json.dumps(deps))
+    (table,) = summary_tables([load_input(str(tmp_path / "p.json"))])
+    assert [r[0] for r in table.rows] == ["a", "b", "slow"]
+    assert table.rows[0] == ["a", "1", "2.5", "900", "-", "yes"]
+
+
+def test_a_hand_edited_plan_document_still_gives_tables(tmp_path):
+    """Wrong types where the plan document has mappings and lists: no crash, '-' cells."""
+    doc = {"plan": [], "cheapest": {"winner": "x", "runner_ups": {"a": 1}, "runs": 3},
+           "max_rate": {"deployment": "y"},
+           "points": [1, {"deployment": "z", "meets": False, "why_not": 3, "rate": [1]}],
+           "deployments": [{"label": "a", "gpus": 1, "ttft_p99_ms": 100, "meets_slo": True}]}
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    inp = load_input(str(tmp_path / "p.json"))
+    answer, failed = summary_tables([inp])
+    assert answer.rows == [["winner", "", "-", "-", "-", "-", "-", "-"]]
+    assert failed.rows == [["", "-", "-", "", "", "3"]]
+    assert figures.pareto_figure(inp) is not None
