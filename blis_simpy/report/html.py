@@ -34,19 +34,20 @@ h1{font-size:1.5em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #c
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;
 text-align:left;font-size:.9em}img{max-width:100%;border:1px solid #eee}
 .note{color:#555;font-size:.9em}h3{font-size:1em;margin-top:1.5em}
-th.num,td.num{text-align:right;font-variant-numeric:tabular-nums}code{background:#f4f4f4;padding:0 .2em}"""
+th.num,td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.wide{overflow-x:auto}table.summary td,table.summary th{font-size:.85em;padding:.25em .45em}code{background:#f4f4f4;padding:0 .2em}"""
 
 
 def _table(t: Table) -> str:
     """One summary table: text columns left, numbers right-aligned."""
     def cell(tag: str, i: int, text: str) -> str:
-        cls = "" if i < t.text_cols else ' class="num"'
+        cls = "" if i in t.text_cols else ' class="num"'
         return f"<{tag}{cls}>{escape(text)}</{tag}>"
     rows = ["<tr>" + "".join(cell("th", i, h) for i, h in enumerate(t.header)) + "</tr>"]
     rows += ["<tr>" + "".join(cell("td", i, c) for i, c in enumerate(r)) + "</tr>" for r in t.rows]
     note = f'<p class="note">{escape(t.note)}</p>' if t.note else ""
     return (f'<h3 id="{escape(t.anchor)}">{escape(t.title)}</h3>\n'
-            f'<table class="summary">{"".join(rows)}</table>{note}')
+            f'<div class="wide"><table class="summary">{"".join(rows)}</table></div>{note}')
 
 
 def _page(inputs: list[Input], specs: list[FigureSpec]) -> str:

@@ -34,15 +34,15 @@ MAX_TABLE_ROWS = 500     # rows of one table: the rest are counted in its note
 @dataclass
 class Table:
     """One summary table: ``anchor`` (HTML id), ``title``, ``header``, ``rows`` (strings;
-    the first column is text, the rest numbers unless ``text_cols`` says otherwise) and a
-    ``note`` under it."""
+    the columns listed in ``text_cols`` are text, the others numbers) and a ``note`` under
+    it."""
 
     anchor: str
     title: str
     header: list[str]
     rows: list[list[str]]
     note: str = ""
-    text_cols: int = 1
+    text_cols: tuple[int, ...] = (0,)
 
 
 def fmt(x, digits: int = 4) -> str:
@@ -113,7 +113,7 @@ def _answer(inp: Input, doc: dict) -> Table:
     return Table(f"plan-{_slug(inp.label)}", f"Plan {inp.label}: the cheapest deployments "
                  "meeting the SLOs", ["", "deployment", "GPUs", "cost", "TTFT p99 ms",
                                       "ITL p99 ms", "E2E p99 ms", "goodput req/s"],
-                 rows, " ".join(note), text_cols=2)
+                 rows, " ".join(note), text_cols=(0, 1))
 
 
 def _failures(inp: Input, doc: dict) -> Table | None:
@@ -134,7 +134,8 @@ def _failures(inp: Input, doc: dict) -> Table | None:
     return Table(f"failed-{_slug(inp.label)}", f"Plan {inp.label}: why each deployment failed",
                  ["deployment", "GPUs", "rate req/s", "seed", "phase", "why"],
                  rows[:MAX_TABLE_ROWS], f"{n} failing run(s)" + (
-                     f", the first {MAX_TABLE_ROWS} shown." if n > MAX_TABLE_ROWS else "."))
+                     f", the first {MAX_TABLE_ROWS} shown." if n > MAX_TABLE_ROWS else "."),
+                 text_cols=(0, 4, 5))
 
 
 def _deployments(inp: Input) -> Table:
@@ -146,7 +147,7 @@ def _deployments(inp: Input) -> Table:
              "yes" if d.get("meets_slo", True) else "no"] for d in deps[:MAX_TABLE_ROWS]]
     return Table(f"plan-{_slug(inp.label)}", f"Plan {inp.label}: deployments",
                  ["deployment", "GPUs", "cost USD/h", "TTFT p99 ms", "goodput req/s", "meets SLOs"],
-                 rows, "Those meeting the SLOs first, cheapest first.")
+                 rows, "Those meeting the SLOs first, cheapest first.", text_cols=(0, 5))
 
 
 # ---------------------------------------------------------------------------- sweeps
@@ -159,6 +160,13 @@ def _cell(m: dict | None) -> str:
     return f"{fmt(m['mean'])} ± {fmt((hi - lo) / 2, 3)}"
 
 
+def _short(axes: list[str]) -> list[str]:
+    """Axis names without their dotted prefix (``workload.rate`` -> ``rate``) when that
+    leaves them distinct, as ``sweep --summary`` heads its columns."""
+    short = [a.rsplit(".", 1)[-1] for a in axes]
+    return short if len(set(short)) == len(short) else list(axes)
+
+
 def _sweep(inp: Input) -> Table | None:
     t = inp.table
     if t is None or not t.num_rows or not {"config_key", "status"} <= set(t.column_names):
@@ -169,10 +177,10 @@ def _sweep(inp: Input) -> Table | None:
             + [_cell(c["metrics"].get(col)) for col, _ in shown]
             for c in s["configs"][:MAX_TABLE_ROWS]]
     return Table(f"sweep-{_slug(inp.label)}", f"Sweep {inp.label}: summary",
-                 s["axes"] + ["seeds"] + [h for _, h in shown], rows,
+                 _short(s["axes"]) + ["seeds"] + [h for _, h in shown], rows,
                  f"{s['ok']} ok point(s) in {len(s['configs'])} configuration(s); cells: mean "
                  "over the seeds ± half the 95 % confidence interval (Student's t); a cell "
-                 "without ± had one seed.", text_cols=len(s["axes"]))
+                 "without ± had one seed.", text_cols=tuple(range(len(s["axes"]))))
 
 
 def summary_tables(inputs: list[Input]) -> list[Table]:

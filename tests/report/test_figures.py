@@ -300,7 +300,7 @@ def test_summary_tables(made):
         ["2 inst x H100 TP1", "2", "30", "42", "search", "ttft_p99_ms 38000 > 150"],
         ["1P:1D x H100 TP1", "2", "30", "42", "search", "itl_p99_ms 31.2 > 25"]]
     sweep = tables["sweep-sweep"]
-    assert sweep.header == ["workload.rate", "cluster.num_instances", "seeds", "TTFT p99 ms",
+    assert sweep.header == ["rate", "num_instances", "seeds", "TTFT p99 ms",
                             "E2E p99 ms", "req/s", "SLO met %"]
     # two seeds 10 ms either side of the mean: half the 95 % CI is t(0.975, 1) x 10 = 127.06
     assert sweep.rows[0] == ["4.0", "1", "2", "100 ± 127", "6,000 ± 1,271", "4", "100"]

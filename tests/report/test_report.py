@@ -253,7 +253,7 @@ window.addEventListener('load', () => {
   const imgs = [...document.images].map(i => [i.getAttribute('src'), i.naturalWidth,
     i.naturalHeight, i.width, i.height, Math.round(i.getBoundingClientRect().top)].join(' '));
   const tables = [...document.querySelectorAll('table.summary')].map(t =>
-    [t.previousElementSibling.id, t.rows.length, Math.round(t.getBoundingClientRect().top)].join(' '));
+    [t.closest('div').previousElementSibling.id, t.rows.length, Math.round(t.getBoundingClientRect().top)].join(' '));
   const pre = document.createElement('pre');
   pre.id = 'probe';
   pre.textContent = imgs.join('\\n') + '\\n--\\n' + tables.join('\\n');
