@@ -197,7 +197,7 @@ FLAGS: tuple[Flag, ...] = (
     F("--streaming-metrics", boolean, "metrics.streaming", None, "very long runs: percentiles from DDSketch sketches (relative accuracy 0.01), requests dropped as they complete", panel=OUTPUT),
     F("--measured-at", text, "metrics.measured_at", one_of("server", "client"), "where latencies are taken: server (default; from when the engine gets each request to when it emits each token) or client (from the client's send to when the front end delivers each token; the same without a front end, docs/frontend.md)", panel=OUTPUT),
     F("--requests-out", text, None, None, "write one row per request to PATH (.jsonl or .parquet), streamed as requests complete under --streaming-metrics", panel=OUTPUT),
-    F("--timeline", text, "output.timeline", None, "write a per-instance timeline to PATH (.csv or .parquet): running, waiting, KV blocks, preemptions, PD transfers in flight (docs/planning.md, Reports)", panel=OUTPUT),
+    F("--timeline", text, "output.timeline", None, "write a per-instance timeline to PATH (.csv or .parquet): running, waiting, KV blocks, preemptions, engine steps, PD transfers in flight (docs/planning.md, Reports)", panel=OUTPUT),
     F("--timeline-interval-ms", number, "output.timeline_interval_ms", positive, "simulated time between --timeline samples, ms, 1 to 86400000 (default 100)", panel=OUTPUT),
 )
 BY_NAME = {f.name: f for f in FLAGS}

@@ -2,7 +2,7 @@
 
 A :class:`Monitor` is a SimPy process beside the instances that samples every instance at
 ``0, I, 2I, …`` µs (``I`` = the interval): requests running and waiting, KV blocks in use
-and in all, preemptions so far (cumulative) and, with prefill/decode pools, the KV
+and in all, preemptions and engine steps begun so far (cumulative) and, with prefill/decode pools, the KV
 transfers in flight on the fabric (started, not yet completed; cluster-wide). The rows go
 to a :class:`Timeline`; :mod:`blis_simpy.metrics.timeline_file` writes it as CSV or
 Parquet, the calibration twin (:mod:`blis_simpy.calibrate.twin`) sums it over instances.
@@ -121,6 +121,7 @@ class Monitor:
             c["kv_blocks_total"].append(kv.total_blocks)
             c["preemptions"].append(inst.metrics.preemption_count)
             c["kv_transfers_in_flight"].append(transfers)
+            c["steps"].append(inst.step_count)
 
     def _run(self):
         env, limit, step = self.env, self.limit_us, self.timeline.interval_us

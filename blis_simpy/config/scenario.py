@@ -255,7 +255,7 @@ class OutputConfig(Strict):
 
     timeline: str = Field(
         "", description="write a per-instance timeline here (.csv or .parquet): running, waiting, "
-                        "KV blocks, preemptions, PD transfers in flight; empty = none")
+                        "KV blocks, preemptions, engine steps, PD transfers in flight; empty = none")
     timeline_interval_ms: Annotated[float, Field(ge=1, le=86_400_000, allow_inf_nan=False)] = Field(
         100.0, description="simulated time between timeline samples, ms (1 ms to one day)")
 

@@ -4,7 +4,10 @@ Parquet (docs/planning.md, "Reports").
 One row per (sample time, instance), columns in :data:`COLUMNS` order: ``t_us`` (simulated µs), ``instance``, ``role`` (``prefill``/``decode`` with pools,
 else empty), ``running``, ``waiting``, ``kv_blocks_used``, ``kv_blocks_total``,
 ``preemptions`` (cumulative), ``kv_transfers_in_flight`` (cluster-wide; empty/null without
-pools). The format follows the suffix (``.csv`` or ``.parquet``). Writing is atomic
+pools), ``steps`` (engine steps the instance has begun, cumulative: the difference of two samples
+is the steps of that interval, which shows a prefill instance busy although its requests leave
+``running`` when their only step begins). Files written before ``steps`` existed are read
+without it (:data:`REQUIRED`). The format follows the suffix (``.csv`` or ``.parquet``). Writing is atomic
 (:mod:`blis_simpy.atomic`): a temporary file next to the path, renamed over it when complete.
 
 :func:`read_timeline` reads either format back as a :class:`pyarrow.Table` and checks the
@@ -17,14 +20,16 @@ import os
 
 from blis_simpy.errors import ConfigError
 
-__all__ = ["COLUMNS", "FORMATS", "check_timeline_path", "read_timeline", "write_timeline"]
+__all__ = ["COLUMNS", "FORMATS", "REQUIRED", "check_timeline_path", "read_timeline", "write_timeline"]
 
 #: the columns of a timeline, one row per (sample time, instance)
 COLUMNS = ("t_us", "instance", "role", "running", "waiting", "kv_blocks_used", "kv_blocks_total",
-           "preemptions", "kv_transfers_in_flight")
+           "preemptions", "kv_transfers_in_flight", "steps")
+#: the columns a timeline file must have to be read (``steps`` came later: optional)
+REQUIRED = COLUMNS[:-1]
 FORMATS = (".csv", ".parquet")
 _INTS = ("t_us", "running", "waiting", "kv_blocks_used", "kv_blocks_total", "preemptions",
-         "kv_transfers_in_flight")
+         "kv_transfers_in_flight", "steps")
 
 
 def check_timeline_path(path: str, field: str) -> None:
@@ -68,7 +73,7 @@ def write_timeline(path: str, tl, *, field: str = "--timeline", batch=None) -> N
 
 def read_timeline(path: str, *, field: str | None = None):
     """A timeline file (.csv or .parquet) as a :class:`pyarrow.Table` with every column of
-    :data:`COLUMNS`. ConfigError (one line) when it is missing, unreadable or not a timeline."""
+    :data:`REQUIRED` (and ``steps`` when the file has it). ConfigError (one line) when it is missing, unreadable or not a timeline."""
     import pyarrow as pa
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in FORMATS:
@@ -89,7 +94,7 @@ def read_timeline(path: str, *, field: str | None = None):
     except (pa.ArrowInvalid, OSError) as exc:
         raise ConfigError(f"not a readable timeline: {str(exc).splitlines()[0]}", file=path,
                           field=field) from None
-    missing = [c for c in COLUMNS if c not in table.column_names]
+    missing = [c for c in REQUIRED if c not in table.column_names]
     if missing:
         raise ConfigError(f"not a timeline: missing column(s) {', '.join(missing)}", file=path,
                           field=field)

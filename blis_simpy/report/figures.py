@@ -4,51 +4,53 @@ Each ``*_figure`` function takes recognised inputs (:mod:`blis_simpy.report.inpu
 returns a :class:`matplotlib.figure.Figure`, or None when its data is absent; tests inspect
 the figures (:func:`has_data`) before they are saved. :func:`build_figures` makes every
 figure the inputs allow, :func:`save_png` writes one. Figures are deterministic: a fixed
-size (:data:`FIGSIZE` inches at :data:`DPI`), a fixed style, and no date or software version
-in the PNG.
+size and style (:mod:`blis_simpy.report.style`), and no date or software version in the PNG.
 
-* ``latency_cdf`` — TTFT, ITL and E2E CDFs, one line per results input;
+* ``latency_cdf`` — TTFT, ITL and E2E CDFs (ms, log axis with plain numbers), one line per
+  results input, each run's SLO threshold of the metric as a dashed vertical line;
 * ``timeline_<input>`` — per-instance running, waiting, KV blocks in use (% of the
-  instance's blocks) and cumulative preemptions over simulated time;
-* ``pd_transfers_<input>`` — KV transfers in flight, and running requests per pool (PD runs);
-* ``latency_vs_rate_<input>`` — p99 TTFT/E2E/ITL against the swept rate, one line per
-  combination of the other axes, the knee marked (:mod:`blis_simpy.report.knee`);
-* ``slo_heatmap_<input>`` — SLO attainment over two axes of a sweep (mean over the rest);
-* ``pareto_<input>`` — a plan's deployments, cost (or GPUs) against p99 TTFT (or goodput),
-  the Pareto front of those meeting the SLOs drawn through them.
+  instance's blocks), cumulative preemptions and engine steps per second over simulated time;
+* ``pd_transfers_<input>`` — KV transfers in flight, running requests per pool, and engine
+  steps per second per instance (PD runs): a prefill instance's requests leave ``running``
+  when their only step begins, so its activity shows in its steps;
+* ``latency_vs_rate_<input>``, ``slo_heatmap_<input>`` — a sweep's
+  (:mod:`blis_simpy.report.sweep_figures`);
+* ``pareto_<input>`` — a plan's deployments, cost (or GPUs) against p99 TTFT (log axis) or
+  goodput, those meeting the SLOs filled, those missing them as red crosses, the Pareto
+  front of the passing ones drawn and labelled, the winner starred, the plan's TTFT SLO
+  drawn.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import NullFormatter  # noqa: E402
-
-from blis_simpy.atomic import Batch, atomic_write  # noqa: E402
-from blis_simpy.report.inputs import Input  # noqa: E402
-from blis_simpy.report.knee import DEFAULT_FACTOR, knee  # noqa: E402
+from blis_simpy.atomic import Batch, atomic_write
+from blis_simpy.report.inputs import Input
+from blis_simpy.report.knee import DEFAULT_FACTOR
+from blis_simpy.report.style import (
+    DPI,
+    FIGSIZE,
+    STYLE,
+    log_axis,
+    new_figure,
+    outside_legend,
+    place_labels,
+    plain_numbers,
+)
+from blis_simpy.report.sweep_figures import TARGET_PCT, heatmap_figure, latency_rate_figure, num
 
 __all__ = ["DPI", "FIGSIZE", "FigureSpec", "build_figures", "cdf_figure", "has_data",
            "heatmap_figure", "latency_rate_figure", "pareto_figure", "save_png",
            "timeline_figure", "transfer_figure"]
 
-FIGSIZE = (9.0, 5.0)
-DPI = 100
-MAX_LINES = 12           # lines of one axes (instances, sweep groups): the rest are left out
-_STYLE = {"font.size": 9, "axes.grid": True, "grid.alpha": 0.3, "figure.dpi": DPI,
-          "savefig.dpi": DPI, "path.simplify": True}
-_NON_AXIS = {"config_hash", "config_key", "seed", "command", "status", "error", "wall_s", "config"}
-_METRIC_PREFIXES = ("m.", "slo.", "deployment.")
-_LATENCY_COLUMNS = (("m.ttft_p99_ms", "p99 TTFT (ms)"), ("m.e2e_p99_ms", "p99 E2E (ms)"),
-                    ("m.itl_p99_ms", "p99 ITL (ms)"))
+MAX_LINES = 12           # lines of one axes (instances): the rest are left out
 
 
 @dataclass
@@ -62,13 +64,6 @@ class FigureSpec:
     sources: list[str]
     caption: str = ""
     notes: list[str] = field(default_factory=list)
-
-
-def _figure(rows: int = 1, cols: int = 1, *, height: float | None = None, sharex: bool = False):
-    with plt.rc_context(_STYLE):
-        fig = Figure(figsize=(FIGSIZE[0], height or FIGSIZE[1]), dpi=DPI)
-        axes = fig.subplots(rows, cols, squeeze=False, sharex=sharex)
-    return fig, axes
 
 
 def has_data(fig: Figure) -> bool:
@@ -93,41 +88,48 @@ def _slug(text: str) -> str:
 
 # ---------------------------------------------------------------------------- results
 def cdf_figure(results: list[Input]) -> Figure | None:
-    """TTFT / ITL / E2E CDFs (ms, log x), one line per results input; a metric no input has
-    gets no panel."""
+    """TTFT / ITL / E2E CDFs (ms, log x), one line per results input, the inputs' SLO
+    thresholds as dashed vertical lines; a metric no input has gets no panel."""
     import numpy as np
     metrics = [(k, t) for k, t in (("ttft", "TTFT"), ("itl", "ITL (mean per request)"),
                                    ("e2e", "E2E")) if any(r.latency_ms.get(k) for r in results)]
     if not metrics:
         return None
-    fig, axes = _figure(1, len(metrics))
+    fig, axes = new_figure(1, len(metrics))
     for ax, (key, title) in zip(axes[0], metrics, strict=True):
+        seen: list[float] = []
         for r in results:
             v = np.sort(np.asarray(r.latency_ms.get(key) or [], dtype=float))
             if v.size == 0:
                 continue
             ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=r.label)
-        ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())   # minor labels overlap on short ranges
+            seen += [float(v[0]), float(v[-1])]
+        for thr in sorted({r.slo_ms[key] for r in results if key in r.slo_ms}):
+            ax.axvline(thr, color="tab:red", linestyle="--", linewidth=1, label="SLO threshold")
+            seen.append(thr)
+        log_axis(ax, "x", min(seen), max(seen), max_ticks=5 if len(metrics) > 1 else 8)
         ax.set_title(title)
-        ax.set_xlabel("ms")
+        ax.set_xlabel(f"{key.upper()} (ms)")
+        ax.set_ylabel("fraction of completed requests")
         ax.set_ylim(0, 1.02)
-    axes[0][0].set_ylabel("fraction of completed requests")
-    if len(results) > 1:
-        axes[0][-1].legend(loc="lower right", fontsize=7)
+    if len(results) > 1 or any(r.slo_ms for r in results):
+        outside_legend(fig, axes[0], loc="outside lower center")
     return fig
 
 
 # ---------------------------------------------------------------------------- timelines
+_TL = ("t_us", "running", "waiting", "kv_blocks_used", "kv_blocks_total", "preemptions", "steps")
+
+
 def _timeline_columns(tl: Input):
-    cols = {c: tl.table.column(c).to_pylist() for c in
-            ("t_us", "instance", "role", "running", "waiting", "kv_blocks_used",
-             "kv_blocks_total", "preemptions", "kv_transfers_in_flight")}
+    names = ("instance", "role", "kv_transfers_in_flight") + _TL
+    cols = {c: tl.table.column(c).to_pylist() for c in names if c in tl.table.column_names}
     by_inst: dict[str, dict[str, list]] = {}
     for i, inst in enumerate(cols["instance"]):
         d = by_inst.setdefault(inst, defaultdict(list))
-        for c in ("t_us", "running", "waiting", "kv_blocks_used", "kv_blocks_total", "preemptions"):
-            d[c].append(cols[c][i])
+        for c in _TL:
+            if c in cols:
+                d[c].append(cols[c][i])
         d["role"] = cols["role"][i]
     return cols, by_inst
 
@@ -137,16 +139,42 @@ def _inst_order(name: str):
     return (0, int(m.group(1)), name) if m else (1, 0, name)
 
 
+def _steps_per_s(t_us: list[int], steps: list[int]) -> tuple[list[float], list[float]]:
+    """Engine steps per second over windows of consecutive samples (one sample, or more to
+    make at most about 100 windows), at each window's start (s)."""
+    w = max(1, (len(t_us) - 1) // 100)
+    ts, rates = [], []
+    for k in range(0, len(t_us) - w, w):
+        dt = t_us[k + w] - t_us[k]
+        if dt > 0:
+            ts.append(t_us[k] / 1e6)
+            rates.append((steps[k + w] - steps[k]) * 1e6 / dt)
+    return ts, rates
+
+
+STEPS_LABEL = "engine steps / s"
+
+
 def timeline_figure(tl: Input) -> Figure | None:
-    """Per-instance running, waiting, KV use (%) and preemptions against simulated seconds."""
+    """Per-instance running, waiting, KV use (%), preemptions and (when the file has the
+    ``steps`` column) engine steps per second against simulated seconds."""
     if tl.table is None or tl.table.num_rows == 0:
         return None
     _, by_inst = _timeline_columns(tl)
     names = sorted(by_inst, key=_inst_order)[:MAX_LINES]
-    fig, axes = _figure(4, 1, height=8.0, sharex=True)
-    panels = (("running", "running"), ("waiting", "waiting"), ("kv", "KV blocks used (%)"),
-              ("preemptions", "preemptions (cumulative)"))
+    steps = "steps" in tl.table.column_names
+    panels = [("running", "running"), ("waiting", "waiting"), ("kv", "KV blocks used (%)"),
+              ("preemptions", "preemptions (cumulative)")] + ([("steps", "")] if steps else [])
+    fig, axes = new_figure(len(panels), 1, height=2.0 * len(panels) + 1.0, sharex=True)
     for ax, (key, label) in zip(axes[:, 0], panels, strict=True):
+        if key == "steps":
+            for name in names:
+                d = by_inst[name]
+                role = f" ({d['role']})" if d["role"] else ""
+                ax.step(*_steps_per_s(d["t_us"], d["steps"]), where="post",
+                        label=f"{name}{role}", linewidth=1)
+            ax.set_ylabel(STEPS_LABEL)
+            continue
         for name in names:
             d = by_inst[name]
             t = [x / 1e6 for x in d["t_us"]]
@@ -158,202 +186,134 @@ def timeline_figure(tl: Input) -> Figure | None:
             role = f" ({d['role']})" if d["role"] else ""
             ax.step(t, y, where="post", label=f"{name}{role}", linewidth=1)
         ax.set_ylabel(label)
-    axes[-1][0].set_xlabel("simulated time (s)")
-    if len(names) <= 8:
-        axes[0][0].legend(loc="upper right", fontsize=7, ncol=2)
+        if key != "kv":
+            _count_axis(ax)
+    _finish_time_axes(fig, axes[:, 0])
     return fig
+
+
+def _count_axis(ax) -> None:
+    """A panel of counts (requests, preemptions, transfers): integer ticks from 0 (up to 1 when
+    every count is 0), a sliver below 0 so a line at 0 is not hidden by the frame."""
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    top = max(1.0, ax.get_ylim()[1])
+    ax.set_ylim(-0.02 * top, top)
+
+
+def _finish_time_axes(fig: Figure, axes) -> None:
+    """Plain numbers and a time label on every panel of a shared-x time figure; the legend
+    outside, on the right."""
+    for ax in axes:
+        plain_numbers(ax.yaxis)
+        plain_numbers(ax.xaxis)
+        ax.set_xlabel("simulated time (s)")
+        ax.tick_params(labelbottom=True)
+    outside_legend(fig, axes)
 
 
 def transfer_figure(tl: Input) -> Figure | None:
-    """PD runs: KV transfers in flight, and running requests summed per pool, over time."""
+    """PD runs: KV transfers in flight, running requests summed per pool and (when the file
+    has the ``steps`` column) engine steps per second per instance, over time."""
     if tl.table is None or tl.table.num_rows == 0:
         return None
-    cols, _ = _timeline_columns(tl)
+    cols, by_inst = _timeline_columns(tl)
     if all(v is None for v in cols["kv_transfers_in_flight"]):
         return None
     transfers: dict[int, int] = {}
-    pools: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-    for t, role, run, tr in zip(cols["t_us"], cols["role"], cols["running"],
-                                cols["kv_transfers_in_flight"], strict=True):
-        transfers[t] = tr or 0
-        pools[role or "instances"][t] += run
-    fig, axes = _figure(2, 1, height=6.0, sharex=True)
+    pools: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    steps = "steps" in cols
+    for i, (t, role, run) in enumerate(zip(cols["t_us"], cols["role"], cols["running"],
+                                           strict=True)):
+        transfers[t] = cols["kv_transfers_in_flight"][i] or 0
+        acc = pools[role or "instances"][t]
+        acc[0] += run
+        acc[1] += cols["steps"][i] if steps else 0
+    fig, axes = new_figure(3 if steps else 2, 1, height=8.0 if steps else 6.0, sharex=True)
     ts = sorted(transfers)
     axes[0][0].step([t / 1e6 for t in ts], [transfers[t] for t in ts], where="post",
-                    color="tab:purple")
+                    color="tab:purple", label="KV transfers in flight")
     axes[0][0].set_ylabel("KV transfers in flight")
-    for role in sorted(pools):
+    _count_axis(axes[0][0])
+    for k, role in enumerate(sorted(pools)):
         pts = sorted(pools[role].items())
-        axes[1][0].step([t / 1e6 for t, _ in pts], [v for _, v in pts], where="post",
-                        label=f"{role} pool")
+        size = sum(1 for d in by_inst.values() if (d["role"] or "instances") == role)
+        colour = f"C{k}"
+        axes[1][0].step([t / 1e6 for t, _ in pts], [v[0] for _, v in pts], where="post",
+                        label=f"{role} pool ({size})", color=colour)
+        if steps:       # the pool's mean per instance
+            xs, rates = _steps_per_s([t for t, _ in pts], [v[1] for _, v in pts])
+            axes[2][0].step(xs, [r / size for r in rates], where="post", color=colour,
+                            label=f"{role} pool ({size})")
     axes[1][0].set_ylabel("running requests")
-    axes[1][0].set_xlabel("simulated time (s)")
-    axes[1][0].legend(loc="upper right", fontsize=7)
+    _count_axis(axes[1][0])
+    if steps:
+        axes[2][0].set_ylabel(f"{STEPS_LABEL}\n(mean per instance)")
+    _finish_time_axes(fig, axes[:, 0])
     return fig
 
 
-# ---------------------------------------------------------------------------- sweeps
-def _axes_of(table) -> list[str]:
-    return [n for n in table.column_names
-            if n not in _NON_AXIS and not n.startswith(_METRIC_PREFIXES)]
-
-
-def _num(v) -> float | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
-
-def _rate_axis(table) -> str | None:
-    axes = _axes_of(table)
-    for name in ["workload.rate"] + [a for a in axes if a.endswith("rate")]:
-        if name in axes and all(_num(v) is not None for v in table.column(name).to_pylist()):
-            return name
-    return None
-
-
-def _means(table, keys: list[str], value: str) -> dict[tuple, float]:
-    """Mean of ``value`` per combination of ``keys`` (seeds and other axes averaged)."""
-    acc: dict[tuple, list[float]] = defaultdict(list)
-    cols = [table.column(k).to_pylist() for k in keys]
-    vals = table.column(value).to_pylist()
-    for i, v in enumerate(vals):
-        f = _num(v)
-        if f is not None:
-            acc[tuple(c[i] for c in cols)].append(f)
-    return {k: sum(v) / len(v) for k, v in acc.items()}
-
-
-def _sort_key(v):
-    f = _num(v)
-    return (0, f, "") if f is not None else (1, 0.0, str(v))
-
-
-def latency_rate_figure(sweep: Input, factor: float = DEFAULT_FACTOR
-                        ) -> tuple[Figure, list[str]] | None:
-    """p99 latencies against the rate axis, the knee of each line marked; also the knee
-    notes (one line each). None without a numeric rate axis or a p99 latency column."""
-    t = sweep.table
-    rate = _rate_axis(t) if t is not None and t.num_rows else None
-    metrics = [(c, lab) for c, lab in _LATENCY_COLUMNS if rate and c in t.column_names]
-    if not metrics:
-        return None
-    others = [a for a in _axes_of(t) if a != rate and len(set(map(str, t.column(a).to_pylist()))) > 1]
-    fig, axes = _figure(1, len(metrics))
-    notes: list[str] = []
-    for ax, (col, label) in zip(axes[0], metrics, strict=True):
-        means = _means(t, others + [rate], col)
-        groups: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
-        for key, y in means.items():
-            groups[key[:-1]].append((float(key[-1]), y))
-        for g in sorted(groups, key=lambda k: tuple(map(_sort_key, k)))[:MAX_LINES]:
-            pts = sorted(groups[g])
-            name = ", ".join(f"{a}={v}" for a, v in zip(others, g, strict=True)) or "sweep"
-            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-            (line,) = ax.plot(xs, ys, marker="o", markersize=3, label=name)
-            k = knee(xs, ys, factor)
-            if k is not None:
-                ax.plot([k[0]], [k[1]], marker="X", markersize=11, color=line.get_color(),
-                        linestyle="none")
-                ax.annotate(f"knee {k[0]:g}", k, textcoords="offset points", xytext=(-10, 8),
-                            fontsize=7, ha="right")
-                notes.append(f"{label}, {name}: knee at rate {k[0]:g} ({k[1]:.1f} ms, more than "
-                             f"{factor:g}x the lowest-rate value)")
-            else:
-                notes.append(f"{label}, {name}: no knee within the sweep (never above "
-                             f"{factor:g}x the lowest-rate value)")
-        ax.set_xlabel(rate)
-        ax.set_ylabel(label)
-        ax.set_yscale("log")
-    if len(axes[0]) and others:
-        axes[0][-1].legend(loc="upper left", fontsize=7)
-    return fig, notes
-
-
-def _attainment_column(names: list[str]) -> str | None:
-    if "slo.attainment_pct.all" in names:
-        return "slo.attainment_pct.all"
-    for prefix in ("slo.attainment_pct", "slo."):
-        found = sorted(n for n in names if n.startswith(prefix))
-        if found:
-            return found[0]
-    return None
-
-
-def heatmap_figure(sweep: Input) -> tuple[Figure, str] | None:
-    """The SLO attainment column (mean) over the first two axes with at least two values;
-    also the column shown. None without such axes or column."""
-    t = sweep.table
-    if t is None or not t.num_rows:
-        return None
-    value = _attainment_column(t.column_names)
-    axes_ = [a for a in _axes_of(t) if len(set(map(str, t.column(a).to_pylist()))) > 1]
-    if value is None or len(axes_) < 2:
-        return None
-    x, y = axes_[0], axes_[1]
-    means = _means(t, [x, y], value)
-    if not means:
-        return None
-    xs = sorted({k[0] for k in means}, key=_sort_key)
-    ys = sorted({k[1] for k in means}, key=_sort_key)
-    grid = [[means.get((xv, yv), math.nan) for xv in xs] for yv in ys]
-    fig, axes = _figure()
-    ax = axes[0][0]
-    im = ax.imshow(grid, origin="lower", aspect="auto", cmap="RdYlGn", vmin=0,
-                   vmax=100 if "pct" in value else None)
-    for i, row in enumerate(grid):
-        for j, v in enumerate(row):
-            if not math.isnan(v):
-                ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=7)
-    ax.set_xticks(range(len(xs)), [str(v) for v in xs], rotation=45, ha="right")
-    ax.set_yticks(range(len(ys)), [str(v) for v in ys])
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
-    ax.grid(False)
-    fig.colorbar(im, ax=ax, label=value)
-    return fig, value
-
-
 # ---------------------------------------------------------------------------- plans
+def _plan_marks(plan: Input) -> tuple[str | None, float | None]:
+    """The winner's label and the TTFT p99 SLO (ms) of a ``plan --out`` document."""
+    def d(x) -> dict:
+        return x if isinstance(x, dict) else {}
+    label = d(d(d(plan.doc.get("cheapest")).get("winner")).get("deployment")).get("label")
+    thr = num(d(d(plan.doc.get("plan")).get("slo")).get("ttft_p99_ms"))
+    return label, thr if thr and thr > 0 else None
+
+
 def pareto_figure(plan: Input) -> Figure | None:
     """Cost per hour (or GPUs) against p99 TTFT (or goodput): every deployment, those
-    meeting the SLOs filled, the Pareto front of those drawn through them."""
+    meeting the SLOs filled, those missing them as red crosses, the Pareto front of the
+    passing ones drawn and labelled (labels never overlap), the winner starred, the plan's
+    TTFT SLO dashed. The latency axis is logarithmic: failing deployments are often orders
+    of magnitude slower than passing ones."""
     deps = plan.deployments
-    use_cost = deps and all(_num(d.get("cost_per_hour_usd")) is not None for d in deps)
+    use_cost = deps and all(num(d.get("cost_per_hour_usd")) is not None for d in deps)
     xkey, xlabel = ("cost_per_hour_usd", "cost (USD/hour)") if use_cost else ("gpus", "GPUs")
-    lat = any(_num(d.get("ttft_p99_ms")) is not None for d in deps)
+    lat = any(num(d.get("ttft_p99_ms")) is not None for d in deps)
     ykey, ylabel = ("ttft_p99_ms", "p99 TTFT (ms)") if lat else ("goodput_rps", "goodput (req/s)")
-    pts = [(_num(d.get(xkey)), _num(d.get(ykey)), d) for d in deps]
-    pts = [p for p in pts if p[0] is not None and p[1] is not None]
+    pts = [(num(d.get(xkey)), num(d.get(ykey)), d) for d in deps]
+    pts = [p for p in pts if p[0] is not None and p[1] is not None and (p[1] > 0 or not lat)]
     if not pts:
         return None
-    fig, axes = _figure()
+    fig, axes = new_figure()
     ax = axes[0][0]
     ok = [p for p in pts if p[2].get("meets_slo", True)]
     bad = [p for p in pts if not p[2].get("meets_slo", True)]
+    winner, slo = _plan_marks(plan)
     if bad:
-        ax.scatter([p[0] for p in bad], [p[1] for p in bad], facecolors="none",
-                   edgecolors="tab:gray", label="misses the SLOs")
+        ax.scatter([p[0] for p in bad], [p[1] for p in bad], marker="x", color="tab:red",
+                   label="misses the SLOs")
+    front = []
     if ok:
         ax.scatter([p[0] for p in ok], [p[1] for p in ok], color="tab:blue", label="meets the SLOs")
-        front, best = [], math.inf
-        sign = 1.0 if lat else -1.0
+        best, sign = float("inf"), 1.0 if lat else -1.0
         for x, y, d in sorted(ok, key=lambda p: (p[0], sign * p[1])):
             if sign * y < best:
                 front.append((x, y, d))
                 best = sign * y
-        ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="tab:red",
+        ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="tab:blue",
                 label="Pareto front")
-        for x, y, d in front:
-            ax.annotate(str(d.get("label", "")), (x, y), textcoords="offset points",
-                        xytext=(4, 4), fontsize=7)
+        won = [p for p in ok if winner is not None and p[2].get("label") == winner]
+        if won:
+            ax.scatter([won[0][0]], [won[0][1]], marker="*", s=180, color="gold",
+                       edgecolors="black", zorder=3, label=f"winner: {winner}")
+    ys = [p[1] for p in pts]
+    if lat and slo is not None and ykey == "ttft_p99_ms":
+        ax.axhline(slo, color="tab:red", linestyle="--", linewidth=1,
+                   label=f"SLO: p99 TTFT {slo:g} ms")
+        ys.append(slo)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.legend(loc="best", fontsize=7)
+    plain_numbers(ax.xaxis)
+    if lat:
+        log_axis(ax, "y", min(ys), max(ys))
+        ax.margins(y=0.15)
+    else:
+        plain_numbers(ax.yaxis)
+    outside_legend(fig, [ax])
+    place_labels(ax, [(x, y, str(d.get("label", ""))) for x, y, d in front])
     return fig
 
 
@@ -367,7 +327,8 @@ def build_figures(inputs: list[Input], factor: float = DEFAULT_FACTOR) -> list[F
         if fig is not None:
             specs.append(FigureSpec("latency_cdf", "Latency CDFs (TTFT, ITL, E2E)", fig,
                                     [r.path for r in results],
-                                    "Completed requests only; log scale."))
+                                    "Completed requests only; log scale; dashed: the "
+                                    "runs' SLO thresholds."))
     for inp in inputs:
         tag = _slug(inp.label)
         if inp.kind == "timeline":
@@ -377,24 +338,32 @@ def build_figures(inputs: list[Input], factor: float = DEFAULT_FACTOR) -> list[F
                                         fig, [inp.path], "Sampled at a fixed simulated interval."))
             fig = transfer_figure(inp)
             if fig is not None:
-                specs.append(FigureSpec(f"pd_transfers_{tag}", f"PD KV transfers: {inp.label}",
-                                        fig, [inp.path]))
+                specs.append(FigureSpec(
+                    f"pd_transfers_{tag}", f"PD KV transfers: {inp.label}", fig, [inp.path],
+                    "A prefill instance's requests leave running when their only step begins, "
+                    "so its activity shows in its engine steps per second."))
         elif inp.kind == "sweep":
             made = latency_rate_figure(inp, factor)
             if made is not None:
                 specs.append(FigureSpec(
                     f"latency_vs_rate_{tag}", f"Latency vs rate: {inp.label}", made[0], [inp.path],
-                    f"Knee: the lowest swept rate whose latency is more than {factor:g}x the "
-                    "latency at the lowest rate.", made[1]))
-            made = heatmap_figure(inp)
+                    f"Mean over seeds; band: lowest to highest seed; dashed: the SLO "
+                    f"threshold. Knee: the lowest swept rate whose latency is more than "
+                    f"{factor:g}x the latency at the lowest rate.", made[1]))
+            made = heatmap_figure(inp, factor)
             if made is not None:
-                specs.append(FigureSpec(f"slo_heatmap_{tag}", f"SLO attainment: {inp.label}",
-                                        made[0], [inp.path], f"Mean of {made[1]} per cell."))
+                specs.append(FigureSpec(
+                    f"slo_heatmap_{tag}", f"SLO attainment: {inp.label}", made[0], [inp.path],
+                    f"Mean of {made[1]} per cell (and completed req/s); colours centred on "
+                    f"{TARGET_PCT:g} %: green above, red below. Hatched: saturated, at or past "
+                    "the knee of a p99 latency line.", made[2]))
         elif inp.kind == "plan":
             fig = pareto_figure(inp)
             if fig is not None:
-                specs.append(FigureSpec(f"pareto_{tag}", f"Pareto front: {inp.label}", fig,
-                                        [inp.path]))
+                specs.append(FigureSpec(
+                    f"pareto_{tag}", f"Pareto front: {inp.label}", fig, [inp.path],
+                    "Log latency axis; crosses miss the SLOs; labels on the Pareto front of "
+                    "the deployments meeting them."))
     seen: dict[str, int] = {}
     for s in specs:
         n = seen.get(s.name, 0)
@@ -408,5 +377,5 @@ def save_png(fig: Figure, path: str, *, batch: Batch | None = None) -> None:
     """Write ``fig`` as a PNG (no software/date metadata), all-or-nothing; with ``batch``,
     staged to commit with the batch's other outputs (:mod:`blis_simpy.atomic`)."""
     with atomic_write(path, batch=batch, field="--out", what="cannot write the report") as f, \
-            plt.rc_context(_STYLE):
+            matplotlib.rc_context(STYLE):
         fig.savefig(f, format="png", dpi=DPI, metadata={"Software": None})

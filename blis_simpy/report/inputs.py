@@ -44,13 +44,19 @@ class Input:
 
     ``latency_ms``: results — metric (``ttft``, ``itl``, ``e2e``) → values, ms.
     ``table``: timeline / sweep — a :class:`pyarrow.Table` (sweep: ``ok`` rows only).
-    ``deployments``: plan — the deployment dicts."""
+    ``deployments``: plan — the deployment dicts.
+    ``doc``: plan — the whole JSON object when the deployments came from one (a ``plan
+    --out`` document: ``plan``, ``cheapest``, ``max_rate``, ``points``), else empty.
+    ``slo_ms``: results — the run's per-request SLO thresholds (``ttft``, ``itl``, ``e2e``,
+    ms) that were set."""
 
     path: str
     kind: str
     latency_ms: dict[str, list[float]] = field(default_factory=dict)
     table: object | None = None
     deployments: list[dict] = field(default_factory=list)
+    doc: dict = field(default_factory=dict)
+    slo_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -116,16 +122,21 @@ def _from_json(path: str) -> Input:
     except RecursionError:
         raise _bad(path, "not JSON: nested too deeply") from None
     if isinstance(doc, dict) and isinstance(doc.get("requests"), list):
-        return _from_rows(path, doc["requests"])
+        res = _from_rows(path, doc["requests"])
+        slo = doc.get("slo") if isinstance(doc.get("slo"), dict) else {}
+        res.slo_ms = {k: float(slo[f"{k}_ms"]) for k in ("ttft", "itl", "e2e")
+                      if _pos(slo.get(f"{k}_ms"))}
+        return res
     if isinstance(doc, dict) and "completed_requests" in doc:      # a run with no request row
         return _from_rows(path, [])
+    whole = doc if isinstance(doc, dict) else {}
     if isinstance(doc, dict):
         for key in _PLAN_KEYS:
             if isinstance(doc.get(key), list):
                 doc = doc[key]
                 break
     if isinstance(doc, list) and doc and all(_is_deployment(d) for d in doc):
-        return Input(path, "plan", deployments=doc[:MAX_ROWS])
+        return Input(path, "plan", deployments=doc[:MAX_ROWS], doc=whole)
     if isinstance(doc, list) and all(isinstance(d, dict) and "ttft_us" in d for d in doc):
         return _from_replay(path, doc[:MAX_ROWS])
     raise _bad(path, "not a results file (run/replay --results-path) nor a plan result")

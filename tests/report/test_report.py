@@ -246,3 +246,52 @@ def test_report_package_never_imports_the_cli():
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n.startswith("blis_simpy.cli") for n in names), path
+
+
+_PROBE = """<script>
+window.addEventListener('load', () => {
+  const imgs = [...document.images].map(i => [i.getAttribute('src'), i.naturalWidth,
+    i.naturalHeight, i.width, i.height, Math.round(i.getBoundingClientRect().top)].join(' '));
+  const tables = [...document.querySelectorAll('table.summary')].map(t =>
+    [t.closest('div').previousElementSibling.id, t.rows.length, Math.round(t.getBoundingClientRect().top)].join(' '));
+  const pre = document.createElement('pre');
+  pre.id = 'probe';
+  pre.textContent = imgs.join('\\n') + '\\n--\\n' + tables.join('\\n');
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def test_page_layout_in_headless_chromium(tmp_path):
+    """The page as Chromium lays it out: the summary tables come first (a plan's answer, why
+    its deployments failed, the sweep summary), and every figure is drawn at its own size.
+    The page has no script: the test adds one to a copy, and reads the DOM it leaves."""
+    from tests.report.test_figures import write_plan, write_sweep
+    plan, sweep = write_plan(tmp_path / "plan.json"), write_sweep(tmp_path / "sweep")
+    out = tmp_path / "rep"
+    res = _cli("report", plan, sweep, "--out", out)
+    assert res.exit_code == 0, res.output
+    page = (out / "index.html").read_text()
+    assert "<script" not in page
+    (out / "probe.html").write_text(page.replace("</body>", _PROBE + "</body>"))
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                          "--allow-file-access-from-files", "--virtual-time-budget=10000",
+                          "--window-size=1000,2400", "--dump-dom", (out / "probe.html").resolve().as_uri()],
+                         check=True, capture_output=True, timeout=120, text=True).stdout
+    probe = dom.split('<pre id="probe">')[1].split("</pre>")[0]
+    imgs, tables = (part.strip().splitlines() for part in probe.split("--"))
+    sizes = {}
+    for line in imgs:
+        src, nw, nh, w, h, top = line.split()
+        sizes[src] = (int(nw), int(nh), int(w), int(h), int(top))
+    # 9 x 5 inches at 100 dpi, shown at their own size (the page is 1000 px wide)
+    assert {s: v[:4] for s, v in sizes.items()} == {
+        "figures/latency_vs_rate_sweep.png": (900, 500, 900, 500),
+        "figures/slo_heatmap_sweep.png": (900, 500, 900, 500),
+        "figures/pareto_plan.png": (900, 500, 900, 500)}
+    rows = [t.split() for t in tables]
+    assert [(r[0], int(r[1])) for r in rows] == [("plan-plan", 4), ("failed-plan", 4),
+                                                 ("sweep-sweep", 13)]
+    first_figure = min(v[4] for v in sizes.values())
+    assert all(int(r[2]) < first_figure for r in rows)

@@ -72,8 +72,12 @@ def test_hand_checked_samples(tiny, tmp_path):
     # 16 prompt tokens = 1 block; the first decode step (10 ms) writes token 17: a second block
     assert kv == {0: 0, 5_000: 1, 10_000: 1, 15_000: 2, 20_000: 2, 25_000: 0, 30_000: 0,
                   35_000: 1, 40_000: 1, 45_000: 0}
+    # steps begin at 0, 10, 20 (request 0), 30 and 40 ms (request 1): the steps begun before t
+    steps = {int(r["t_us"]): int(r["steps"]) for r in rows}
+    assert steps == {0: 0, 5_000: 1, 10_000: 1, 15_000: 2, 20_000: 2, 25_000: 3, 30_000: 3,
+                     35_000: 4, 40_000: 4, 45_000: 5}
     assert list(rows[0]) == ["t_us", "instance", "role", "running", "waiting", "kv_blocks_used",
-                             "kv_blocks_total", "preemptions", "kv_transfers_in_flight"]
+                             "kv_blocks_total", "preemptions", "kv_transfers_in_flight", "steps"]
 
 
 def _same_with_and_without(tmp_path: Path, args: list, suffix: str) -> None:
