@@ -135,6 +135,6 @@ def inference_perf_workload(path: str) -> WorkloadSpecV2:
         try:
             ip = InferencePerfSpec.model_validate(data)
         except ValidationError as e:
-            raise _yaml.from_validation_error(e, path, node) from None
+            raise _yaml.from_validation_error(e, path, node, InferencePerfSpec) from None
         spec = WorkloadSpecV2(version="2", seed=DEFAULT_SEED, category="language", inference_perf=ip)
     return expand_inference_perf(spec)
