@@ -107,7 +107,9 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
                     "raise --time-budget for a reproducible fit", budget_s)
     provenance = {
         "command": "blis-simpy " + " ".join(shlex.quote(a) for a in argv),
-        "runs": [c.run.name for c in cases],
+        # every name a run goes by (a converted run: the logged run's too), so calibrate of
+        # either says in-sample
+        "runs": [n for c in cases for n in c.run.names],
         "parameters": {p.name: round(v, 6) for p, v in zip(space.params, res.x, strict=True)},
         "in_sample": {c.run: _summary(c) for c in res.in_sample},
         "evaluations": res.evaluations, "stopped": res.stopped,
