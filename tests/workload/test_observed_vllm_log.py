@@ -222,6 +222,10 @@ def llmservingsim_layout(tmp_path: Path) -> Path:
     example = repo / "bench" / "examples" / "RTX4090" / "Llama-3.1-8B"
     example.mkdir(parents=True)
     flat.rename(example / "vllm")
+    # the recorder's current timeseries has more columns (bench/core/stat_logger.py)
+    (example / "vllm" / "timeseries.csv").write_text(
+        "t,prompt_throughput,prompt_compute_throughput,prompt_cached_throughput,gen_throughput,running,"
+        "waiting,preempted,kv_cache_pct\n1.0,13.0,13.0,0.0,5.0,2,1,0,12.5\n2.0,0.0,0.0,0.0,4.5,1,0,0,3.25\n")
     (repo / "workloads").mkdir()
     (tmp_path / "workload-wl.jsonl").rename(repo / "workloads" / "wl.jsonl")
     return example
