@@ -71,3 +71,14 @@ def test_the_readmes_fit_starts_from_the_physical_set_not_the_answer():
     moved = [k for k in ("weight_reads", "decode_kv_reads", "step_cpu_us", "request_cpu_us")
              if getattr(start, k) != getattr(fitted, k)]
     assert moved == ["weight_reads", "decode_kv_reads", "step_cpu_us", "request_cpu_us"]
+
+
+def test_a_converted_vllm_bench_result_does_not_replay_its_failed_request(tmp_path):
+    """`calibrate` of a `convert vllm-bench` conversion said `sim 4/3`: the failed request was
+    replayed too. It is not replayed (docs/cli.md, "Failed requests are not replayed")."""
+    bench = ROOT / "tests" / "workload" / "data" / "vllm_bench_result.json"
+    res = _cli("convert", "vllm-bench", "--result", bench, "--output", tmp_path / "bench")
+    assert res.exit_code == 0 and "4 rows (1 failed)" in res.stdout, res.output
+    doc = _calibrate(tmp_path / "bench", "--model", "meta-llama/llama-3.1-8b-instruct", "--latency-model",
+                     "blackbox", "--hardware", "H100", "--tp", "1")
+    assert (doc["offered"], doc["completed_real"], doc["completed_sim"], doc["not_replayed"]) == (3, 3, 3, 1)
