@@ -82,3 +82,18 @@ def test_a_converted_vllm_bench_result_does_not_replay_its_failed_request(tmp_pa
     doc = _calibrate(tmp_path / "bench", "--model", "meta-llama/llama-3.1-8b-instruct", "--latency-model",
                      "blackbox", "--hardware", "H100", "--tp", "1")
     assert (doc["offered"], doc["completed_real"], doc["completed_sim"], doc["not_replayed"]) == (3, 3, 3, 1)
+
+
+def test_fit_warns_when_it_starts_at_the_answer(tmp_path):
+    """`fit runs/vllm-rtx4090` without --coefficients starts from the shipped set fitted on
+    that run and returns it: a warning says so; from `default` there is none."""
+    example = llmservingsim_layout(tmp_path)
+    warning = ("the start, coefficient set 'RTX-4090-fitted', was fitted on run vllm-rtx4090-llama-3.1-8b "
+               "already: the fit starts at its answer and returns it; --coefficients default starts "
+               "from the physical set")
+    res = _cli("fit", example, "--max-evaluations", "1", "-o", tmp_path / "a.yaml")
+    assert res.exit_code == 0, res.output
+    assert warning in res.stderr
+    res = _cli("fit", example, "--coefficients", "default", "--max-evaluations", "1", "-o", tmp_path / "b.yaml")
+    assert res.exit_code == 0, res.output
+    assert "starts at its answer" not in res.stderr
