@@ -9,6 +9,10 @@
 
 from __future__ import annotations
 
+import difflib
+import types
+import typing
+
 
 class BlisError(Exception):
     """Base class of every error the CLI reports as a single line."""
@@ -72,12 +76,64 @@ class InvariantError(SimulationError):
 _NOT_A_MAPPING = frozenset(("model_type", "model_attributes_type", "dict_type", "dataclass_type"))
 
 
-def validation_problem(first: dict) -> str:
+def did_you_mean(word: str, choices, *, n: int = 3, cutoff: float = 0.6, prefix: str = "") -> str:
+    """`` (did you mean A or B?)`` naming the ``choices`` closest to ``word`` (difflib's
+    ratio at least ``cutoff``; each written after ``prefix``), or ``""`` when none is close.
+    Every unknown key, flag, metric and model name is completed by this one function."""
+    near = difflib.get_close_matches(word, list(choices), n=n, cutoff=cutoff)
+    return f" (did you mean {' or '.join(prefix + c for c in near)}?)" if near else ""
+
+
+def _models_in(annotation) -> list[type]:
+    """The pydantic model classes an annotation can hold (through Optional, unions, lists,
+    dicts and Annotated)."""
+    from pydantic import BaseModel
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    if origin is None:
+        return []
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        args = args[:1]
+    elif origin is dict:
+        args = args[1:]
+    elif origin not in (typing.Union, types.UnionType, list, tuple, set, frozenset):
+        return []
+    return [m for a in args for m in _models_in(a)]
+
+
+def known_keys(model: type, loc: tuple) -> list[str]:
+    """The keys a YAML mapping may hold at ``loc`` (the location of an unknown key, the key
+    itself last) in ``model``'s schema: field names and aliases of every model that can sit
+    there. Empty when the schema cannot say."""
+    models = [model]
+    for part in loc[:-1]:
+        if not isinstance(part, str):
+            continue            # a list index: the same models hold the items
+        fields = [f for m in models for name, f in m.model_fields.items() if part in (name, f.alias)]
+        if fields:
+            models = [m for f in fields for m in _models_in(f.annotation)]
+        # else: a key of a dict of models (variants:, pools:): the same models hold the values
+        if not models:
+            return []
+    keys: list[str] = []
+    for m in models:
+        for name, f in m.model_fields.items():
+            keys.append(f.alias or name)
+    return sorted(set(keys))
+
+
+def validation_problem(first: dict, model: type | None = None) -> str:
     """A short problem text for one pydantic error (a dict of ``errors()``), as every YAML
     key is reported: the scenario's, the policy bundle's, a workload spec's, a coefficient
-    set's and a plugin's ``params``. Never names one of our classes."""
+    set's and a plugin's ``params``. Never names one of our classes. With the ``model`` that
+    was validated, an unknown key names the closest known keys (:func:`did_you_mean`)."""
     kind = first["type"]
     if kind == "extra_forbidden":
+        loc = tuple(first.get("loc") or ())
+        if model is not None and loc and isinstance(loc[-1], str):
+            return "unknown key" + did_you_mean(loc[-1], known_keys(model, loc))
         return "unknown key"
     if kind == "missing":
         return "required key is missing"

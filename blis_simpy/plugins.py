@@ -100,7 +100,7 @@ class Pluggable:
                 index = isinstance(part, int) and not (key and i == len(err["loc"]) - 1)
                 loc += f"[{part}]" if index else ("." if loc else "") + str(part)
             where = f"{field}.{loc}" if field and loc else (field or loc or None)
-            raise ConfigError(validation_problem(err), field=where) from None
+            raise ConfigError(validation_problem(err, cls.Params), field=where) from None
 
 
 _SCALAR_TYPES = ("int_type", "float_type", "bool_type")

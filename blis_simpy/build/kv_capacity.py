@@ -84,6 +84,36 @@ def auto_kv_capacity(r: Resolution, model_cfg: ModelConfig, gpu: GPUSpec, tp: in
     return cap
 
 
+#: the tensor-parallel sizes tried for the default TP, smallest first
+DEFAULT_TP_CHOICES = (1, 2, 4, 8)
+
+
+def default_tp(r: Resolution, model_cfg: ModelConfig, gpu: GPUSpec) -> int:
+    """The TP of an analytical run that gives none, the same rule for every model: the
+    smallest of :data:`DEFAULT_TP_CHOICES` that divides the attention heads and whose
+    weights leave room for a KV cache under ``engine.kv_capacity_model`` (noted). None
+    fits: a :class:`ConfigError` on ``tp``."""
+    eng = r.s.engine
+    for tp in DEFAULT_TP_CHOICES:
+        heads = model_cfg.num_heads or 0
+        if heads and heads % tp:
+            continue
+        try:
+            cap = kv_capacity(eng.kv_capacity_model, model_cfg, gpu, tp=tp, dp=r.s.dp,
+                              expert_parallel=r.s.enable_expert_parallel, block_size=eng.block_size,
+                              gpu_memory_utilization=eng.gpu_memory_utilization,
+                              max_num_batched_tokens=eng.max_num_scheduled_tokens,
+                              max_num_seqs=eng.max_num_running_reqs, kv_cache_dtype=eng.kv_cache_dtype)
+        except KVCapacityError:
+            continue
+        if cap.blocks > 0:
+            r.note(f"tp {tp}: the smallest TP whose weights and a KV cache fit on {gpu.name} "
+                   "(no tp given)")
+            return tp
+    raise ConfigError(f"{model_cfg.name or r.s.model} does not fit on {DEFAULT_TP_CHOICES[-1]} x {gpu.name} "
+                      "at any TP of 1, 2, 4, 8: pass --tp", field="tp")
+
+
 def resolve_max_model_len(r: Resolution, backend: str, model_cfg, total_blocks: int) -> int:
     """MaxModelLen in tokens (0 = unlimited) for ``total_blocks`` KV blocks."""
     eng = r.s.engine

@@ -95,7 +95,7 @@ def load_policy_bundle(path: str):
         bundle = PolicyBundle.model_validate(data)
     except pydantic.ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        raise src.error(validation_problem(first), error_loc(data, first)) from None
+        raise src.error(validation_problem(first, PolicyBundle), error_loc(data, first)) from None
     fam = _families()
     for loc, family, name in ((("admission", "policy"), "admission", bundle.admission.policy),
                               (("routing", "policy"), "routing", bundle.routing.policy),

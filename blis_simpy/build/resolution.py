@@ -94,8 +94,11 @@ class Resolution:
         return None, tried
 
 
-def deployment_identity(r: Resolution, cat: CoefficientCatalog) -> tuple[str, int, str]:
-    """``(hardware, tp, vllm_version)``: as given, else the model's catalog defaults (noted)."""
+def deployment_identity(r: Resolution, cat: CoefficientCatalog, *,
+                        catalog_tp: bool = True) -> tuple[str, int, str]:
+    """``(hardware, tp, vllm_version)``: as given, else the model's catalog defaults (noted).
+    ``catalog_tp=False`` leaves an unset TP 0 (analytical backends choose it by one rule
+    for every model, :func:`blis_simpy.build.kv_capacity.default_tp`)."""
     s = r.s
     d = cat.deployment_defaults(s.model) if s.model else None
     hardware, tp, vllm = s.hardware, s.tp, s.vllm_version
@@ -103,7 +106,7 @@ def deployment_identity(r: Resolution, cat: CoefficientCatalog) -> tuple[str, in
         if not hardware:
             hardware = d.gpu
             r.note(f"hardware {hardware}: default of {s.model}")
-        if tp <= 0:
+        if tp <= 0 and catalog_tp:
             tp = d.tp
             r.note(f"tp {tp}: default of {s.model}")
         if not vllm:

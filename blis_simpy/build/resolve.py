@@ -51,16 +51,17 @@ from blis_simpy.build.backends import (
     is_analytical,
     with_coefficient_set,
 )
-from blis_simpy.build.kv_capacity import resolve_kv_blocks, resolve_max_model_len
+from blis_simpy.build.kv_capacity import default_tp, resolve_kv_blocks, resolve_max_model_len
 from blis_simpy.build.resolution import (
     Resolution,
     blackbox_coefficients,
     deployment_identity,
     global_coefficients,
 )
+from blis_simpy.catalog.models import builtin_models
 from blis_simpy.catalog.types import GPUSpec, ModelConfig
 from blis_simpy.config.scenario import Scenario
-from blis_simpy.errors import ConfigError
+from blis_simpy.errors import ConfigError, did_you_mean
 from blis_simpy.kv.cache import KVCache
 from blis_simpy.kv.offload import OffloadKVCache, offload_blocks
 from blis_simpy.kv.sizing import KV_DTYPE_BYTES
@@ -197,6 +198,21 @@ def _build_kv_plugin(cls: type[KVCache], factory, total_blocks: int, block_size:
                            field="engine.kv_cache")
 
 
+def _model_config(r: Resolution, backend: str) -> ModelConfig:
+    """The architecture an analytical backend needs; a model found nowhere is "unknown
+    model" with the catalog's closest names."""
+    s = r.s
+    model_cfg, tried = r.model_config(s.model)
+    if model_cfg is None:
+        near = did_you_mean(s.model, builtin_models().names()) if s.model else ""
+        what = f"unknown model {s.model}{near}" if s.model else "no model given"
+        raise ConfigError(f"{what}: {backend} needs its architecture, not found in "
+                          f"{' or '.join(tried) or 'any source'}; pass --model-config-folder DIR "
+                          "with its HuggingFace config.json (blis-simpy never downloads)",
+                          field="model_config_folder" if s.model_config_folder else "model")
+    return model_cfg
+
+
 def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:
     """Resolve ``scenario`` (explicit values always win). ``quiet``: log nothing."""
     backend = scenario.latency.model or "physics"
@@ -216,17 +232,21 @@ def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:
         raise ConfigError(f"latency model {backend!r} (a plugin) takes no alpha/beta coefficients; give "
                           "its own parameters under latency.params", field="latency.model")
     cat = r.coefficients()
-    hw, tp, vllm = deployment_identity(r, cat)
     analytical = is_analytical(backend)
+    # the TP of an analytical run: given, a defaults file the user passed, else one rule
+    # for every model (default_tp); the built-in per-model TPs serve blackbox's rows
+    hw, tp, vllm = deployment_identity(r, cat, catalog_tp=not analytical or bool(s.defaults_filepath))
     gpus = r.gpus()
     gpu = None
+    model_cfg = None
     if analytical:
+        model_cfg = _model_config(r, backend)
         if not hw:
             raise ConfigError(f"{backend} needs a GPU: pass --hardware (model {s.model or '(none)'} has no "
                               f"default; available: {', '.join(gpus.names())})", field="hardware")
-        if tp <= 0:
-            raise ConfigError(f"{backend} needs tensor parallelism > 0: pass --tp", field="tp")
         gpu = gpus.get(hw)
+        if tp <= 0:
+            tp = default_tp(r, model_cfg, gpu)
     elif hw and hw in gpus:
         gpu = gpus.get(hw)
     if gpu is not None:
@@ -238,14 +258,6 @@ def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:
         alpha, beta = global_coefficients(r, cat, backend)
     elif backend == "trained-physics":
         alpha, beta = cfg.alpha_coeffs, cfg.beta_coeffs    # None: BLIS HEAD's defaults
-    model_cfg = None
-    if analytical:
-        model_cfg, tried = r.model_config(s.model)
-        if model_cfg is None:
-            raise ConfigError(f"{backend} needs the architecture of model {s.model or '(none)'}: not found "
-                              f"in {' or '.join(tried) or 'any source'}; pass --model-config-folder DIR "
-                              "with its HuggingFace config.json (blis-simpy never downloads)",
-                              field="model_config_folder" if s.model_config_folder else "model")
     total = resolve_kv_blocks(r, cat, backend, hw, tp, vllm, model_cfg, gpu)
     offload_model = model_cfg
     if eng.kv_cpu_gib > 0 and offload_model is None and s.model:

@@ -90,13 +90,16 @@ def prepare_runs(paths: list[str], given: dict, scenario: str | None, command: s
     return out
 
 
-def _about(s, dep, total_kv_blocks: int, notes: list[str], run_name: str) -> dict:
+def _about(s, dep, total_kv_blocks: int, notes: list[str], run_names: tuple[str, ...]) -> dict:
     """What the twin ran: backend, coefficients, deployment; ``in_sample`` when the set was
-    fitted on this very run (its error is then no prediction: docs/accuracy.md)."""
+    fitted on this very run, under any of its names (a converted run goes by the logged
+    run's name too; its error is then no prediction: docs/accuracy.md)."""
     from blis_simpy.calibrate.twin import fitted_on, latency_used
-    in_sample = run_name in fitted_on(dep)
+    fitted = fitted_on(dep)
+    hit = next((n for n in run_names if n in fitted), None)
+    in_sample = hit is not None
     if in_sample:
-        msg = (f"in-sample: the coefficient set was fitted on this run ({run_name}), so these errors "
+        msg = (f"in-sample: the coefficient set was fitted on this run ({hit}), so these errors "
                "show how well it fits, not how well it predicts; --coefficients default runs uncalibrated")
         log.warning("%s", msg)
     return {"latency_model": s.latency.model, "coefficients": s.latency.coefficients,
@@ -137,7 +140,7 @@ def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat
         dep = resolve(s, quiet=True)
         if _aggregate(run):
             c = calibrate_aggregate(s, run, deployment=dep)
-            doc = {**c.to_dict(), **_about(s, dep, c.sim.total_kv_blocks, run.notes, run.name),
+            doc = {**c.to_dict(), **_about(s, dep, c.sim.total_kv_blocks, run.notes, run.names),
                    "measured_at": run.measured_at, "seed": run.seed}
             docs.append(doc)
             outputs.append((run, None, c, []))
@@ -145,7 +148,7 @@ def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat
         sim = simulate(s, run, deployment=dep, horizon_us=s.horizon_us if s.horizon_us is not None else MAX_INT64)
         c = compare(run, sim)
         rows = paired_timeline(run.ticks, sim.samples) if timeline else []
-        doc = {**c.to_dict(), **_about(s, dep, sim.total_kv_blocks, run.notes, run.name)}
+        doc = {**c.to_dict(), **_about(s, dep, sim.total_kv_blocks, run.notes, run.names)}
         if rows:
             doc["timeline"] = rows
             doc["timeline_errors"] = timeline_errors(rows)

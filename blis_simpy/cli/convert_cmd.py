@@ -104,10 +104,12 @@ def inference_perf_cmd(
 @convert_app.command("vllm-log")
 def vllm_log_cmd(
     run: Path = typer.Option(..., "--run", metavar="DIR", help="run folder: requests.jsonl, meta.json "
-                             "[, timeseries.csv]"),
+                             "[, timeseries.csv]; or an LLMServingSim example folder <hw>/<model>/ "
+                             "holding vllm/"),
     workload: Path | None = typer.Option(None, "--workload", metavar="FILE",
                                          help="the workload JSONL (default: meta.json dataset_path, "
-                                              "looked for in DIR and its parent)"),
+                                              "looked for in DIR and its parent, then under DIR's "
+                                              "ancestors)"),
     output: Path = typer.Option(..., "--output", metavar="PREFIX",
                                 help="writes PREFIX.header.yaml, .csv, .scenario.yaml, .timeseries.csv"),
 ) -> None:

@@ -57,6 +57,21 @@ def _cell(summary: dict, key: str, sign: str = "") -> str:
     return f"{summary[key]:{sign}.1f}%" if key in summary else "-"
 
 
+def _warn_if_starting_at_the_answer(cases) -> None:
+    """A warning when the start set was fitted on one of the runs (its ``fit.runs`` names
+    it): the fit then starts where it would end and returns that set."""
+    from blis_simpy.build.resolve import resolve
+    from blis_simpy.calibrate.twin import fitted_on, latency_used
+    for c in cases:
+        dep = resolve(c.scenario, quiet=True)
+        hit = next((n for n in c.run.names if n in fitted_on(dep)), None)
+        if hit is not None:
+            log.warning("the start, %s, was fitted on run %s already: the fit starts at its answer "
+                        "and returns it; --coefficients default starts from the physical set",
+                        latency_used(dep), hit)
+            return
+
+
 def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, budget_s: float,
             max_evaluations: int, cross_validate: bool, name: str, argv: list[str]) -> None:
     from rich.console import Console
@@ -84,6 +99,7 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
             raise ConfigError(f"run {c.run.name} is on {s.hardware} ({s.latency.model}), run "
                               f"{cases[0].run.name} on {first.hardware} ({first.latency.model}): a "
                               "coefficient set describes one GPU and one backend", field="fit")
+    _warn_if_starting_at_the_answer(cases)
     gpus = sorted({c.scenario.hardware for c in cases})
     where = gpus[0] if len(gpus) == 1 else "+".join(gpus)
     space = space_for(first)
@@ -107,7 +123,9 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
                     "raise --time-budget for a reproducible fit", budget_s)
     provenance = {
         "command": "blis-simpy " + " ".join(shlex.quote(a) for a in argv),
-        "runs": [c.run.name for c in cases],
+        # every name a run goes by (a converted run: the logged run's too), so calibrate of
+        # either says in-sample
+        "runs": [n for c in cases for n in c.run.names],
         "parameters": {p.name: round(v, 6) for p, v in zip(space.params, res.x, strict=True)},
         "in_sample": {c.run: _summary(c) for c in res.in_sample},
         "evaluations": res.evaluations, "stopped": res.stopped,

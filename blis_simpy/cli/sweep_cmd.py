@@ -129,9 +129,10 @@ def print_summary(summary: dict, fmt: SweepFormat, metrics: list[str], title: st
     if metrics:
         unknown = [m for m in metrics if m not in present]
         if unknown:
-            from blis_simpy.errors import ConfigError
-            raise ConfigError(f"no such metric in the dataset: {unknown[0]} (have: "
-                              f"{', '.join(present[:8])}{', ...' if len(present) > 8 else ''})",
+            from blis_simpy.errors import ConfigError, did_you_mean
+            near = did_you_mean(unknown[0], present)
+            raise ConfigError(f"no such metric in the dataset: {unknown[0]}" + (near or (
+                f" (have: {', '.join(present[:8])}{', ...' if len(present) > 8 else ''})")),
                               field="--metric")
         shown = metrics
     else:

@@ -16,7 +16,6 @@ Only typer (and, for a simulation command's help, the policy registries) is load
 
 from __future__ import annotations
 
-import difflib
 import re
 import shutil
 import textwrap
@@ -25,6 +24,7 @@ from typer._click import exceptions as click_exc
 from typer.core import TyperArgument
 
 from blis_simpy.cli import flags as F
+from blis_simpy.errors import did_you_mean
 
 #: below this terminal width, help is click's plain layout (rich's boxes leave the flag
 #: descriptions a dozen characters wide at 80 columns)
@@ -56,8 +56,7 @@ def usage_line(exc: click_exc.UsageError, command_path: str | None = None) -> st
     if isinstance(exc, UnknownCommand):
         return f"{exc.name}: no such command; commands: {', '.join(exc.choices)}"
     if isinstance(exc, click_exc.NoSuchOption):
-        near = difflib.get_close_matches(exc.option_name, exc.possibilities or (), n=3, cutoff=0.75)
-        did = f" (did you mean {' or '.join(near)}?)" if near else ""
+        did = did_you_mean(exc.option_name, exc.possibilities or (), cutoff=0.75)
         return f"{exc.option_name}: no such option{did}{hint}"
     if isinstance(exc, click_exc.BadOptionUsage):
         problem = _clean(exc.message)

@@ -198,7 +198,7 @@ def validate(data: dict, src: Source, *, semantic: bool = True) -> Scenario:
         scenario = Scenario.model_validate(data)
     except pydantic.ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        raise src.error(validation_problem(first), error_loc(data, first)) from None
+        raise src.error(validation_problem(first, Scenario), error_loc(data, first)) from None
     if not semantic:
         return scenario
     try:

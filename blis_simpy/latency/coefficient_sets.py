@@ -109,7 +109,7 @@ def parse_set(text: str, where: str) -> CoefficientSet:
     except (ValidationError, ValueError) as exc:
         if isinstance(exc, ValidationError):
             e = exc.errors(include_url=False)[0]
-            loc, msg = ".".join(str(p) for p in e["loc"]), validation_problem(e)
+            loc, msg = ".".join(str(p) for p in e["loc"]), validation_problem(e, cls)
         else:
             loc, msg = "", str(exc)
         raise ConfigError(msg, file=where, line=_key_line(text, loc.split(".")[0]),

@@ -141,8 +141,7 @@ def write_files(files: dict[Path, str]) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------- reading
-def _settings(path: Path) -> Settings:
-    s = load_scenario(str(path))
+def _settings(path: Path, s) -> Settings:
     e = s.engine
     return Settings(
         model=s.model, model_from=f"{path.name} model", hardware=s.hardware,
@@ -180,11 +179,13 @@ def load_converted(prefix: str | os.PathLike) -> ObservedRun:
             trace_id=r.request_id, sched_ms=(sched - r.send_time_us) / 1000.0 if known else None,
             scheduled_s=sched / 1e6 if known else None))
         prompts.append(r.input_token_ids)
-    settings = _settings(p["scenario"]) if p["scenario"].is_file() else None
+    scenario = load_scenario(str(p["scenario"])) if p["scenario"].is_file() else None
+    settings = _settings(p["scenario"], scenario) if scenario is not None else None
     ticks = read_ticks(p["timeseries"]) if p["timeseries"].is_file() else []
     has_ids = any(x is not None for x in prompts)
     return ObservedRun(Path(prefix).name, settings, reqs, prompts if has_ids else None, None, ticks,
-                       0.0, [], header, records, source=str(prefix))
+                       0.0, [], header, records, source=str(prefix),
+                       logged_as=scenario.name if scenario is not None else "")
 
 
 def load_run(path: str | os.PathLike, workload: str | os.PathLike | None = None) -> ObservedRun | AggregateRun:

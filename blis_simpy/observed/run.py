@@ -94,7 +94,10 @@ class ObservedRun:
     * ``header`` / ``records`` — the run as TraceV2 (mode ``real``), rows sorted by arrival;
       replaying them with ``blis-simpy replay`` gives the simulated twin;
     * ``notes`` — what was assumed or filled in while reading;
-    * ``source`` — the file or folder it was read from.
+    * ``source`` — the file or folder it was read from;
+    * ``logged_as`` — for converted files, the name of the logged run they were converted
+      from (the name of ``PREFIX.scenario.yaml``, which ``convert vllm-log`` writes), else
+      empty: a coefficient set's ``fit.runs`` may name the run either way.
     """
 
     name: str
@@ -108,6 +111,12 @@ class ObservedRun:
     header: TraceHeader | None = None
     records: list[TraceRecord] = field(default_factory=list)
     source: str = ""
+    logged_as: str = ""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names the run goes by: its own, and the logged run's it was converted from."""
+        return (self.name, self.logged_as) if self.logged_as else (self.name,)
 
 
 def latencies(first_s: float, last_s: float, start_s: float, n_out: int) -> tuple[float, float, float | None]:
@@ -191,3 +200,8 @@ class AggregateRun:
     measured_at: str = "client"
     notes: list[str] = field(default_factory=list)
     spec: object = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names the run goes by (:attr:`ObservedRun.names`)."""
+        return (self.name,)

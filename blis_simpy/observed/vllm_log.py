@@ -13,9 +13,15 @@ Layout of a run folder ``DIR`` (docs/workloads.md, "vllm-log"):
 * ``DIR/timeseries.csv`` (optional) — 1 s ticks ``t, prompt_throughput, gen_throughput,
   running, waiting, kv_cache_pct``;
 * the workload JSONL named by ``dataset_path``, looked for as ``<name>`` and
-  ``workload-<name>`` in ``DIR`` and in ``DIR``'s parent (or given explicitly): one request a
-  line with ``input_toks``, ``output_toks``, ``input_tok_ids`` (the real prompt) and
-  optionally ``output_tok_ids``.
+  ``workload-<name>`` in ``DIR`` and in ``DIR``'s parent, then as ``dataset_path`` itself
+  under ``DIR``'s ancestors (or given explicitly): one request a line with ``input_toks``,
+  ``output_toks``, ``input_tok_ids`` (the real prompt) and optionally ``output_tok_ids``.
+
+The public LLMServingSim repository's runs are read as they are laid out there
+(:func:`run_folder`): ``bench/examples/<hw>/<model>/vllm/`` holds the three files and
+``dataset_path`` (``workloads/<name>.jsonl``) is relative to the repository's root, an
+ancestor. ``DIR`` may be the ``vllm/`` folder or the ``<hw>/<model>/`` one above it; the run
+is named ``vllm-<hw>-<model>``, lower-cased (``vllm-rtx4090-llama-3.1-8b``).
 
 :func:`load_vllm_log` returns an :class:`~blis_simpy.observed.run.ObservedRun`. Every
 malformed input is a :class:`ConfigError` naming the file, line and field. Inputs are capped
@@ -96,10 +102,28 @@ def real_requests(rows: list[dict], *, file: str = "requests.jsonl") -> list[Rea
     return out
 
 
+#: the folder of an LLMServingSim example that holds the vLLM log (``<hw>/<model>/vllm/``)
+LLMSERVINGSIM_LOG = "vllm"
+
+
+def run_folder(folder: Path) -> tuple[Path, str]:
+    """``(the folder holding meta.json, the run's name)``: ``folder`` itself, named by it;
+    or an LLMServingSim example — ``<hw>/<model>/vllm/`` given as that folder or as
+    ``<hw>/<model>/`` — named ``vllm-<hw>-<model>`` lower-cased (module docstring)."""
+    if not (folder / "meta.json").is_file() and (folder / LLMSERVINGSIM_LOG / "meta.json").is_file():
+        folder = folder / LLMSERVINGSIM_LOG
+    if folder.name == LLMSERVINGSIM_LOG:
+        example = folder.resolve().parent
+        return folder, f"vllm-{example.parent.name}-{example.name}".lower()
+    return folder, folder.name
+
+
 def workload_path(run_dir: Path, meta: dict, explicit: Path | None = None,
                   meta_path: Path | None = None) -> Path:
     """The workload file: ``explicit`` if given, else the one meta.json ``dataset_path``
-    names, as ``<name>`` or ``workload-<name>`` in ``run_dir`` or in its parent. Checked
+    names, as ``<name>`` or ``workload-<name>`` in ``run_dir`` or in its parent, then as the
+    relative ``dataset_path`` itself under each ancestor of ``run_dir`` (nearest first: an
+    LLMServingSim run's ``workloads/<name>.jsonl`` at the repository's root). Checked
     against ``dataset_hash`` (SHA-256) when meta.json records one."""
     where = str(meta_path or run_dir / "meta.json")
     if explicit is not None:
@@ -107,11 +131,15 @@ def workload_path(run_dir: Path, meta: dict, explicit: Path | None = None,
             raise ConfigError("missing file", file=str(explicit), field="--workload")
         cands = [explicit]
     else:
-        name = os.path.basename(str(meta.get("dataset_path") or ""))
+        given = str(meta.get("dataset_path") or "")
+        name = os.path.basename(given)
         if not name:
             raise ConfigError("no dataset_path (or pass --workload FILE)", file=where,
                               field="dataset_path")
         cands = [d / n for d in (run_dir, run_dir.parent) for n in (name, f"workload-{name}")]
+        rel = Path(given)
+        if not rel.is_absolute() and ".." not in rel.parts and len(rel.parts) > 1:
+            cands += [d / rel for d in run_dir.resolve().parents]
     for cand in cands:
         if cand.is_file():
             want = meta.get("dataset_hash")
@@ -120,8 +148,9 @@ def workload_path(run_dir: Path, meta: dict, explicit: Path | None = None,
                 if got != want:
                     raise ConfigError(f"SHA-256 {got} is not the run's dataset_hash {want}", file=str(cand))
             return cand
+    above = f", and {given} above it" if len(cands) > 4 else ""
     raise ConfigError(f"missing file: workload {name} (looked for {name} and workload-{name} in "
-                      f"{run_dir} and {run_dir.parent}; or pass --workload FILE)", file=where,
+                      f"{run_dir} and {run_dir.parent}{above}; or pass --workload FILE)", file=where,
                       field="dataset_path")
 
 
@@ -152,9 +181,10 @@ def load_vllm_log(run_dir: str | os.PathLike, workload: str | os.PathLike | None
     folder = Path(run_dir)
     if not folder.is_dir():
         raise ConfigError("missing folder", file=str(folder))
+    folder, name = run_folder(folder)
     mpath = folder / "meta.json"
     meta = read_meta(mpath)
-    st = engine_settings(meta, folder.name, mpath)
+    st = engine_settings(meta, name, mpath)
     wpath = workload_path(folder, meta, Path(workload) if workload is not None else None, mpath)
     work = read_workload(wpath)
     rpath = folder / "requests.jsonl"
@@ -188,7 +218,7 @@ def load_vllm_log(run_dir: str | os.PathLike, workload: str | os.PathLike | None
     tpath = folder / "timeseries.csv"
     ticks = read_ticks(tpath) if require_ticks or tpath.exists() else []
     q0 = min(float(r["queued_ts"]) for r in rows)
-    run = ObservedRun(folder.name, st, reqs, prompts, outputs, ticks, q0, notes, source=str(folder))
+    run = ObservedRun(name, st, reqs, prompts, outputs, ticks, q0, notes, source=str(folder))
     run.header, run.records = trace_of(run, meta)
     return run
 

@@ -203,12 +203,7 @@ def point(plan: LoadedPlan, dep: Deployment, seed: int, rate: float | None = Non
             wl = data["workload"] = {"kind": "distribution"}
         if wl.get("kind") in ("trace",):
             command = "replay"
-        for key in ("rate", "num_requests", "prefix_tokens"):
-            if getattr(w, key) is not None:
-                wl[key] = getattr(w, key)
-        for key in ("prompt_tokens", "output_tokens"):
-            if getattr(w, key) is not None:
-                wl[key] = getattr(w, key).model_dump()
+        wl.update(w.given())
         if rate is not None:
             wl["rate"] = float(rate)
     return {"command": command, "scenario": data}

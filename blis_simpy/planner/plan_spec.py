@@ -30,10 +30,10 @@ import os
 from typing import Annotated, Literal
 
 import pydantic
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, create_model, field_validator, model_validator
 
 from blis_simpy.config.loader import Source, load_raw, read_yaml, validate, validation_problem
-from blis_simpy.config.scenario import MAX_DP, LengthDist, Strict
+from blis_simpy.config.scenario import MAX_DP, DistributionWorkload, Strict
 from blis_simpy.errors import ConfigError
 from blis_simpy.planner.plan_points import deployment_count
 from blis_simpy.units import MAX_INT64
@@ -76,24 +76,43 @@ class TraceRef(Strict):
     data: str
 
 
-class PlanWorkload(Strict):
+def _optional(model: type[BaseModel], skip: tuple[str, ...]) -> dict:
+    """Every field of ``model`` but ``skip``, with its type and constraints, made optional
+    (None: not given)."""
+    out = {}
+    for name, f in model.model_fields.items():
+        if name not in skip:
+            typ = Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation
+            out[name] = (typ | None, Field(None, description=f.description))
+    return out
+
+
+#: the distribution keys a plan's workload may give: the run scenario's own schema
+#: (``DistributionWorkload``), each optional — not a copy of it
+DistributionKeys = create_model("DistributionKeys", __base__=Strict,
+                                **_optional(DistributionWorkload, ("kind",)))
+DISTRIBUTION_KEYS = tuple(DistributionKeys.model_fields)
+
+
+class PlanWorkload(DistributionKeys):
     """What every candidate serves. ``scenario``: a base scenario file (engine limits,
-    routing, latency coefficients, its workload...); the keys below replace its workload's.
-    Without ``scenario`` the workload is BLIS's distribution mode with these keys."""
+    routing, latency coefficients, its workload...); the distribution keys (every key of a
+    scenario's ``workload: {kind: distribution}``: rate, num_requests, prompt_tokens,
+    output_tokens, prefix_tokens, arrival, arrival_cv) replace its workload's. Without
+    ``scenario`` the workload is BLIS's distribution mode with these keys."""
 
     scenario: str = Field("", description="base scenario YAML (relative to the plan file)")
-    rate: PosFloat | None = Field(None, description="arrival rate, requests/s")
-    num_requests: PosInt | None = None
-    prompt_tokens: LengthDist | None = None
-    output_tokens: LengthDist | None = None
-    prefix_tokens: NonNegInt | None = None
     trace: TraceRef | None = Field(None, description="replay this trace instead of a rate")
+
+    def given(self) -> dict:
+        """The distribution keys given, as scenario YAML values."""
+        return {k: (v.model_dump() if isinstance(v, BaseModel) else v)
+                for k in DISTRIBUTION_KEYS if (v := getattr(self, k)) is not None}
 
     @model_validator(mode="after")
     def _one_source(self) -> PlanWorkload:
         if self.trace is not None:
-            given = [k for k in ("rate", "num_requests", "prompt_tokens", "output_tokens",
-                                 "prefix_tokens") if getattr(self, k) is not None]
+            given = list(self.given())
             if given:
                 raise ValueError(f"a trace workload takes no {given[0]} (the trace fixes it)")
         elif not self.scenario and self.rate is None:
@@ -325,7 +344,7 @@ def load_plan(path: str) -> LoadedPlan:
         if loc[:2] == ("search", "instances") and len(loc) > 2 and isinstance(loc[2], str) \
                 and loc[2] in ("InstanceRange", "list"):
             loc = loc[:2] + loc[3:]
-        raise src.error(validation_problem(first), loc) from None
+        raise src.error(validation_problem(first, PlanSpec), loc) from None
     here = os.path.dirname(str(path))
     w = spec.workload
     base, base_path = {}, None
@@ -343,10 +362,9 @@ def load_plan(path: str) -> LoadedPlan:
             raise src.error("the base scenario has variants; a plan builds its own deployments",
                             ("workload", "scenario"))
         bw = base.get("workload")
-        if isinstance(bw, dict) and bw.get("kind") not in (None, "distribution") and (
-                w.rate is not None or w.num_requests is not None or w.prompt_tokens is not None):
+        if isinstance(bw, dict) and bw.get("kind") not in (None, "distribution") and w.given():
             raise src.error(f"rate and lengths apply to a distribution workload; the base "
-                            f"scenario's is {bw.get('kind')}", ("workload", "rate"))
+                            f"scenario's is {bw.get('kind')}", ("workload", next(iter(w.given()))))
     if w.trace is not None:
         for key in ("header", "data"):
             p = getattr(w.trace, key)

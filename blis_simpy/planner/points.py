@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blis_simpy.config.loader import Source, load_raw, resolve_paths, set_dotted, undotted, validate
-from blis_simpy.errors import ConfigError
+from blis_simpy.config.scenario import Scenario
+from blis_simpy.errors import ConfigError, did_you_mean, known_keys
 from blis_simpy.planner.spec import SweepSpec, axis_values, base_path, load_sweep
 from blis_simpy.units import MAX_INT64
 
@@ -212,8 +213,11 @@ def locate(sweep: Sweep, combo: dict, err: ConfigError) -> ConfigError:
     if err.file or not f:
         return err
     for key, value in combo.items():
-        if f == key and err.problem == "unknown key":
-            return sweep.src.error("unknown scenario key", ("axes", key))
+        if f == key and err.problem.startswith("unknown key"):
+            parent, _, leaf = key.rpartition(".")
+            near = did_you_mean(leaf, known_keys(Scenario, tuple(key.split("."))),
+                                prefix=f"{parent}." if parent else "")
+            return sweep.src.error("unknown scenario key" + near, ("axes", key))
         if f == key or f.startswith((key + ".", key + "[")) or key.startswith(f + "."):
             problem = err.problem if f == key else f"{f}: {err.problem}"
             return _axis_error(sweep, key, value, problem)

@@ -203,7 +203,7 @@ def _validate(model, data, src: Source, at: tuple):
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        raise src.error(validation_problem(first), at + _data_loc(data, first["loc"])) from None
+        raise src.error(validation_problem(first, model), at + _data_loc(data, first["loc"])) from None
 
 
 def _data_loc(data, loc) -> tuple:

@@ -128,10 +128,11 @@ def _clean_loc(loc: tuple) -> tuple:
 
 
 def from_validation_error(e: pydantic.ValidationError, path: str | None,
-                          node: yaml.Node | None) -> ConfigError:
-    """The first pydantic error as a ConfigError naming the key, with its line if known."""
+                          node: yaml.Node | None, model: type | None = None) -> ConfigError:
+    """The first pydantic error as a ConfigError naming the key, with its line if known
+    (and, with the ``model`` validated, the known keys closest to an unknown one)."""
     first = e.errors(include_url=False)[0]
     loc = _clean_loc(tuple(first["loc"]))
-    return ConfigError(validation_problem(first), file=str(path) if path else None,
+    return ConfigError(validation_problem(first, model), file=str(path) if path else None,
                        line=line_of(node, loc) if path else None,
                        field=render_loc(loc) or None)

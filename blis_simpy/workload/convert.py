@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from blis_simpy.errors import ConfigError
 from blis_simpy.workload import _yaml
 from blis_simpy.workload.distribution import PRESETS, LengthParams, Preset, preset_spec
-from blis_simpy.workload.expand import expand_inference_perf, load_servegen
+from blis_simpy.workload.expand import expand_inference_perf, load_servegen, stage_durations_us
 from blis_simpy.workload.spec import (
     InferencePerfSpec,
     ServeGenDataSpec,
@@ -124,7 +124,9 @@ def servegen_workload(path: str, seed: int = DEFAULT_SEED) -> WorkloadSpecV2:
 def inference_perf_workload(path: str) -> WorkloadSpecV2:
     """``convert inference-perf``: ``path`` holds either an inference-perf section (``stages``
     and ``shared_prefix`` at the top) or a whole v2 spec with an ``inference_perf:`` section;
-    the result is the expanded spec (its seed, or 42 for a bare section)."""
+    the result is the expanded spec (its seed, or 42 for a bare section) with ``horizon`` =
+    the stages' total duration (µs) unless the spec sets ``horizon`` or ``num_requests``,
+    so the output runs as it is (no ``--horizon``)."""
     data, node = _yaml.load_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping with stages and shared_prefix, or a v2 spec with an "
@@ -135,6 +137,9 @@ def inference_perf_workload(path: str) -> WorkloadSpecV2:
         try:
             ip = InferencePerfSpec.model_validate(data)
         except ValidationError as e:
-            raise _yaml.from_validation_error(e, path, node) from None
+            raise _yaml.from_validation_error(e, path, node, InferencePerfSpec) from None
         spec = WorkloadSpecV2(version="2", seed=DEFAULT_SEED, category="language", inference_perf=ip)
-    return expand_inference_perf(spec)
+    out = expand_inference_perf(spec)
+    if out.horizon == 0 and out.num_requests == 0:
+        out = out.model_copy(update={"horizon": sum(stage_durations_us(spec.inference_perf))})
+    return out

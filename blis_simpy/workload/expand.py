@@ -121,6 +121,12 @@ def expand_cohorts(cohorts: list[CohortSpec]) -> list[ClientSpec]:
 # ----------------------------------------------------------------------------- inference-perf
 
 
+def stage_durations_us(ip) -> list[int]:
+    """Each inference-perf stage's duration in integer µs (``int(duration · 1e6)``); the stages
+    run one after another."""
+    return [int(st.duration * 1e6) for st in ip.stages]
+
+
 def expand_inference_perf(spec: WorkloadSpecV2) -> WorkloadSpecV2:
     """Replace the ``inference_perf`` section by its clients (docs/workloads.md, "inference-perf").
 
@@ -142,8 +148,7 @@ def expand_inference_perf(spec: WorkloadSpecV2) -> WorkloadSpecV2:
     total = sum(st.rate for st in ip.stages)
     clients: list[ClientSpec] = []
     offset = 0
-    for s, st in enumerate(ip.stages):
-        dur = int(st.duration * 1e6)
+    for s, (st, dur) in enumerate(zip(ip.stages, stage_durations_us(ip), strict=True)):
         life = LifecycleSpec(windows=[WindowSpec(start_us=offset, end_us=offset + dur)]) if several else None
         offset += dur
         reasoning = None

@@ -345,7 +345,7 @@ def parse_workload_spec(data: Any, path: str | None = None, node=None) -> Worklo
         spec = upgrade_v1(WorkloadSpecV2.model_validate(data))
         validate_spec(spec)
     except ValidationError as e:
-        raise _yaml.from_validation_error(e, path, node) from None
+        raise _yaml.from_validation_error(e, path, node, WorkloadSpecV2) from None
     except ConfigError as e:
         raise (_yaml.locate(e, path, node) if path else e) from None
     return spec

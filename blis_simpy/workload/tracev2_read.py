@@ -61,7 +61,7 @@ def read_trace_header(path: str | os.PathLike) -> TraceHeader:
     try:
         return TraceHeader.model_validate(data)
     except ValidationError as e:
-        raise _yaml.from_validation_error(e, path, node) from None
+        raise _yaml.from_validation_error(e, path, node, TraceHeader) from None
 
 
 _INT_RE = re.compile(r"[+-]?[0-9]+\Z")

@@ -76,7 +76,7 @@ def test_run_qwen3_14b_on_h100_offline_with_no_files(cli, offline):
     cluster = doc["cluster"] if "cluster" in doc else doc
     assert json.dumps(cluster).count('"completed_requests": 20') >= 1
     err = res.stderr
-    assert "tp 1: default of qwen/qwen3-14b" in err                          # TP from the defaults
+    assert "tp 1: the smallest TP whose weights" in err                      # TP: the one rule
     assert "total_kv_blocks 17600: catalog row" in err                       # KV from the catalog row
     assert "model config: built-in catalog" in err
     assert list(Path.cwd().iterdir()) == []                                  # nothing written or cached
@@ -96,7 +96,7 @@ def test_run_resolves_physics_by_default(cli, offline):
     (["--latency-compat", "bogus"], "--latency-compat", "must be one of fixed, checkout"),
     (["--hardware", "H300"], "--hardware", "unknown GPU 'H300'"),
     (["--hardware-config", "nope.json"], "--hardware-config", "no such file"),
-    (["--model", "acme/x"], "--hardware", "needs a GPU"),
+    (["--model", "acme/x"], "--model", "unknown model acme/x"),     # before "needs a GPU": the root cause
     (["--latency-model", "blackbox", "--tp", "8"], "--latency-model", "No trained coefficients found"),
 ])
 def test_bad_catalog_flags_are_one_line_errors(cli, args, flag, words):

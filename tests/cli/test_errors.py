@@ -47,7 +47,7 @@ SCENARIO_CASES = {
                              "must be given together with latency.alpha_coeffs"),
     # was "FILE: model_config_folder: ..." (a key not in the file, so no line)
     "model unknown to the backend": ("seed: 1\nmodel: acme/nope\nhardware: H100\ntp: 1\nlatency:\n  model: roofline\n",
-                                     2, "model", "roofline needs the architecture of model acme/nope: not found"),
+                                     2, "model", "unknown model acme/nope: roofline needs its architecture, not found"),
     # run used to replace params that are not a mapping by {} (and ran with the defaults)
     "routing params not a mapping": (BLACKBOX + "cluster:\n  routing:\n    policy: least-loaded\n"
                                      "    params: 5\n", 8, "cluster.routing.params", "input should be a mapping, got 5"),
@@ -178,9 +178,12 @@ def test_model_is_required_without_a_scenario(cli):
 
 
 def test_default_backend_error_names_the_flag(cli):
-    # the default backend (physics) needs a GPU; an unknown model has no default one
-    line = _assert_one_line_error(cli("run", "--model", "m", "--num-requests", "3"))
+    # the default backend (physics) needs a GPU; a model without catalog defaults has none
+    line = _assert_one_line_error(cli("run", "--model", "meta-llama/llama-3.1-8b", "--num-requests", "3"))
     assert line.startswith("error: --hardware: ") and "physics" in line and "H100" in line
+    # an unknown model is named first (it was "--hardware: ..." then "--tp: ... > 0")
+    line = _assert_one_line_error(cli("run", "--model", "qwen/qwen3-15b", "--num-requests", "3"))
+    assert line.startswith("error: --model: unknown model qwen/qwen3-15b (did you mean qwen/qwen3-14b")
 
 
 def test_unknown_flag_is_a_usage_error(cli, small_scenario):

@@ -226,6 +226,10 @@ def test_summary_command(tmp_path, ex, cli):
     assert [c["axes"] for c in doc["configs"]] == [{"cluster.num_instances": 1}, {"cluster.num_instances": 2}]
     r = cli("sweep", "--summary", str(tmp_path / "out"), "--metric", "m.ttft_p99_ms")
     assert r.exit_code == 0 and "TTFT p99 ms" in r.stdout and "num_instances" in r.stdout
+    r = cli("sweep", "--summary", str(tmp_path / "out"), "--metric", "ttft_p99_ms")
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == ("error: --metric: no such metric in the dataset: "
+                        "ttft_p99_ms (did you mean m.ttft_p99_ms or m.ttft_p95_ms or m.ttft_p90_ms?)\n")
 
 
 # ---------------------------------------------------------------------------- bad input
@@ -235,7 +239,12 @@ BAD = [
     ("base: base.yaml\nmode: zip\naxes:\n  tp: [1]\n", 2, "mode", "input should be 'product' or 'list'"),
     ("base: base.yaml\naxes:\n  cluster.num_instances: [1,\n    0]\n", 4,
      "axes.cluster.num_instances[1]", "input should be greater than 0, got 0"),
-    ("base: base.yaml\naxes:\n  workload.rat: [1, 2]\n", 3, "axes.workload.rat", "unknown scenario key"),
+    ("base: base.yaml\naxes:\n  workload.rat: [1, 2]\n", 3, "axes.workload.rat",
+     "unknown scenario key (did you mean workload.rate?)"),
+    # unknown keys name the closest known ones, at any depth (the flags did, the YAML did not)
+    ("base: base.yaml\nseeds: [1]\nrepeets: 2\n", 3, "repeets", "unknown key (did you mean repeats?)"),
+    ("base: {workload: {rat: 1}}\n", 1, "base.workload.rat", "unknown key (did you mean rate?)"),
+
     ("base: base.yaml\naxes:\n  workload.rate: {range: [1, 1000000, 1]}\n", 3,
      "axes.workload.rate.range", "range has 1,000,000 values, more than a sweep's 100,000 points"),
     ("base: base.yaml\naxes:\n  workload.rate: {range: [1, 1000, 1]}\n  tp: {range: [1, 1000, 1]}\n",

@@ -146,3 +146,23 @@ def test_dotted_round_trip():
     loc = ("latency", "alpha_coeffs", 2)
     assert dotted(loc) == "latency.alpha_coeffs[2]"
     assert undotted(dotted(loc)) == loc
+
+
+@pytest.mark.parametrize("text, field, problem", [
+    ("seed: 1\nengine:\n  block_size: 16\n  blok_size: 8\n", "engine.blok_size",
+     "unknown key (did you mean block_size?)"),
+    ("hardwre: H100\n", "hardwre", "unknown key (did you mean hardware or hardware_config?)"),
+    ("workload:\n  kind: distribution\n  arival: poisson\n", "workload.arival",
+     "unknown key (did you mean arrival or arrival_cv?)"),
+    # through a discriminated union, three levels deep
+    ("workload:\n  kind: trace\n  header: h.yaml\n  data: d.csv\n  dat: x\n", "workload.dat",
+     "unknown key (did you mean data?)"),
+    ("disaggregation:\n  decider:\n    polcy: always\n", "disaggregation.decider.polcy",
+     "unknown key (did you mean policy?)"),
+    ("zzzz: 1\n", "zzzz", "unknown key"),
+])
+def test_an_unknown_key_names_the_closest_known_keys(tmp_path, text, field, problem):
+    """YAML typos got no did-you-mean where flags did: the one place unknown-key errors are
+    worded (errors.validation_problem) now completes them against the schema at that depth."""
+    e = _error(tmp_path, text)
+    assert (e.field, e.problem) == (field, problem), str(e)

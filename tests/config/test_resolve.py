@@ -47,7 +47,7 @@ def test_qwen3_14b_on_h100_resolves_everything_from_the_catalogs():
     assert d.model_config == builtin_models().get(QWEN) and d.gpu == builtin_gpus().get("H100")
     assert isinstance(d.new_latency_model(), RooflineModel) and type(d.new_kv_cache()).__name__ == "KVCache"
     text = "\n".join(d.notes)
-    for fact in ("tp 1: default of qwen/qwen3-14b", "vllm version v0.11.0", "built-in catalog",
+    for fact in ("tp 1: the smallest TP whose weights and a KV cache fit on H100", "vllm version v0.11.0", "built-in catalog",
                  "total_kv_blocks 17600: catalog row", "max_model_len 40960: derived"):
         assert fact in text
     assert d.warnings == []
@@ -247,3 +247,33 @@ def test_cpu_tier_uses_the_tiered_cache():
     no_tier = resolve(sc(latency={"model": "blackbox", "alpha_coeffs": [1, 0, 0], "beta_coeffs": [1, 1, 1]},
                          model="acme/m", engine={"total_kv_blocks": 100}))
     assert not isinstance(no_tier.new_kv_cache(), TieredKVCache)
+
+
+@pytest.mark.parametrize("model, tp", [
+    ("meta-llama/llama-3.1-8b", 1),          # no catalog defaults: needed --tp
+    ("qwen/qwen3-14b", 1),                   # catalog defaults (BLIS's defaults.yaml): TP 1
+    ("meta-llama/llama-3.3-70b-instruct", 2),  # catalog said TP 4; 141 GB of weights need 2 x 80 GB
+    ("ibm-granite/granite-3.1-8b-instruct", 1),  # catalog said TP 4
+])
+def test_the_default_tp_of_an_analytical_run_is_one_rule_for_every_model(model, tp):
+    """`--model meta-llama/llama-3.1-8b --hardware H100` needed --tp where qwen/qwen3-14b did
+    not (a catalog default). Now: the smallest of 1, 2, 4, 8 whose weights leave a KV cache."""
+    d = resolve(Scenario(model=model, hardware="H100", latency={"model": "physics"}))
+    assert d.tp == tp
+    assert f"tp {tp}: the smallest TP whose weights and a KV cache fit on H100 (no tp given)" in d.notes
+    if tp > 1:   # the TP below does not fit
+        with pytest.raises(ConfigError, match="does not fit"):
+            resolve(Scenario(model=model, hardware="H100", tp=tp // 2, latency={"model": "physics"}))
+
+
+def test_blackbox_keeps_the_catalog_tp_its_rows_are_keyed_by():
+    d = resolve(Scenario(model="ibm-granite/granite-3.1-8b-instruct", latency={"model": "blackbox"}))
+    assert (d.hardware, d.tp) == ("H100", 4) and "tp 4: default of ibm-granite/granite-3.1-8b-instruct" in d.notes
+
+
+def test_an_unknown_model_says_so_with_the_closest_catalog_names():
+    """Was "--tp: physics needs tensor parallelism > 0" for a typo in the model name."""
+    with pytest.raises(ConfigError) as e:
+        resolve(Scenario(model="qwen/qwen3-15b", hardware="H100", latency={"model": "physics"}))
+    assert e.value.field == "model"
+    assert e.value.problem.startswith("unknown model qwen/qwen3-15b (did you mean qwen/qwen3-14b or ")

@@ -390,3 +390,42 @@ def test_a_plan_no_deployment_can_build_is_an_error(tmp_path):
     res = CliRunner().invoke(app, ["plan", str(p), "--serial"])
     assert res.exit_code == 2
     assert res.stderr.startswith(f"error: {p}: no candidate deployment can be built: 1 inst x A100-80 TP1:")
+
+
+def test_a_plan_workload_takes_the_run_scenarios_distribution_keys(tmp_path):
+    """`arrival: poisson` was an unknown key in a plan's workload though `run --scenario`
+    takes it: the plan's keys are the scenario's DistributionWorkload schema, each optional."""
+    from blis_simpy.config.scenario import DistributionWorkload
+    from blis_simpy.planner.plan_spec import DISTRIBUTION_KEYS
+
+    assert set(DISTRIBUTION_KEYS) == set(DistributionWorkload.model_fields) - {"kind"}
+    text = PLAN.format(rate=5).replace("rate: 5}", "rate: 5, arrival: gamma, arrival_cv: 2.5}")
+    p = tmp_path / "plan.yaml"
+    (tmp_path / "base.yaml").write_text(BASE)
+    p.write_text(text)
+    plan = load_plan(str(p))
+    pt = point(plan, fixed_deployment(FixedDeployment(gpu="A100-80", tp=1, instances=1)), 42)
+    wl = pt["scenario"]["workload"]
+    assert (wl["arrival"], wl["arrival_cv"], wl["rate"], wl["num_requests"]) == ("gamma", 2.5, 5, 300)
+    # the scenario's constraints come along: arrival_cv is at most 1000
+    p.write_text(text.replace("arrival_cv: 2.5", "arrival_cv: 2000"))
+    with pytest.raises(ConfigError) as e:
+        load_plan(str(p))
+    assert str(e.value).startswith(f"{p}:3: workload.arrival_cv: input should be less than or equal to 1000")
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ("ttft_p99_ms: 300", "ttft_p99_mss: 300", "plan.yaml:4: slo.ttft_p99_mss: unknown key (did you mean ttft_p99_ms"),
+    ("rate: 5}", "rate: 5, arival: poisson}", "plan.yaml:3: workload.arival: unknown key (did you mean arrival"),
+    ("tp: [1, 2]", "tpp: [1, 2]", "plan.yaml:5: search.tpp: unknown key (did you mean tp?)"),
+    ("runner_ups: 1", "runner_ups: 1, zzz: 1", "plan.yaml:5: search.zzz: unknown key"),
+])
+def test_an_unknown_plan_key_names_the_closest_known_ones(tmp_path, old, new, expected):
+    (tmp_path / "base.yaml").write_text(BASE)
+    p = tmp_path / "plan.yaml"
+    p.write_text(PLAN.format(rate=5).replace(old, new))
+    with pytest.raises(ConfigError) as e:
+        load_plan(str(p))
+    assert str(e.value).startswith(f"{tmp_path}/{expected}"), str(e.value)
+    if "zzz" in new:
+        assert "did you mean" not in str(e.value)

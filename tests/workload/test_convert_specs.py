@@ -173,3 +173,24 @@ def test_servegen_no_usable_chunk_names_the_file(tmp_path, files, where, problem
     e = ei.value
     assert (e.file, e.line, e.field) == (str(d / where[0]), where[1], None)
     assert e.problem == f"no usable ServeGen chunk in {d}: {problem}"
+
+
+def test_inference_perf_output_runs_without_a_horizon(tmp_path):
+    """The converted spec needed --horizon though its stages have durations: its horizon is
+    their total (µs), unless the spec bounds itself (horizon or num_requests)."""
+    from blis_simpy.workload.generator import generate_workload
+    section = {"stages": [{"rate": 2.0, "duration": 1.5}, {"rate": 4.0, "duration": 0.25}],
+               "shared_prefix": {"num_unique_system_prompts": 1, "num_users_per_system_prompt": 2,
+                                 "system_prompt_len": 30, "question_len": 12, "output_len": 5}}
+    a = tmp_path / "ip.yaml"
+    a.write_text(yaml.safe_dump(section))
+    spec = inference_perf_workload(str(a))
+    assert spec.horizon == 1_750_000
+    assert _reread(spec, tmp_path).horizon == 1_750_000
+    wl = generate_workload(spec)            # bounded: no "requires either num_requests or --horizon"
+    assert wl.horizon_us == 1_750_000 and all(r.arrival_us < 1_750_000 for r in wl.requests)
+    b = tmp_path / "whole.yaml"
+    b.write_text(yaml.safe_dump({"version": "2", "num_requests": 7, "inference_perf": section}))
+    assert inference_perf_workload(str(b)).horizon == 0
+    b.write_text(yaml.safe_dump({"version": "2", "horizon": 5, "inference_perf": section}))
+    assert inference_perf_workload(str(b)).horizon == 5

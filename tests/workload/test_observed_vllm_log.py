@@ -211,3 +211,41 @@ def test_timeseries_axis_starts_at_the_first_arrival(realdata, name):
     run = load_vllm_log(realdata / name)
     at0 = _gauge_mismatch(run, 0.0)
     assert at0 < _gauge_mismatch(run, -0.5) and at0 < _gauge_mismatch(run, 0.5)
+
+
+def llmservingsim_layout(tmp_path: Path) -> Path:
+    """The public LLMServingSim repository's layout, made by hand: the vLLM log in
+    ``bench/examples/<hw>/<model>/vllm/`` and the workload at ``workloads/<name>.jsonl``, the
+    path meta.json ``dataset_path`` gives relative to the repository's root."""
+    flat = write_run(tmp_path)
+    repo = tmp_path / "LLMServingSim"
+    example = repo / "bench" / "examples" / "RTX4090" / "Llama-3.1-8B"
+    example.mkdir(parents=True)
+    flat.rename(example / "vllm")
+    # the recorder's current timeseries has more columns (bench/core/stat_logger.py)
+    (example / "vllm" / "timeseries.csv").write_text(
+        "t,prompt_throughput,prompt_compute_throughput,prompt_cached_throughput,gen_throughput,running,"
+        "waiting,preempted,kv_cache_pct\n1.0,13.0,13.0,0.0,5.0,2,1,0,12.5\n2.0,0.0,0.0,0.0,4.5,1,0,0,3.25\n")
+    (repo / "workloads").mkdir()
+    (tmp_path / "workload-wl.jsonl").rename(repo / "workloads" / "wl.jsonl")
+    return example
+
+
+def test_an_llmservingsim_example_is_read_as_it_is_laid_out(tmp_path):
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "repo").mkdir()
+    flat = load_vllm_log(write_run(tmp_path / "flat"))
+    example = llmservingsim_layout(tmp_path / "repo")
+    for given in (example, example / "vllm"):
+        run = load_vllm_log(given)
+        assert run.name == "vllm-rtx4090-llama-3.1-8b"          # as docs/accuracy.md names the runs
+        assert run.records == flat.records and run.ticks == flat.ticks
+        assert run.settings.hardware == "RTX-4090" and run.settings.kv_blocks == 100
+    # the workload is looked for at dataset_path under the ancestors; a wrong hash still stops it
+    (example.parent.parent.parent.parent / "workloads" / "wl.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match="is not the run's dataset_hash"):
+        load_vllm_log(example)
+    (example.parent.parent.parent.parent / "workloads" / "wl.jsonl").unlink()
+    with pytest.raises(ConfigError) as ei:
+        load_vllm_log(example)
+    assert ei.value.field == "dataset_path" and "and workloads/wl.jsonl above it" in ei.value.problem

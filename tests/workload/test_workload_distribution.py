@@ -86,3 +86,15 @@ def test_preset_chatbot_matches_blis_arrivals(conformance_dir):
     assert [r.arrival_us for r in reqs] == [row.arrival_time_us for row in rows]
     assert all(2 <= r.input_len <= 800 and 1 <= r.output_len <= 1024 for r in reqs)
     assert {r.client_id for r in reqs} == {row.client_id for row in rows} == {"distribution"}
+
+
+def test_a_scenarios_default_arrivals_are_evenly_spaced_as_the_docs_say():
+    """docs/workloads.md and docs/scenarios.md: with no `arrival` key (or --arrival) request k
+    arrives at (k + 1) * int(1e6 / rate) us — the first one gap after 0, no randomness."""
+    from blis_simpy.config.scenario import Scenario
+    w = Scenario(workload={"kind": "distribution", "rate": 3, "num_requests": 4}).workload
+    reqs = generate_requests(distribution_spec(rate=w.rate, num_requests=w.num_requests, seed=7,
+                                               arrival=w.arrival, arrival_cv=w.arrival_cv))
+    assert [r.arrival_us for r in reqs] == [333_333, 666_666, 999_999, 1_333_332]
+    other_seed = generate_requests(distribution_spec(rate=3, num_requests=4, seed=8, arrival=w.arrival))
+    assert [r.arrival_us for r in other_seed] == [r.arrival_us for r in reqs]
