@@ -123,8 +123,9 @@ def print_summary(summary: dict, fmt: SweepFormat, metrics: list[str], title: st
     if fmt is SweepFormat.json:
         sys.stdout.write(json.dumps(summary, indent=2, allow_nan=False, default=str) + "\n")
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from blis_simpy.cli.tables import Fitted, stdout_console
     present = summary["metrics"]
     if metrics:
         unknown = [m for m in metrics if m not in present]
@@ -153,10 +154,12 @@ def print_summary(summary: dict, fmt: SweepFormat, metrics: list[str], title: st
         if failed:
             cells.append(str(c["failed"]) if c["failed"] else "")
         table.add_row(*cells)
-    console = Console(file=sys.stdout)
-    if not console.is_terminal:   # a file or a pipe: rows are not wrapped at 80 columns
-        console.width = 200
-    console.print(table)
+    console = stdout_console()
+    # a narrow terminal leaves out the metrics from the last one shown (the axes, seeds,
+    # failures and the first metric stay)
+    heads = [HEADERS.get(m, m) for m in shown]
+    console.print(Fitted(table, drop=heads[:0:-1], note="--metric KEY picks the columns, "
+                         "--format json has them all"))
     console.print(f"{summary['points']} points ({summary['ok']} ok, {summary['failed']} failed); "
                   "cells: mean over the seeds ± half the 95 % confidence interval (Student's t)",
                   highlight=False)
