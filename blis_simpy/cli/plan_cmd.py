@@ -208,8 +208,10 @@ def render(doc: dict, console) -> None:
         console.print(f"runs: {c['runs']} of {c['cross_product_runs']} in the full cross product "
                       f"({c['deployments_judged']} of {c['cross_product_deployments']} deployments; "
                       f"{c['families_searched']} of {c['families']} families searched, "
-                      f"{c['families_skipped']} skipped by the cost bound; {c['method']}), "
-                      f"{c['wall_s']:.1f} s", highlight=False)
+                      f"{c['families_skipped']} skipped by the cost bound; {c['method']})",
+                      highlight=False)
+        # wall-clock times go to stderr: stdout is then the same for the same plan
+        print(f"plan: the search took {c['wall_s']:.1f} s", file=sys.stderr)
         if c["non_monotone_families"]:
             console.print(f"[yellow]not monotone in the instance count:[/yellow] "
                           f"{', '.join(c['non_monotone_families'])}")
@@ -239,8 +241,9 @@ def render(doc: dict, console) -> None:
             else:
                 text = (f"sustains {m['sustained_rate']:g} req/s within the SLOs "
                         f"(fails at {m['failing_rate']:g}; tolerance {m['tolerance']:g})")
-            console.print(f"[bold]max rate[/bold] of {label}: {text}; {m['runs']} runs, "
-                          f"{m['wall_s']:.1f} s", highlight=False)
+            console.print(f"[bold]max rate[/bold] of {label}: {text}; {m['runs']} runs",
+                          highlight=False)
+            print(f"plan: the max-rate bisection took {m['wall_s']:.1f} s", file=sys.stderr)
 
 
 def register(app: typer.Typer) -> None:

@@ -30,6 +30,10 @@ import typer
 #: metrics of the summary table unless --metric is given (those present in the dataset)
 DEFAULT_METRICS = ("m.ttft_p99_ms", "m.itl_p99_ms", "m.e2e_p99_ms", "m.responses_per_sec",
                    "slo.attainment_pct.all", "slo.goodput_rps", "deployment.total_gpus")
+#: the default columns a narrow terminal leaves out, first left out first (the SLO
+#: attainment and TTFT stay longest); columns named with --metric go from the last named
+DEFAULT_DROP = ("deployment.total_gpus", "m.responses_per_sec", "m.e2e_p99_ms", "slo.goodput_rps",
+                "m.itl_p99_ms", "slo.attainment_pct.all")
 #: short headers of the table (other columns show their dataset name)
 HEADERS = {"m.ttft_p99_ms": "TTFT p99 ms", "m.itl_p99_ms": "ITL p99 ms", "m.e2e_p99_ms": "E2E p99 ms",
            "m.responses_per_sec": "req/s", "slo.attainment_pct.all": "SLO met %",
@@ -155,11 +159,9 @@ def print_summary(summary: dict, fmt: SweepFormat, metrics: list[str], title: st
             cells.append(str(c["failed"]) if c["failed"] else "")
         table.add_row(*cells)
     console = stdout_console()
-    # a narrow terminal leaves out the metrics from the last one shown (the axes, seeds,
-    # failures and the first metric stay)
-    heads = [HEADERS.get(m, m) for m in shown]
-    console.print(Fitted(table, drop=heads[:0:-1], note="--metric KEY picks the columns, "
-                         "--format json has them all"))
+    drop = shown[:0:-1] if metrics else DEFAULT_DROP   # the axes, seeds and failures stay
+    console.print(Fitted(table, drop=[HEADERS.get(m, m) for m in drop],
+                         note="--metric KEY picks the columns, --format json has them all"))
     console.print(f"{summary['points']} points ({summary['ok']} ok, {summary['failed']} failed); "
                   "cells: mean over the seeds ± half the 95 % confidence interval (Student's t)",
                   highlight=False)

@@ -14,8 +14,9 @@ CLI — ``metrics``, ``calibrate`` — included). At render time, at the width r
 2. the table as rich lays it out, when it fits (the check renders it with rich and measures
    the lines);
 3. else the same with every numeric column at its minimum (headers wrap);
-4. else the columns of ``drop`` are left out one by one, in that order, until it fits, and a
-   line under the table names them and where they are (``note``, e.g. "--format json has
+4. else the columns of ``drop`` are left out one by one, in that order, until it fits; then
+   each left-out column that still fits comes back, the last left out first; a line under
+   the table names those left out and where they are (``note``, e.g. "--format json has
    them");
 5. else a vertical layout: one block of ``header: value`` lines per row.
 
@@ -94,6 +95,11 @@ class Fitted:
             left_out.append(name)
             narrower = _without(table, left_out, headers)
             if _fits(console, options, narrower):
+                for back in left_out[-2::-1]:   # what still fits comes back, the most needed first
+                    wider = _without(table, [n for n in left_out if n != back], headers)
+                    if _fits(console, options, wider):
+                        left_out.remove(back)
+                        narrower = wider
                 yield narrower
                 names = ", ".join(_one_line(n) for n in left_out)
                 yield Text(f"left out to fit {width} columns: {names}"
