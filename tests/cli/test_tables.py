@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tests.calibrate.test_calibrate import tiny  # noqa: F401  (fixture)
+from tests.fit.test_fit import measured  # noqa: F401  (fixture)
 from tests.planner.test_plan import write_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,6 +130,31 @@ def test_catalog_and_capacity_tables(cli, monkeypatch, tables, width):
 def test_calibrate_tables(cli, monkeypatch, tables, width, tiny):  # noqa: F811
     prefix, sc = tiny
     _run_at(cli, monkeypatch, tables, width, "calibrate", prefix, "--scenario", sc)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_fit_tables(cli, monkeypatch, tables, width, measured, tmp_path):  # noqa: F811
+    prefix, wrong = measured
+    _run_at(cli, monkeypatch, tables, width, "fit", prefix, "--scenario", wrong, "-o", tmp_path / "s.yaml",
+            "--max-evaluations", "3")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_observe_table(monkeypatch, tables, width, capsys):
+    from types import SimpleNamespace as NS
+
+    from blis_simpy.cli.observe_cmd import print_summary
+    monkeypatch.setenv("COLUMNS", str(width))
+    lat = {"count": 1234, "mean": 1234.56, "p50": 987.65, "p90": 23456.78, "p99": 123456.78}
+    summary = {"requests": 1300, "warmup_requests": 66, "ok": 1234, "errors": 0, "timeouts": 0,
+               "ttft_ms": lat, "itl_ms": dict(lat, count=98765), "e2e_ms": lat, "requests_per_s": 4.5,
+               "output_tokens_per_s": 1234.5, "duration_s": 289.123, "tokens_from_chunks": 0}
+    cfg = NS(streaming=True, model="meta-llama/Llama-3.1-8B-Instruct", api_format="completions",
+             max_concurrency=256)
+    print_summary(NS(observations=[]), cfg, "http://127.0.0.1:8000", summary, [])
+    header, out = capsys.readouterr().out.split("\n", 1)     # the header line is soft-wrapped
+    assert header.startswith("observe: 1300 requests to http://127.0.0.1:8000")
+    assert check_fits(out, width, tables) == 18
 
 
 def test_piped_output_is_120_columns_without_columns(cli, monkeypatch):
