@@ -261,16 +261,16 @@ def verdict(vps: list[VariantPlan], outs: list[runner.Outcome]) -> str:
 
     meeting = sorted((r for r in rows if r[1] >= 100.0),
                      key=lambda r: (r[3] if priced else r[4], -r[2], r[5]))
-    basis = ("meeting them = every offered request met every target"
-             + ("" if priced else "; cost = GPUs, no GPU price given: --gpu-hour-cost"))
+    basis = (". Meeting the SLOs: every offered request met every target"
+             + ("" if priced else "; cost: GPUs (no GPU price: --gpu-hour-cost)") + ".")
     if meeting:
         best = meeting[0]
         also = ", ".join(f"{r[0]} ({cost(r)})" for r in meeting[1:])
         return (f"Verdict: {best[0]} meets the SLOs at the lowest cost, {cost(best)}, goodput "
-                f"{best[2]:,.2f} req/s" + (f"; also meeting them: {also}" if also else "") + f" ({basis})")
+                f"{best[2]:,.2f} req/s" + (f"; also meeting them: {also}" if also else "") + basis)
     best = max(rows, key=lambda r: (r[1], r[2], -r[5]))
     return (f"Verdict: no variant meets the SLOs; closest: {best[0]}, {best[1]:.1f} % attainment, goodput "
-            f"{best[2]:,.2f} req/s, {cost(best)} ({basis})")
+            f"{best[2]:,.2f} req/s, {cost(best)}{basis}")
 
 
 def _tables(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome]) -> str:

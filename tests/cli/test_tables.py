@@ -203,17 +203,17 @@ def test_verdict_names_the_cheapest_variant_meeting_the_slos_or_the_closest():
     vs = [variant("a", 100.0, 9.0, 12.0, 4), variant("b", 100.0, 8.0, 6.0, 2), variant("c", 80.0, 9.5, 3.0, 1)]
     assert verdict(*map(list, zip(*vs, strict=True))) == (
         "Verdict: b meets the SLOs at the lowest cost, $6.00/h, goodput 8.00 req/s; also meeting them: "
-        "a ($12.00/h) (meeting them = every offered request met every target)")
+        "a ($12.00/h). Meeting the SLOs: every offered request met every target.")
     vs = [variant("a", 100.0, 9.0, None, 4), variant("b", 100.0, 9.5, None, 4)]   # a tie: goodput
     assert verdict(*map(list, zip(*vs, strict=True))) == (
         "Verdict: b meets the SLOs at the lowest cost, 4 GPUs, goodput 9.50 req/s; also meeting them: a "
-        "(4 GPUs) (meeting them = every offered request met every target; cost = GPUs, no GPU price "
-        "given: --gpu-hour-cost)")
+        "(4 GPUs). Meeting the SLOs: every offered request met every target; cost: GPUs (no GPU price: "
+        "--gpu-hour-cost).")
     vs = [variant("rr", 83.3, 5.0, None, 4), variant("pd", 16.6, 1.0, None, 4)]
     assert verdict(*map(list, zip(*vs, strict=True))) == (
-        "Verdict: no variant meets the SLOs; closest: rr, 83.3 % attainment, goodput 5.00 req/s, 4 GPUs "
-        "(meeting them = every offered request met every target; cost = GPUs, no GPU price given: "
-        "--gpu-hour-cost)")
+        "Verdict: no variant meets the SLOs; closest: rr, 83.3 % attainment, goodput 5.00 req/s, 4 GPUs. "
+        "Meeting the SLOs: every offered request met every target; cost: GPUs (no GPU price: "
+        "--gpu-hour-cost).")
 
 
 def test_one_request_is_singular(cli, monkeypatch, tmp_path):
