@@ -305,15 +305,14 @@ def _render_summary(out: runner.Outcome, fmt: Format) -> str:
         return render_blis(out.report)
     if fmt is Format.json:
         return render_json(out.report)
-    from rich.console import Console
-
     from blis_simpy.cli import runner
+    from blis_simpy.cli.tables import stdout_console
     s = out.plan.scenario
-    console = Console(file=sys.stdout)
+    console = stdout_console()
     n = s.cluster.num_instances
     extra = f" + {len(out.sessions.followups)} session follow-ups" if out.sessions else ""
     with console.capture() as captured:
-        console.print(f"[bold]{out.plan.command}[/bold]: {len(out.requests)} requests{extra}, "
+        console.print(f"[bold]{out.plan.command}[/bold]: {runner.count_text(len(out.requests), 'request')}{extra}, "
                       f"{_deployment_text(n, out.result.tp, s.dp, out.result.gpus)}, {s.latency.model}, "
                       f"horizon {runner.horizon_text(out.horizon_us)}")
         if out.kv_line:

@@ -115,8 +115,6 @@ def _headline(console, name: str, doc: dict) -> None:
 
 def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat,
               plot_dir: str | None, report_path: str | None, timeline: bool) -> None:
-    from rich.console import Console
-
     from blis_simpy.build.resolve import resolve
     from blis_simpy.calibrate import compare, simulate
     from blis_simpy.calibrate.aggregate import calibrate_aggregate
@@ -128,13 +126,14 @@ def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat
         render_timeline,
         timeline_errors,
     )
+    from blis_simpy.cli.tables import stdout_console
     if plot_dir and Path(plot_dir).exists() and not Path(plot_dir).is_dir():
         raise ConfigError("exists and is not a folder", file=str(plot_dir), field="--plot")
     if report_path and Path(report_path).is_dir():
         raise ConfigError("is a directory, expected a file path", file=str(report_path), field="--report")
     prepared = prepare_runs(runs, given, scenario)
     docs, outputs = [], []
-    console = Console(file=sys.stdout, width=max(Console().width, 150))
+    console = stdout_console()
     for run, plan in prepared:
         s = plan.scenario
         dep = resolve(s, quiet=True)

@@ -108,9 +108,10 @@ def table_rows(cap: KVCapacity) -> list[tuple[str, str, str]]:
 
 
 def print_capacity(cap: KVCapacity, model: str) -> None:
-    from rich.console import Console
     from rich.table import Table
-    con = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
+
+    from blis_simpy.cli.tables import stdout_console
+    con = stdout_console()
     ep = ", EP" if cap.expert_parallel else ""
     t = Table(title=f"KV capacity ({cap.capacity_model}): {model} on {cap.gpu}, TP {cap.tp}, DP {cap.dp}{ep}",
               title_justify="left")

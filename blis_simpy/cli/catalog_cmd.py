@@ -134,9 +134,11 @@ def _coeffs(vs) -> str:
 
 def print_tables(what: What, gpus: GPUCatalog, models: ModelCatalog, coeffs: CoefficientCatalog,
                  model: str | None) -> None:
-    from rich.console import Console
     from rich.table import Table
-    con = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)
+
+    from blis_simpy.cli.tables import Fitted, stdout_console
+    con = stdout_console()
+    json_note = "--format json has them"
     if what in (What.all, What.gpus):
         fits = model_fits(gpus, models, model)
         shown = {n: e for n, e in gpus.entries.items() if fits is None or _holds(fits[n])}
@@ -161,7 +163,8 @@ def print_tables(what: What, gpus: GPUCatalog, models: ModelCatalog, coeffs: Coe
             if fits is not None:
                 row += [str(fits[name].tp), f"{fits[name].tokens:,}"]
             t.add_row(*row)
-        con.print(t)
+        con.print(Fitted(t, drop=("collective µs", "MFU decode", "MFU prefill", "FP8 TFLOP/s", "driver GiB",
+                                  "description"), note=json_note))
         if fits is not None:
             small = [n for n in gpus.entries if fits[n] is None]
             if small:
@@ -200,7 +203,8 @@ def print_tables(what: What, gpus: GPUCatalog, models: ModelCatalog, coeffs: Coe
             t.add_row(name, str(c.num_layers), str(c.hidden_size), f"{c.num_heads}/{c.num_kv_heads}", head, ffn,
                       experts, w, str(derive_max_model_len(c)), f"{d.gpu} / {d.tp} / {d.vllm}" if d else "-")
         if shown:
-            con.print(t)
+            con.print(Fitted(t, drop=("default GPU/TP/vLLM", "max len", "dtype / weights", "FFN", "head dim"),
+                             note=json_note))
     if what in (What.all, What.coefficients):
         rows = [r for m, rs in coeffs.blackbox.items() for r in rs if model is None or m == model]
         t = Table(title=f"Blackbox coefficients ({len(rows)} rows; first match of model, GPU, TP, vLLM wins)")
@@ -209,7 +213,7 @@ def print_tables(what: What, gpus: GPUCatalog, models: ModelCatalog, coeffs: Coe
         for r in rows:
             t.add_row(r.model, r.gpu, str(r.tp), r.vllm, str(r.kv_blocks), _coeffs(r.alpha), _coeffs(r.beta))
         if rows or model is None:
-            con.print(t)
+            con.print(Fitted(t, drop=("KV blocks", "vLLM"), note=json_note))
         else:           # say where coefficients are, rather than an empty table
             con.print(f"No blackbox coefficients for {model}. Models and GPUs that have them:",
                       highlight=False)

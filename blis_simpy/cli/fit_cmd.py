@@ -79,6 +79,7 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
     from rich.table import Table
 
     from blis_simpy.atomic import check_target
+    from blis_simpy.cli.tables import stdout_console
     from blis_simpy.fit import case_for, fit, space_for
     from blis_simpy.latency.coefficient_sets import write_set
     if not (0 < budget_s <= MAX_BUDGET_S):
@@ -149,7 +150,7 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
         "description": f"{space.backend} coefficients fitted to {len(cases)} measured run(s) on {where}",
         "fit": provenance})
     write_set(Path(output), cs, comment=f"written by: {provenance['command']}", field="--output")
-    con = Console(file=sys.stdout, width=max(Console().width, 120))
+    con = stdout_console()
     t = Table(title=f"fit: {space.backend} on {where} ({res.evaluations} simulations, "
                     f"{res.seconds:.0f} s, {res.stopped})", title_justify="left")
     for col in ("parameter", "start", "fitted", "bounds"):

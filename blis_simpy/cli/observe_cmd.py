@@ -149,9 +149,10 @@ def make_trace_header(cfg, *, started_at: str, warmup: int, seed: int, spec_path
 
 def print_summary(run, cfg, url: str, summary: dict, outputs: list[str]) -> None:
     """The rich summary on stdout."""
-    from rich.console import Console
     from rich.table import Table
-    console = Console(file=sys.stdout)
+
+    from blis_simpy.cli.tables import stdout_console
+    console = stdout_console()
     s = summary
     mode = "streaming" if cfg.streaming else "not streaming"
     console.print(f"[bold]observe[/bold]: {s['requests']} requests to {url} (model {cfg.model}, "

@@ -176,6 +176,8 @@ def _cost(doc: dict, v) -> str:
 
 def render(doc: dict, console) -> None:
     from rich.table import Table
+
+    from blis_simpy.cli.tables import Fitted
     p = doc["plan"]
     slo = ", ".join(f"{k} <= {v:g}" for k, v in p["slo"].items() if k != "min_completed_fraction")
     console.print(f"[bold]plan[/bold] {p['name'] or p['file']}: {p['model']} on "
@@ -196,15 +198,20 @@ def render(doc: dict, console) -> None:
             t.add_row(name, r["deployment"]["label"], str(r["gpus"]), _cost(doc, r["cost"]),
                       _ms(m.get("ttft_p99_ms")), _ms(m.get("itl_p99_ms")), _ms(m.get("e2e_p99_ms")),
                       _ms(r["goodput_rps"]))
-        if rows:
-            console.print(t)
+        if rows:        # a narrow terminal leaves out the latencies the SLOs do not name first
+            named = {f"{k.split('_')[0].upper()} p99 ms" for k in p["slo"]}
+            drop = sorted(("E2E p99 ms", "ITL p99 ms", "TTFT p99 ms", "goodput req/s", "GPUs"),
+                          key=lambda h: h in named)
+            console.print(Fitted(t, drop=drop, note="--format json or --out FILE.json has them"))
         else:
             console.print("[bold red]no deployment in the search space meets the SLOs[/bold red]")
         console.print(f"runs: {c['runs']} of {c['cross_product_runs']} in the full cross product "
                       f"({c['deployments_judged']} of {c['cross_product_deployments']} deployments; "
                       f"{c['families_searched']} of {c['families']} families searched, "
-                      f"{c['families_skipped']} skipped by the cost bound; {c['method']}), "
-                      f"{c['wall_s']:.1f} s", highlight=False)
+                      f"{c['families_skipped']} skipped by the cost bound; {c['method']})",
+                      highlight=False)
+        # wall-clock times go to stderr: stdout is then the same for the same plan
+        print(f"plan: the search took {c['wall_s']:.1f} s", file=sys.stderr)
         if c["non_monotone_families"]:
             console.print(f"[yellow]not monotone in the instance count:[/yellow] "
                           f"{', '.join(c['non_monotone_families'])}")
@@ -234,8 +241,9 @@ def render(doc: dict, console) -> None:
             else:
                 text = (f"sustains {m['sustained_rate']:g} req/s within the SLOs "
                         f"(fails at {m['failing_rate']:g}; tolerance {m['tolerance']:g})")
-            console.print(f"[bold]max rate[/bold] of {label}: {text}; {m['runs']} runs, "
-                          f"{m['wall_s']:.1f} s", highlight=False)
+            console.print(f"[bold]max rate[/bold] of {label}: {text}; {m['runs']} runs",
+                          highlight=False)
+            print(f"plan: the max-rate bisection took {m['wall_s']:.1f} s", file=sys.stderr)
 
 
 def register(app: typer.Typer) -> None:
@@ -278,8 +286,8 @@ def register(app: typer.Typer) -> None:
         if fmt is PlanFormat.json:
             sys.stdout.write(text)
         else:
-            from rich.console import Console
-            console = Console(file=sys.stdout)
+            from blis_simpy.cli.tables import stdout_console
+            console = stdout_console()
             render(doc, console)
             if out:
                 console.print(f"wrote {out}", highlight=False)

@@ -471,3 +471,8 @@ def warn_unfinished(n_requests: int, report: Report, horizon_us: int, last_arriv
 
 def horizon_text(h: int) -> str:
     return "unbounded" if h >= MAX_INT64 else f"{h} us"
+
+
+def count_text(n: int, noun: str) -> str:
+    """``1 request``, ``2,000 requests``: a count and its noun, plural unless ``n`` is 1."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"

@@ -30,6 +30,10 @@ import typer
 #: metrics of the summary table unless --metric is given (those present in the dataset)
 DEFAULT_METRICS = ("m.ttft_p99_ms", "m.itl_p99_ms", "m.e2e_p99_ms", "m.responses_per_sec",
                    "slo.attainment_pct.all", "slo.goodput_rps", "deployment.total_gpus")
+#: the default columns a narrow terminal leaves out, first left out first (the SLO
+#: attainment and TTFT stay longest); columns named with --metric go from the last named
+DEFAULT_DROP = ("deployment.total_gpus", "m.responses_per_sec", "m.e2e_p99_ms", "slo.goodput_rps",
+                "m.itl_p99_ms", "slo.attainment_pct.all")
 #: short headers of the table (other columns show their dataset name)
 HEADERS = {"m.ttft_p99_ms": "TTFT p99 ms", "m.itl_p99_ms": "ITL p99 ms", "m.e2e_p99_ms": "E2E p99 ms",
            "m.responses_per_sec": "req/s", "slo.attainment_pct.all": "SLO met %",
@@ -123,8 +127,9 @@ def print_summary(summary: dict, fmt: SweepFormat, metrics: list[str], title: st
     if fmt is SweepFormat.json:
         sys.stdout.write(json.dumps(summary, indent=2, allow_nan=False, default=str) + "\n")
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from blis_simpy.cli.tables import Fitted, stdout_console
     present = summary["metrics"]
     if metrics:
         unknown = [m for m in metrics if m not in present]
@@ -154,10 +159,10 @@ def print_summary(summary: dict, fmt: SweepFormat, metrics: list[str], title: st
         if failed:
             cells.append(str(c["failed"]) if c["failed"] else "")
         table.add_row(*cells)
-    console = Console(file=sys.stdout)
-    if not console.is_terminal:   # a file or a pipe: rows are not wrapped at 80 columns
-        console.width = 200
-    console.print(table)
+    console = stdout_console()
+    drop = shown[:0:-1] if metrics else DEFAULT_DROP   # the axes, seeds and failures stay
+    console.print(Fitted(table, drop=[HEADERS.get(m, m) for m in drop],
+                         note="--metric KEY picks the columns, --format json has them all"))
     console.print(f"{summary['points']} points ({summary['ok']} ok, {summary['failed']} failed); "
                   "cells: mean over the seeds ± half the 95 % confidence interval (Student's t)",
                   highlight=False)

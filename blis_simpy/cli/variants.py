@@ -40,8 +40,6 @@ from blis_simpy.errors import BlisError, ConfigError, SimulationError
 from blis_simpy.metrics.report import report_dict, write_results
 from blis_simpy.metrics.summary import metrics_output, replay_results, scope_output
 
-#: width of the table output when stdout is not a terminal (files, pipes)
-TABLE_WIDTH = 160
 #: top-level keys a variant cannot override: they define the (shared) workload
 FIXED_KEYS = ("seed", "workload", "horizon_us", "plugins", "variants")
 
@@ -226,20 +224,69 @@ def render(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome]
     return _tables(base, vps, outs)
 
 
+#: columns of the variants table a narrow terminal leaves out, first left out first (the
+#: SLO, cost and p99 columns stay longest)
+DROP_ORDER = ("KV hit\nrate", "KV xfer\nmean", "tok/s", "TTFT\np50", "ITL\nmean", "E2E\nmean",
+              "TTFT\nmean", "Done", "req/s", "GPUs", "Instances", "E2E\np99", "ITL\np99")
+#: the same for the counters table (what went wrong stays longest)
+COUNTERS_DROP_ORDER = ("Duration\n(s)", "Peak KV\nblocks", "Preemp-\ntions", "Still\nrunning",
+                       "Still\nqueued", "Injected")
+
+
+def slo_cells(out: runner.Outcome) -> tuple[float | None, float | None, float | None]:
+    """``(attainment % of all targets, goodput req/s, cost USD/h)`` of a variant, as the run
+    computed them (cli/slo_cost.py; None where unknown: no SLO, no GPU price)."""
+    slo, dep = out.report.slo, out.report.deployment
+    cost = dep.cost_per_hour_usd if dep is not None else None
+    if slo is None:
+        return None, None, cost
+    return slo.overall.attainment_pct()["all"], slo.overall.goodput_rps, cost
+
+
+def cost_text(usd_per_hour: float | None, gpus: int) -> str:
+    """``$12.00/h``, or the GPU count when the deployment has no price (as ``plan`` shows)."""
+    return f"${usd_per_hour:,.2f}/h" if usd_per_hour is not None else runner.count_text(gpus, "GPU")
+
+
+def verdict(vps: list[VariantPlan], outs: list[runner.Outcome]) -> str:
+    """One line: the variant meeting the SLOs (every offered request met every target) at the
+    lowest cost — USD/h when every variant is priced, else GPUs; ties: higher goodput, then
+    the first listed — or, when none meets them, the one with the highest attainment."""
+    rows = []
+    for k, (vp, o) in enumerate(zip(vps, outs, strict=True)):
+        att, good, cost = slo_cells(o)
+        rows.append((vp.name, att or 0.0, good or 0.0, cost, o.result.gpus, k))
+    priced = all(r[3] is not None for r in rows)
+    cost = lambda r: cost_text(r[3] if priced else None, r[4])  # noqa: E731
+
+    meeting = sorted((r for r in rows if r[1] >= 100.0),
+                     key=lambda r: (r[3] if priced else r[4], -r[2], r[5]))
+    basis = (". Meeting the SLOs: every offered request met every target"
+             + ("" if priced else "; cost: GPUs (no GPU price: --gpu-hour-cost)") + ".")
+    if meeting:
+        best = meeting[0]
+        also = ", ".join(f"{r[0]} ({cost(r)})" for r in meeting[1:])
+        return (f"Verdict: {best[0]} meets the SLOs at the lowest cost, {cost(best)}, goodput "
+                f"{best[2]:,.2f} req/s" + (f"; also meeting them: {also}" if also else "") + basis)
+    best = max(rows, key=lambda r: (r[1], r[2], -r[5]))
+    return (f"Verdict: no variant meets the SLOs; closest: {best[0]}, {best[1]:.1f} % attainment, goodput "
+            f"{best[2]:,.2f} req/s, {cost(best)}{basis}")
+
+
 def _tables(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome]) -> str:
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
+    from blis_simpy.cli.tables import Fitted, stdout_console
     from blis_simpy.metrics.tables import pd_table
-    # rich falls back to 80 columns when stdout is not a terminal: too narrow for 13 columns
-    console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else TABLE_WIDTH)
+    console = stdout_console()
     console.begin_capture()
     o0 = outs[0]
     extra = " + session follow-ups" if o0.sessions else ""
     title = f"{base.scenario.name}: " if base.scenario.name else ""
-    console.print(f"[bold]{base.command}[/bold]: {title}{len(o0.requests)} requests{extra}, the same "
-                  f"for each of {len(vps)} variants, horizon {runner.horizon_text(o0.horizon_us)}")
+    console.print(f"[bold]{base.command}[/bold]: {title}{runner.count_text(len(o0.requests), 'request')}{extra}, "
+                  f"the same for each of {runner.count_text(len(vps), 'variant')}, "
+                  f"horizon {runner.horizon_text(o0.horizon_us)}")
     f = lambda x, nd=1: "-" if x is None else f"{x:,.{nd}f}"  # noqa: E731
 
     def table(title: str, heads: tuple[str, ...], left: int) -> Table:
@@ -248,18 +295,25 @@ def _tables(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome
             t.add_column(h, justify="left" if k < left else "right")
         return t
 
-    t = table("Variants (times in ms)", ("Variant", "Instances", "GPUs", "Done", "req/s", "tok/s",
+    with_slo = any(o.report.slo is not None for o in outs)
+    slo_heads = ("SLO\nmet %", "goodput\nreq/s", "cost") if with_slo else ()
+    t = table("Variants (times in ms)", ("Variant", "Instances", "GPUs", *slo_heads, "Done", "req/s", "tok/s",
               "TTFT\nmean", "TTFT\np50", "TTFT\np99", "ITL\nmean", "ITL\np99", "E2E\nmean", "E2E\np99",
               "KV xfer\nmean", "KV hit\nrate"), 2)
     for vp, o in zip(vps, outs, strict=True):
         r = comparison_row(vp, o)
-        t.add_row(vp.name, r["deployment"], f"{r['gpus']:,}", f"{r['completed']:,}", f(r["throughput_rps"], 2),
-                  f(r["tokens_per_sec"], 0), f(r["ttft_mean_ms"]), f(r["ttft_p50_ms"]),
+        att, good, cost = slo_cells(o)
+        slo = (f(att), f(good, 2), cost_text(cost, o.result.gpus)) if with_slo else ()
+        t.add_row(vp.name, r["deployment"], f"{r['gpus']:,}", *slo, f"{r['completed']:,}",
+                  f(r["throughput_rps"], 2), f(r["tokens_per_sec"], 0), f(r["ttft_mean_ms"]), f(r["ttft_p50_ms"]),
                   f(r["ttft_p99_ms"]), f(r["itl_mean_ms"], 2), f(r["itl_p99_ms"], 2),
                   f(r["e2e_mean_ms"]), f(r["e2e_p99_ms"]),
                   f(r["transfer_mean_ms"]),
                   f"{r['cache_hit_rate']:.1%}")
-    console.print(t)
+    console.print(Fitted(t, drop=DROP_ORDER, note="--format json has them"))
+    if with_slo:
+        console.print(verdict(vps, outs), highlight=False)
+        console.print()
     t = table("Counters", ("Variant", "Injected", "Still\nqueued", "Still\nrunning", "Timed\nout",
               "Dropped", "Rejected", "Preemp-\ntions", "Peak KV\nblocks", "Duration\n(s)"), 1)
     for vp, o in zip(vps, outs, strict=True):
@@ -268,7 +322,7 @@ def _tables(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome
                   f"{c.timed_out_requests:,}", f"{a.dropped_unservable:,}",
                   f"{a.rejected_requests_admission + a.rejected_requests_routing:,}",
                   f"{c.preemption_count:,}", f"{c.peak_kv_blocks:,}", f(c.sim_ended_time / 1e6, 3))
-    console.print(t)
+    console.print(Fitted(t, drop=COUNTERS_DROP_ORDER, note="--format json has them"))
     if any(o.report.sessions is not None for o in outs):
         t = table("Closed-loop sessions", ("Variant", "Sessions", "Completed", "Cancelled", "Cut by\nhorizon",
                   "Follow-up\nrequests"), 1)

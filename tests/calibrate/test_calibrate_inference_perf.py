@@ -72,7 +72,8 @@ def test_two_stage_folder_exact_figures(tmp_path):
     assert t["score"]["avg3_pct"] == pytest.approx((40 + 50 + 100 / 3) / 3)
 
 
-def test_table_output_names_the_coefficients_and_the_score(tmp_path):
+def test_table_output_names_the_coefficients_and_the_score(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")    # each score on one line (piped output is 120 wide)
     res = _cli("calibrate", write_run(tmp_path), *BLACKBOX)
     assert res.exit_code == 0, res.output
     out = res.stdout

@@ -122,7 +122,8 @@ def test_gpu_memory_utilization_changes_auto_kv(cli, offline):
     assert blocks("--gpu-memory-utilization", "0.8") < 17_376
 
 
-def test_catalog_gpus_show_the_interconnect_and_driver_memory(cli, offline):
+def test_catalog_gpus_show_the_interconnect_and_driver_memory(cli, offline, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")       # every column on one line per GPU
     out = _ok(cli("catalog", "gpus")).stdout
     assert "interconnect" in out and "driver GiB" in out
     for label in ("NVLink4 450 GB/s P2P", "NVLink5 900 GB/s P2P", "PCIe4 31.5 GB/s no P2P", "PCIe5 63 GB/s P2P"):
@@ -137,7 +138,8 @@ def test_catalog_gpus_show_the_interconnect_and_driver_memory(cli, offline):
     assert doc["H100"]["interconnect_label"] == "NVLink4 450 GB/s P2P"
 
 
-def test_catalog_models_show_head_dim(cli, offline):
+def test_catalog_models_show_head_dim(cli, offline, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")       # every column on one line per model
     out = _ok(cli("catalog", "models")).stdout
     assert "head dim" in out
     q = next(line for line in out.splitlines() if "qwen/qwen3-32b" in line)
