@@ -24,6 +24,7 @@ import typer
 
 from blis_simpy.atomic import Batch, atomic_write
 from blis_simpy.cli import flags as F
+from blis_simpy.cli import plugin_optin
 from blis_simpy.cli.logs import setup_logging
 from blis_simpy.cli.options import flag_parameters, given_flags
 from blis_simpy.errors import ConfigError
@@ -222,11 +223,13 @@ def register(app: typer.Typer) -> None:
                           default=typer.Option(True, "--timeline/--no-timeline",
                                                help="compare running/waiting/KV timelines where the "
                                                     "run has a timeseries", rich_help_panel=F.OUTPUT)),
+        inspect.Parameter("allow_plugins", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=plugin_optin.option()),
     ] + flag_parameters(F.REPLAY, SKIP)
 
     def cmd(**kw) -> None:
         runs, scenario, fmt = kw.pop("runs"), kw.pop("scenario"), kw.pop("format")
         plot, report, timeline = kw.pop("plot"), kw.pop("report"), kw.pop("timeline")
+        plugin_optin.set_given(kw.pop("allow_plugins"))
         given = given_flags(F.REPLAY, kw)
         setup_logging(given.get("--log"))
         calibrate(runs, str(scenario) if scenario else None, given, fmt,
