@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass, field
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.infile import open_input
+from blis_simpy.infile import json_loads, open_input
 from blis_simpy.metrics.timeline_file import COLUMNS as TIMELINE_COLUMNS
 from blis_simpy.metrics.timeline_file import read_timeline
 
@@ -110,7 +110,7 @@ def _from_json(path: str) -> Input:
         raise _bad(path, f"larger than {MAX_JSON_BYTES >> 20} MiB")
     try:
         with open_input(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
+            doc = json_loads(fh.read())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _bad(path, f"not JSON: {exc}".splitlines()[0]) from None
     except RecursionError:
@@ -140,7 +140,7 @@ def _from_jsonl(path: str) -> Input:
                 if n > MAX_ROWS:
                     raise _bad(path, f"more than {MAX_ROWS} rows")
                 if line.strip():
-                    rows.append(json.loads(line))
+                    rows.append(json_loads(line))
     except UnicodeDecodeError as exc:     # decoded by blocks: the line is not known
         raise _bad(path, f"not a --requests-out .jsonl file: {exc}") from None
     except json.JSONDecodeError as exc:

@@ -21,7 +21,7 @@ import os
 import re
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.infile import open_input
+from blis_simpy.infile import json_loads, open_input
 from blis_simpy.workload.spec import (
     ArrivalSpec,
     ClientSpec,
@@ -248,9 +248,12 @@ def _first_window(path: str, span_start: float, span_end: float):
     span that has both strings, or None."""
     try:
         with open_input(path, encoding="utf-8-sig") as f:
-            data = json.load(f)
+            data = json_loads(f.read())
     except FileNotFoundError:
         return None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"cannot read ServeGen dataset: not JSON: {exc.msg}", file=path,
+                          line=exc.lineno) from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read ServeGen dataset: {exc}", file=path) from None
     except RecursionError:
