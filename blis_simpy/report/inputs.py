@@ -82,14 +82,17 @@ def _pos(v) -> bool:
 def _from_rows(path: str, rows: list[dict]) -> Input:
     """Results rows (``--results-path`` requests rows or ``--requests-out`` rows)."""
     ttft, itl, e2e = [], [], []
-    for r in rows:
+    for i, r in enumerate(rows):
         if not isinstance(r, dict):
             raise _bad(path, "a request row is not an object")
+        n_out = r.get("num_decode_tokens")
+        if n_out is not None and not (isinstance(n_out, (int, float)) and not isinstance(n_out, bool)):
+            raise _bad(path, f"request row {i}: num_decode_tokens: not a number, got {n_out!r:.40}")
         if _pos(r.get("e2e_ms")):
             e2e.append(float(r["e2e_ms"]))
             if _pos(r.get("ttft_ms")):
                 ttft.append(float(r["ttft_ms"]))
-            if _pos(r.get("itl_ms")) and (r.get("num_decode_tokens") or 0) > 1:
+            if _pos(r.get("itl_ms")) and (n_out or 0) > 1:
                 itl.append(float(r["itl_ms"]))
     return Input(path, "results", latency_ms={"ttft": ttft, "itl": itl, "e2e": e2e})
 
