@@ -84,6 +84,9 @@ def prepare_runs(paths: list[str], given: dict, scenario: str | None, command: s
     from blis_simpy.observed.converted import load_run
     from blis_simpy.observed.inference_perf import with_seed
     loaded = [load_run(r) for r in paths]          # every input checked before any run
+    for path, run in zip(paths, loaded, strict=True):
+        if not run.records:     # (fit: an internal error; calibrate: empty tables, exit 0)
+            raise ConfigError(f"the run has no request rows: nothing to {command} against", file=path)
     out = []
     for run in loaded:
         plan = run_plan(run, given, scenario, command)
