@@ -308,6 +308,22 @@ def raised_in_plugin(exc: BaseException) -> tuple[Pluggable, str, BaseException]
     return None
 
 
+def running_plugin(frame) -> Pluggable | None:
+    """The plugin object whose own code ``frame`` (a signal handler's frame) or one of its
+    callers is running, as :func:`raised_in_plugin` tells it; None when no plugin code is on
+    the stack. Ctrl-C uses it: a plugin that never returns never lets the simulation reach
+    its next event, where a run otherwise stops."""
+    for _ in range(10_000):     # the stack's depth is bounded by the recursion limit anyway
+        if frame is None:
+            return None
+        if frame.f_globals.get("__name__", "").split(".", 1)[0] != "blis_simpy":
+            obj = frame.f_locals.get("self")
+            if isinstance(obj, Pluggable) and not obj._blis_builtin:
+                return obj
+        frame = frame.f_back
+    return None
+
+
 def build_failure(cls: type[Pluggable], exc: BaseException, *,
                   field: str | None) -> ConfigError:
     """A plugin's constructor raised: the one-line error naming the plugin (its family and

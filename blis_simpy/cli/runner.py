@@ -33,7 +33,7 @@ from blis_simpy.errors import ConfigError, UnknownName
 from blis_simpy.metrics.fitness import compute_fitness
 from blis_simpy.metrics.report import Report, planning_part, write_results
 from blis_simpy.metrics.summary import metrics_output, replay_results
-from blis_simpy.plugins import load_plugins
+from blis_simpy.plugins import load_plugins, running_plugin
 from blis_simpy.request import COMPLETED, TIMED_OUT
 from blis_simpy.units import MAX_INT64
 
@@ -364,7 +364,8 @@ def _raise_stop(_arg) -> None:
 def _ctrl_c_stops(sim: Simulation, enabled: bool):
     """While the simulation runs, the first SIGINT schedules an event at the current time
     that raises :class:`_Stop` when processed (so the run ends between two events, its state
-    whole); a second SIGINT interrupts at once (KeyboardInterrupt). Yields a list that holds
+    whole); a second SIGINT interrupts at once (KeyboardInterrupt), and so does the first
+    while a plugin's code runs (it may never return). Yields a list that holds
     the signal once it came. Off (yields an empty list) unless ``enabled`` and in the main
     thread with Python's default SIGINT handler."""
     import signal
@@ -375,9 +376,11 @@ def _ctrl_c_stops(sim: Simulation, enabled: bool):
         yield hit
         return
 
-    def on_sigint(signum, _frame):
-        hit.append(signum)
+    def on_sigint(signum, frame):
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if running_plugin(frame) is not None:    # it may never return to the event loop
+            raise KeyboardInterrupt
+        hit.append(signum)
         sim.env.call_at(sim.env.now, 0, _raise_stop)
 
     signal.signal(signal.SIGINT, on_sigint)
