@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.support import SMALL_SCENARIO, trace_row, write_trace_files
+from tests.workload.iperf_support import write_run as write_iperf_run
 from tests.workload.test_observed_vllm_log import write_run
 
 BIG = "9" * 4301
@@ -56,6 +57,13 @@ def _inference_perf(d: Path):
             f"{spec}:2: num_unique_system_prompts: {TOO_LONG}")
 
 
+def _inference_perf_run(d: Path):
+    run = write_iperf_run(d)
+    config = run / "results" / "config.yaml"
+    config.write_text(config.read_text().replace("num_groups: 1", f"num_groups: {BIG}"))
+    return ["calibrate", run], f"{config}:7: num_groups: {TOO_LONG}"
+
+
 def _vllm_bench(d: Path):
     result = d / "b.json"
     result.write_text(BENCH.read_text().replace("{", f'{{"num_prompts_x": {BIG}, ', 1))
@@ -95,7 +103,7 @@ def _trace_csv(d: Path):
 
 
 CASES = {f.__name__[1:]: f for f in (_scenario, _scenario_list_item, _sweep, _plan, _workload_spec,
-                                     _inference_perf, _vllm_bench, _vllm_log_rows, _vllm_log_meta,
+                                     _inference_perf, _inference_perf_run, _vllm_bench, _vllm_log_rows, _vllm_log_meta,
                                      _report_json, _trace_csv)}
 
 
