@@ -115,3 +115,16 @@ def test_an_integer_too_long_to_convert_is_a_located_line(cli, tmp_path, kind):
     assert (res.exit_code, res.stdout) == (2, ""), res.stderr
     assert res.stderr == f"error: {expected}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == before      # no output written
+
+
+def test_a_timeline_cell_too_long_is_a_short_line(cli, tmp_path):
+    """pyarrow reads a timeline CSV: its refusal quoted the whole 4,301-digit cell."""
+    tl = tmp_path / "t.csv"
+    tl.write_text("t_us,instance,role,running,waiting,kv_blocks_used,kv_blocks_total,preemptions,"
+                  f"kv_transfers_in_flight\n0,instance_0,,0,0,0,10,0,\n{BIG},instance_0,,0,0,0,10,0,\n")
+    res = cli("report", tl, "--out", tmp_path / "out")
+    assert (res.exit_code, res.stdout) == (2, "")
+    line = res.stderr.rstrip("\n")
+    assert line.startswith(f"error: {tl}: INPUT: not a readable timeline: ") and line.endswith("...")
+    assert "\n" not in line and len(line) < len(str(tl)) + 400
+    assert not (tmp_path / "out").exists()
