@@ -23,13 +23,6 @@ from .sse_server import ENDLESS, ESC_ERROR, HUGE_USAGE, NESTED, SSEServer
 NO_HANG_S = 60.0
 
 
-@pytest.fixture
-def server():
-    srv = SSEServer().start()
-    yield srv
-    srv.stop()
-
-
 def _observe(srv: SSEServer, marker: int, n_out: int = 3):
     """Three requests: a normal one, the hostile one, a normal one."""
     reqs = [Request(f"r{i}", 1000 * i, [p, 5, 6], [7] * n_out) for i, p in enumerate((100, marker, 101))]
