@@ -34,7 +34,7 @@ from collections.abc import Iterator
 
 from blis_simpy.errors import ConfigError
 
-__all__ = ["Batch", "Staged", "atomic_write", "check_target"]
+__all__ = ["Batch", "Staged", "atomic_write", "check_out_dir", "check_target"]
 
 
 def check_target(path: str | os.PathLike, *, field: str | None = None) -> None:
@@ -50,6 +50,21 @@ def check_target(path: str | os.PathLike, *, field: str | None = None) -> None:
         raise ConfigError("is a directory, expected a file path", file=path, field=field)
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"cannot write in the folder {parent}", file=path, field=field)
+
+
+def check_out_dir(path: str | os.PathLike, *, field: str | None = None,
+                  subdirs: tuple[str, ...] = ()) -> None:
+    """Refuse an output folder (and its ``subdirs`` the command writes into) that is a
+    symbolic link, or a path that exists and is not a folder (:class:`ConfigError` naming
+    ``path`` and ``field``). An output file is never written through a link either: the
+    rename of :class:`Staged` replaces the link itself, never the file it points at."""
+    path = os.fspath(path)
+    for p in (path, *(os.path.join(path, s) for s in subdirs)):
+        if os.path.islink(p):
+            raise ConfigError(f"is a symbolic link (to {os.readlink(p)}): output folders are not "
+                              "written through links; give the folder itself", file=p, field=field)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError("exists and is not a directory", file=path, field=field)
 
 
 def _problem(what: str, exc: OSError) -> str:

@@ -1,6 +1,7 @@
 """The small error hierarchy. The CLI catches :class:`BlisError` in one place.
 
 * :class:`ConfigError` — bad user input (file, line, field); the CLI prints one line, exit 2.
+  :class:`UnknownName` — one of them: a name no registry holds.
 * :class:`SimulationError` — something broke while simulating (time, instance, request).
 * :class:`InvariantError` — an end-of-run invariant (conservation, causality) does not hold.
 
@@ -43,6 +44,17 @@ class ConfigError(BlisError):
             where = f"{self.file}:{self.line}: " if self.line else f"{self.file}: "
         fld = f"{self.field}: " if self.field else ""
         return f"{where}{fld}{self.problem}"
+
+
+class UnknownName(ConfigError):
+    """A name that no registry holds (a router, a scheduler, a latency backend): a
+    :class:`ConfigError` that ``validate`` can set aside while a scenario's plugin modules,
+    which may register the name, are not imported (docs/extending.md, "Loading plugins").
+    ``name``: what was looked up (``routing policy 'least-kv'``)."""
+
+    def __init__(self, problem: str, *, name: str, field: str | None = None):
+        self.name = name
+        super().__init__(problem, field=field)
 
 
 class SimulationError(BlisError):

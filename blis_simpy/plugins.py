@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from blis_simpy.errors import BlisError, ConfigError, validation_problem
+from blis_simpy.errors import BlisError, ConfigError, UnknownName, validation_problem
 
 
 class NoParams(BaseModel):
@@ -79,8 +79,8 @@ class Pluggable:
         try:
             return cls._registry[name]
         except KeyError:
-            raise ConfigError(f"unknown {cls.family} {name!r}; valid: {', '.join(cls.names())}",
-                              field=field) from None
+            raise UnknownName(f"unknown {cls.family} {name!r}; valid: {', '.join(cls.names())}",
+                              name=f"{cls.family} {name!r}", field=field) from None
 
     @classmethod
     def parse_params(cls, params: dict | None, *, field: str | None = None) -> BaseModel:
@@ -308,6 +308,22 @@ def raised_in_plugin(exc: BaseException) -> tuple[Pluggable, str, BaseException]
     return None
 
 
+def running_plugin(frame) -> Pluggable | None:
+    """The plugin object whose own code ``frame`` (a signal handler's frame) or one of its
+    callers is running, as :func:`raised_in_plugin` tells it; None when no plugin code is on
+    the stack. Ctrl-C uses it: a plugin that never returns never lets the simulation reach
+    its next event, where a run otherwise stops."""
+    for _ in range(10_000):     # the stack's depth is bounded by the recursion limit anyway
+        if frame is None:
+            return None
+        if frame.f_globals.get("__name__", "").split(".", 1)[0] != "blis_simpy":
+            obj = frame.f_locals.get("self")
+            if isinstance(obj, Pluggable) and not obj._blis_builtin:
+                return obj
+        frame = frame.f_back
+    return None
+
+
 def build_failure(cls: type[Pluggable], exc: BaseException, *,
                   field: str | None) -> ConfigError:
     """A plugin's constructor raised: the one-line error naming the plugin (its family and
@@ -325,12 +341,13 @@ _loaded: set[str] = set()
 
 
 def load_plugins(modules: list[str] | tuple[str, ...] = (), *, entry_points: bool = True,
-                 source: str | None = None) -> None:
+                 source: str | None = None, folders: tuple[str, ...] = ()) -> None:
     """Import plugin modules (each registers its policies by subclassing).
 
     ``modules`` are dotted module paths. They are looked up on ``sys.path`` and, when
     ``source`` (the scenario file) is given, first in the scenario's own folder — so a
-    ``my_router.py`` next to the scenario is found as ``plugins: [my_router]``.
+    ``my_router.py`` next to the scenario is found as ``plugins: [my_router]``; ``folders``
+    are searched first too (a sweep's or a plan's base scenario folder, for its points).
     """
     if entry_points and "<entry-points>" not in _loaded:
         _loaded.add("<entry-points>")
@@ -343,13 +360,13 @@ def load_plugins(modules: list[str] | tuple[str, ...] = (), *, entry_points: boo
             except SystemExit as exc:
                 raise ConfigError(f"plugin entry point {ep.name!r} ({ep.value}) called "
                                   f"sys.exit({exc.code!r}) while loading") from None
-    folder = os.path.dirname(os.path.abspath(source)) if source else None
+    search = list(dict.fromkeys(((os.path.dirname(os.path.abspath(source)),) if source else ())
+                                + tuple(os.path.abspath(f) for f in folders)))
     for mod in modules:
         if mod in _loaded:
             continue
-        added = folder is not None and folder not in sys.path
-        if added:
-            sys.path.insert(0, folder)
+        added = [f for f in search if f not in sys.path]
+        sys.path[:0] = added
         try:
             importlib.import_module(mod)
         except ImportError as exc:
@@ -362,6 +379,6 @@ def load_plugins(modules: list[str] | tuple[str, ...] = (), *, entry_points: boo
             raise ConfigError(f"plugin module {mod!r} called sys.exit({exc.code!r}) while being "
                               "imported", file=source, field="plugins") from None
         finally:
-            if added:
-                sys.path.remove(folder)
+            for f in added:
+                sys.path.remove(f)
         _loaded.add(mod)

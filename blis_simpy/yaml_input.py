@@ -15,6 +15,7 @@ safe loader) refuses, while composing and before anything is built from the docu
   keys and values than that written in the document (aliases have their own cap): a
   three-megabyte list of a million items takes PyYAML half a minute and a gigabyte to
   build, so a file whose kind is small is refused while composing instead;
+* an integer of more than :data:`~blis_simpy.infile.MAX_INT_DIGITS` digits (Python cannot convert it);
 * a mapping key that YAML reads as a boolean or null (``yes:``, ``on:``, ``~:``): no key
   of ours is one, and quoted (``'yes':``) it is the string (reported as the key's field).
 
@@ -30,7 +31,7 @@ from typing import Any
 import yaml
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.infile import open_input
+from blis_simpy.infile import TOO_MANY_DIGITS, open_input, too_many_digits
 
 #: the largest YAML file read, bytes (our files are kilobytes; PyYAML needs minutes for
 #: hundreds of megabytes)
@@ -42,6 +43,7 @@ MAX_ALIAS_NODES = 100_000
 
 _BOOL = "tag:yaml.org,2002:bool"
 _NULL = "tag:yaml.org,2002:null"
+_INT = "tag:yaml.org,2002:int"
 
 
 class CappedLoader(yaml.SafeLoader):
@@ -100,7 +102,24 @@ class CappedLoader(yaml.SafeLoader):
                 what = "a boolean" if key.tag == _BOOL else "null"
                 raise _refuse(f"reads as {what} in YAML; quote it ('{key.value}') to mean the text",
                               key, field=key.value)
+            if isinstance(key, yaml.ScalarNode) and _huge_int(_):     # named by its key here
+                raise _refuse(TOO_MANY_DIGITS, _, field=key.value)
         return node
+
+
+def _huge_int(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag == _INT and too_many_digits(node.value)
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """YAML's int, refused (located on its line) when it has too many digits to convert (a
+    mapping's value is refused while composing, naming its key)."""
+    if _huge_int(node):
+        raise _refuse(TOO_MANY_DIGITS, node)
+    return yaml.SafeLoader.construct_yaml_int(loader, node)
+
+
+CappedLoader.add_constructor(_INT, _construct_int)
 
 
 class _Refused(yaml.MarkedYAMLError):

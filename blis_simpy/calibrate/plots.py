@@ -60,7 +60,8 @@ def write_plots(out_dir: str | os.PathLike, run: ObservedRun, sim: SimRun,
         ax.set_title(f"{LABELS[m]} CDF")
         ax.set_xlabel("ms")
         ax.set_ylabel("fraction of requests")
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:    # (none: matplotlib's UserWarning on stderr)
+            ax.legend()
     written.append(_save(fig, d / f"{stem}-cdf.png", batch))
     plt.close(fig)
 

@@ -30,7 +30,7 @@ from functools import lru_cache
 from blis_simpy.catalog.shipped import read_shipped
 from blis_simpy.catalog.types import GPUSpec
 from blis_simpy.errors import ConfigError
-from blis_simpy.infile import open_input
+from blis_simpy.infile import json_loads, open_input
 
 #: our field name -> BLIS hardware_config.json key
 BLIS_KEYS = {"tflops_peak": "TFlopsPeak", "tflops_fp8": "TFlopsFP8", "bw_peak_tbs": "BwPeakTBs",
@@ -189,7 +189,7 @@ def read_hardware_json(path: str, *, field: str = "hardware_config") -> dict[str
         if len(text) > MAX_HARDWARE_CHARS:
             raise ConfigError(f"larger than {MAX_HARDWARE_CHARS} characters: not a hardware_config.json",
                               file=path, field=field)
-        raw = json.loads(text)
+        raw = json_loads(text)
     except FileNotFoundError:
         raise ConfigError(f"no such file: {path}", field=field) from None
     except (OSError, UnicodeDecodeError) as exc:

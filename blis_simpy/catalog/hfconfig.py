@@ -56,7 +56,7 @@ from pathlib import Path
 
 from blis_simpy.catalog.types import ModelConfig
 from blis_simpy.errors import ConfigError
-from blis_simpy.infile import open_input
+from blis_simpy.infile import json_loads, open_input
 
 #: torch dtype name → bytes per parameter (activations and KV cache use this).
 DTYPE_BYTES = {
@@ -99,7 +99,7 @@ def load_hf_json(path: str | os.PathLike) -> dict:
         raise ConfigError(f"larger than {MAX_CONFIG_BYTES} bytes: not a HuggingFace config.json",
                           file=str(p))
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = json_loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not valid UTF-8 ({exc.reason} at byte {exc.start})", file=str(p)) from None
     except json.JSONDecodeError as exc:

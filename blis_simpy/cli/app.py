@@ -28,7 +28,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from typer.core import TyperGroup
 
 from blis_simpy.cli import flags as F
-from blis_simpy.cli import startup_gc, usage
+from blis_simpy.cli import plugin_optin, startup_gc, usage
 from blis_simpy.cli.calibrate_cmd import register as _register_calibrate
 from blis_simpy.cli.catalog_cmd import register as _register_catalog
 from blis_simpy.cli.convert_cmd import register as _register_convert
@@ -340,9 +340,12 @@ def _command(command: str, doc: str):
                                                     "or BLIS's stdout layout",
                                                rich_help_panel=F.OUTPUT)),
     ]
+    params.append(inspect.Parameter("allow_plugins", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                                    default=plugin_optin.option()))
     params += flag_parameters(command)
 
     def cmd(**kw) -> None:
+        plugin_optin.set_given(kw.pop("allow_plugins"))
         _simulate(command, kw.pop("scenario"), kw.pop("format"), kw)
 
     cmd.__signature__ = inspect.Signature(params)
@@ -358,9 +361,12 @@ _command(F.REPLAY, "Replay a TraceV2 trace (--trace-header/--trace-data, or a sc
 
 
 @app.command("validate")
-def validate_cmd(path: Path = typer.Argument(..., metavar="FILE.yaml", help="scenario to check")) -> None:
-    """Check a scenario file (keys, types, values, policies, trace files) without running it."""
+def validate_cmd(path: Path = typer.Argument(..., metavar="FILE.yaml", help="scenario to check"),
+                 allow_plugins: bool = plugin_optin.option()) -> None:
+    """Check a scenario file (keys, types, values, policies, trace files) without running it;
+    its plugins: modules are listed, and imported only with --allow-plugins."""
     setup_logging(None)
+    plugin_optin.set_given(allow_plugins)
     from blis_simpy.cli import runner
     from blis_simpy.config.loader import summary
     from blis_simpy.config.scenario import SpecWorkload, TraceWorkload
@@ -377,6 +383,12 @@ def validate_cmd(path: Path = typer.Argument(..., metavar="FILE.yaml", help="sce
     print(f"ok: {path}: {summary(plan.scenario)}{rows}")
     for line in lines:
         print(line)
+    if plan.pending_plugins:
+        names = ", ".join(plan.pending_plugins)
+        print(f"plugins not imported: {names} ({plugin_optin.FLAG} or "
+              f"{plugin_optin.ENV}=1 imports and checks them)")
+        for name in dict.fromkeys(plan.unchecked):
+            print(f"  not checked until they are imported: {name}")
 
 
 _register_catalog(app)

@@ -24,6 +24,7 @@ import typer
 
 from blis_simpy.atomic import Batch, atomic_write
 from blis_simpy.cli import flags as F
+from blis_simpy.cli import plugin_optin
 from blis_simpy.cli.logs import setup_logging
 from blis_simpy.cli.options import flag_parameters, given_flags
 from blis_simpy.errors import ConfigError
@@ -83,6 +84,9 @@ def prepare_runs(paths: list[str], given: dict, scenario: str | None, command: s
     from blis_simpy.observed.converted import load_run
     from blis_simpy.observed.inference_perf import with_seed
     loaded = [load_run(r) for r in paths]          # every input checked before any run
+    for path, run in zip(paths, loaded, strict=True):
+        if not run.records:     # (fit: an internal error; calibrate: empty tables, exit 0)
+            raise ConfigError(f"the run has no request rows: nothing to {command} against", file=path)
     out = []
     for run in loaded:
         plan = run_plan(run, given, scenario, command)
@@ -224,11 +228,13 @@ def register(app: typer.Typer) -> None:
                           default=typer.Option(True, "--timeline/--no-timeline",
                                                help="compare running/waiting/KV timelines where the "
                                                     "run has a timeseries", rich_help_panel=F.OUTPUT)),
+        inspect.Parameter("allow_plugins", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=plugin_optin.option()),
     ] + flag_parameters(F.REPLAY, SKIP)
 
     def cmd(**kw) -> None:
         runs, scenario, fmt = kw.pop("runs"), kw.pop("scenario"), kw.pop("format")
         plot, report, timeline = kw.pop("plot"), kw.pop("report"), kw.pop("timeline")
+        plugin_optin.set_given(kw.pop("allow_plugins"))
         given = given_flags(F.REPLAY, kw)
         setup_logging(given.get("--log"))
         calibrate(runs, str(scenario) if scenario else None, given, fmt,

@@ -30,6 +30,14 @@ convert_app = typer.Typer(no_args_is_help=True, add_completion=False,
                           help="Convert presets, ServeGen, inference-perf, vLLM logs and vllm bench "
                                "results into workload specs or TraceV2 traces.")
 
+@convert_app.callback()
+def _convert() -> None:
+    # the converters' warnings (a skipped ServeGen row or chunk) in the CLI's log format,
+    # not Python's bare last-resort line
+    from blis_simpy.cli.logs import setup_logging
+    setup_logging(None)
+
+
 _OUTPUT_SPEC = typer.Option(None, "--output", metavar="FILE", help="write the YAML here instead of printing it")
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import typer
 
 from blis_simpy.cli import flags as F
+from blis_simpy.cli import plugin_optin
 from blis_simpy.cli.calibrate_cmd import SKIP, prepare_runs
 from blis_simpy.cli.logs import setup_logging
 from blis_simpy.cli.options import flag_parameters, given_flags
@@ -197,12 +198,14 @@ def register(app: typer.Typer) -> None:
                                help="with several runs, also fit leaving each out and score on it")),
         P("name", P.KEYWORD_ONLY, annotation=str,
           default=typer.Option("", "--name", help="name written into the set")),
+        P("allow_plugins", P.KEYWORD_ONLY, annotation=bool, default=plugin_optin.option()),
     ] + flag_parameters(F.REPLAY, SKIP)
 
     def cmd(**kw) -> None:
         runs, output, scenario = kw.pop("runs"), kw.pop("output"), kw.pop("scenario")
         budget, max_eval = kw.pop("time_budget"), kw.pop("max_evaluations")
         cv, name = kw.pop("cross_validate"), kw.pop("name")
+        plugin_optin.set_given(kw.pop("allow_plugins"))
         given = given_flags(F.REPLAY, kw)
         setup_logging(given.get("--log"))
         run_fit(runs, str(scenario) if scenario else None, given, str(output), budget, max_eval, cv, name,

@@ -44,6 +44,13 @@ def text(value: str) -> str:
     return value
 
 
+def out_path(value: str) -> str:
+    """An output file's path: not empty (``--results-path ""`` wrote nothing, exit 0)."""
+    if not value.strip():
+        raise ValueError("an empty path: give the file to write")
+    return value
+
+
 def lowered(value: str) -> str:
     return value.lower()
 

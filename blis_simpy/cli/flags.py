@@ -31,6 +31,7 @@ from blis_simpy.cli.flag_values import (
     number,
     numbers,
     one_of,
+    out_path,
     positive,
     priority_range,
     registered,
@@ -191,13 +192,13 @@ FLAGS: tuple[Flag, ...] = (
     F("--slo-e2e", number, "slo.e2e_ms", positive, "end-to-end latency target, ms", panel=SLO),
     F("--gpu-hour-cost", number, "cost.gpu_hour_usd", positive, "USD per GPU-hour: cost per hour and per 1M output tokens (default: the GPU catalog's price, if any)", panel=SLO),
     # outputs
-    F("--results-path", text, None, None, "write results JSON here (run: metrics + per-request rows; replay: SimResult array)", panel=OUTPUT),
-    F("--trace-output", text, None, None, "export the workload as PREFIX.yaml + PREFIX.csv (TraceV2)", (RUN,), OUTPUT),
-    F("--trace-output-decisions", text, None, None, "write the decision trace to FILE as JSON Lines, one record per line (implies --trace-level decisions)", panel=OUTPUT),
+    F("--results-path", out_path, None, None, "write results JSON here (run: metrics + per-request rows; replay: SimResult array)", panel=OUTPUT),
+    F("--trace-output", out_path, None, None, "export the workload as PREFIX.yaml + PREFIX.csv (TraceV2)", (RUN,), OUTPUT),
+    F("--trace-output-decisions", out_path, None, None, "write the decision trace to FILE as JSON Lines, one record per line (implies --trace-level decisions)", panel=OUTPUT),
     F("--streaming-metrics", boolean, "metrics.streaming", None, "very long runs: percentiles from DDSketch sketches (relative accuracy 0.01), requests dropped as they complete", panel=OUTPUT),
     F("--measured-at", text, "metrics.measured_at", one_of("server", "client"), "where latencies are taken: server (default; from when the engine gets each request to when it emits each token) or client (from the client's send to when the front end delivers each token; the same without a front end, docs/frontend.md)", panel=OUTPUT),
-    F("--requests-out", text, None, None, "write one row per request to PATH (.jsonl or .parquet), streamed as requests complete under --streaming-metrics", panel=OUTPUT),
-    F("--timeline", text, "output.timeline", None, "write a per-instance timeline to PATH (.csv or .parquet): running, waiting, KV blocks, preemptions, engine steps, PD transfers in flight (docs/planning.md, Reports)", panel=OUTPUT),
+    F("--requests-out", out_path, None, None, "write one row per request to PATH (.jsonl or .parquet), streamed as requests complete under --streaming-metrics", panel=OUTPUT),
+    F("--timeline", out_path, "output.timeline", None, "write a per-instance timeline to PATH (.csv or .parquet): running, waiting, KV blocks, preemptions, engine steps, PD transfers in flight (docs/planning.md, Reports)", panel=OUTPUT),
     F("--timeline-interval-ms", number, "output.timeline_interval_ms", positive, "simulated time between --timeline samples, ms, 1 to 86400000 (default 100)", panel=OUTPUT),
 )
 BY_NAME = {f.name: f for f in FLAGS}

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import typer
 
+from blis_simpy.cli import plugin_optin
+
 
 class PlanFormat(str, enum.Enum):
     table = "table"
@@ -62,6 +64,12 @@ def precheck(plan) -> None:
     from blis_simpy.errors import ConfigError
     from blis_simpy.planner.plan_points import families, fixed_deployment, point
     spec = plan.spec
+    modules = plan.base.get("plugins")
+    if modules and isinstance(modules, list) and not plugin_optin.allowed():
+        from blis_simpy.config.loader import load_raw
+        _, bsrc = load_raw(plan.base_path)
+        raise ConfigError(plugin_optin.refusal([str(m) for m in modules]), file=plan.base_path,
+                          line=bsrc.line(("plugins",)), field="plugins")
     seed = spec.search.seeds[0] if spec.search is not None else 42
     if spec.max_rate is not None and spec.max_rate.deployment != "winner":
         dep = fixed_deployment(spec.max_rate.deployment)
@@ -117,8 +125,11 @@ def quiet_simulator_logs(level: int = logging.CRITICAL + 1) -> int:
 def execute(plan, *, scheduler: str | None, workers: int | None, serial: bool,
             parallel: int | None, brute: bool, progress: bool) -> dict:
     """Run the plan on the executor (or serially); the plan output document."""
+    from functools import partial
+
     from blis_simpy.cli.point import run_point
     from blis_simpy.planner.plan_run import run_plan
+    run_point = partial(run_point, allow_plugins=plugin_optin.allowed())   # (to the workers too)
     status = _Status(progress)
     k = parallel or DEFAULT_PARALLEL
     try:
@@ -264,6 +275,7 @@ def register(app: typer.Typer) -> None:
                                           "whatever the executor: the points run depend on it)"),
         brute_force: bool = typer.Option(False, "--brute-force",
                                          help="run the whole cross product instead of the search"),
+        allow_plugins: bool = plugin_optin.option(),
     ) -> None:
         """Find the cheapest deployment meeting the SLOs (instances x TP x DP/EP x PD split,
         pruned), and the highest rate a deployment sustains (bisection)."""
@@ -271,6 +283,7 @@ def register(app: typer.Typer) -> None:
         from blis_simpy.errors import ConfigError
         from blis_simpy.planner.plan_spec import load_plan
         setup_logging(None)
+        plugin_optin.set_given(allow_plugins)
         if serial and scheduler:
             raise ConfigError("give --serial or --scheduler, not both", field="--serial")
         plan = load_plan(str(path))

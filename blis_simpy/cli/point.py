@@ -51,12 +51,16 @@ def _scenario_field(err: ConfigError) -> ConfigError:
     return err
 
 
-def prepare_point(point: dict):
-    """The validated :class:`~blis_simpy.cli.runner.Plan` of a point (the scenario dict is copied)."""
+def prepare_point(point: dict, allow_plugins: bool | None = None):
+    """The validated :class:`~blis_simpy.cli.runner.Plan` of a point (the scenario dict is
+    copied); its plugin modules are looked up in its ``plugin_dirs`` first and imported only
+    with ``allow_plugins`` (None: this process's opt-in, :mod:`blis_simpy.cli.plugin_optin`)."""
     from blis_simpy.cli import runner
     scenario = copy.deepcopy(point["scenario"])
     try:
-        return runner.prepare(point.get("command", "run"), _given(scenario), data=scenario)
+        return runner.prepare(point.get("command", "run"), _given(scenario), data=scenario,
+                              plugin_dirs=tuple(point.get("plugin_dirs") or ()),
+                              allow_plugins=allow_plugins)
     except ConfigError as exc:
         raise _scenario_field(exc) from None
 
@@ -91,16 +95,17 @@ def report_row(doc: dict) -> dict:
     return row
 
 
-def run_point(point: dict) -> dict:
+def run_point(point: dict, allow_plugins: bool | None = None) -> dict:
     """Run one point with the CLI's runner; a flat row (module docstring). Errors do not raise:
-    they come back as ``status: "error"`` with the one-line message."""
+    they come back as ``status: "error"`` with the one-line message. ``allow_plugins``: the
+    command's opt-in to the point's plugin modules, passed with the job to a Dask worker."""
     from blis_simpy.cli import runner
     from blis_simpy.metrics.report import report_dict
     from blis_simpy.planner.points import config_hash, resolved
     t0 = time.perf_counter()
     row: dict = {"status": "ok", "error": "", "config_hash": point.get("config_hash"), "wall_s": None}
     try:
-        plan = prepare_point(point)
+        plan = prepare_point(point, allow_plugins)
         if not row["config_hash"]:
             row["config_hash"] = config_hash(plan.command, resolved(plan.scenario))
         out = runner.execute(plan)

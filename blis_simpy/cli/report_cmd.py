@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 
 import typer
 
@@ -20,15 +19,18 @@ from blis_simpy.errors import ConfigError
 
 def report(inputs: list[str], out_dir: str, knee_factor: float) -> None:
     """Read ``inputs``, make every figure they allow, write the page into ``out_dir``."""
+    from blis_simpy.atomic import check_out_dir
     from blis_simpy.report.figures import build_figures
-    from blis_simpy.report.html import write_report
+    from blis_simpy.report.html import FIGURES, write_report
     from blis_simpy.report.inputs import load_inputs
     if not (math.isfinite(knee_factor) and 1 < knee_factor <= 100):
         raise ConfigError(f"must be in (1, 100], got {knee_factor:g}", field="--knee-factor")
-    if Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise ConfigError("exists and is not a directory", file=out_dir, field="--out")
+    check_out_dir(out_dir, field="--out", subdirs=(FIGURES,))
     loaded = load_inputs(inputs)
     specs = build_figures(loaded, knee_factor)
+    if not specs:       # an empty page said nothing, with exit 0
+        raise ConfigError("nothing to show: no figure can be made from "
+                          + "; ".join(f"{i.path} ({i.describe()})" for i in loaded), field="INPUT")
     try:
         page = write_report(out_dir, loaded, specs)
     except OSError as exc:

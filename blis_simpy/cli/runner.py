@@ -22,18 +22,18 @@ from dataclasses import dataclass, field
 from blis_simpy.atomic import Batch
 from blis_simpy.build.pools import resolve_pools
 from blis_simpy.build.resolve import build_latency_model
-from blis_simpy.cli import slo_cost, startup_gc, streaming
+from blis_simpy.cli import plugin_optin, slo_cost, startup_gc, streaming
 from blis_simpy.cli.flag_rules import apply_flags
 from blis_simpy.cli.flags import BY_NAME, REPLAY, flag_for_path
 from blis_simpy.cluster.simulation import Simulation, SimulationResult, component_classes
 from blis_simpy.config.loader import Source, check_scenario, load_raw, undotted, validate
 from blis_simpy.config.scenario import Scenario, SpecWorkload, TraceWorkload
 from blis_simpy.engine.batching import BatchingPolicy
-from blis_simpy.errors import ConfigError
+from blis_simpy.errors import ConfigError, UnknownName
 from blis_simpy.metrics.fitness import compute_fitness
 from blis_simpy.metrics.report import Report, planning_part, write_results
 from blis_simpy.metrics.summary import metrics_output, replay_results
-from blis_simpy.plugins import load_plugins
+from blis_simpy.plugins import load_plugins, running_plugin
 from blis_simpy.request import COMPLETED, TIMED_OUT
 from blis_simpy.units import MAX_INT64
 
@@ -64,6 +64,9 @@ class Plan:
     src: Source
     origin: dict[str, str] = field(default_factory=dict)   # scenario path -> flag name
     given: dict = field(default_factory=dict)              # flag name -> parsed value
+    plugin_dirs: tuple[str, ...] = ()     # folders searched first for the plugin modules
+    pending_plugins: list[str] = field(default_factory=list)   # not imported (validate, no opt-in)
+    unchecked: list[str] = field(default_factory=list)   # names they may register, not checked
 
     def attribute(self, err: ConfigError) -> ConfigError:
         """Re-locate an error on a scenario key: to the flag that set it, or to its line."""
@@ -90,33 +93,36 @@ def _ancestors(path: str):
 
 
 def prepare(command: str, given: dict[str, str], scenario_path: str | None = None, *,
-            data: dict | None = None, need_trace: bool = True) -> Plan:
+            data: dict | None = None, need_trace: bool = True, plugin_dirs: tuple[str, ...] = (),
+            allow_plugins: bool | None = None) -> Plan:
     """Scenario file (optional) + given flags → a validated :class:`Plan`. ``data``: scenario
-    keys to start from instead of a file; ``need_trace=False``: a replay whose workload comes
-    from elsewhere (calibrate/fit replay a measured run)."""
+    keys to start from instead of a file, its plugin modules looked up in ``plugin_dirs``
+    first (a sweep's or a plan's base scenario folder); ``need_trace=False``: a replay whose
+    workload comes from elsewhere (calibrate/fit replay a measured run).
+
+    A scenario's ``plugins:`` are imported only with ``allow_plugins`` (None: the command's
+    opt-in, :mod:`blis_simpy.cli.plugin_optin`); without it the command ``validate`` imports
+    nothing and records them in :attr:`Plan.pending_plugins`, any other refuses them."""
+    folders = tuple(plugin_dirs)
     if data is not None:
         src = Source()
-        load_plugins(data.get("plugins") or [])
     elif scenario_path is not None:
         data, src = load_raw(scenario_path)
-        load_plugins()      # entry points: the scenario may name their classes with no plugins key
-        plugins = data.get("plugins")
-        if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
-            try:
-                load_plugins(plugins, source=src.path)
-            except ConfigError as exc:
-                raise ConfigError(exc.problem, file=src.path, line=src.line(("plugins",)),
-                                  field="plugins") from None
     else:
         if "--model" not in given:
             raise ConfigError("is required (or pass --scenario FILE.yaml)", field="--model")
         data, src = {"latency": {"model": BLIS_DEFAULT_LATENCY_MODEL}}, Source()
-        load_plugins()
+    load_plugins()      # entry points: the scenario may name their classes with no plugins key
+    if src.path:
+        folders = (os.path.dirname(os.path.abspath(src.path)), *folders)
+    allow = plugin_optin.allowed() if allow_plugins is None else allow_plugins
+    pending = _scenario_plugins(data, src, folders, allow=allow, defer=command == "validate")
     ov = apply_flags(data, given, command, presets=preset)
-    plan = Plan(command, Scenario(), src, ov.origin, ov.values)
+    plan = Plan(command, Scenario(), src, ov.origin, ov.values, folders, pending)
     try:
         plan.scenario = validate(data, Source(None), semantic=False)
-        check_components(plan.scenario)  # backend and policies first, as BLIS does (docs/cli.md)
+        # backend and policies first, as BLIS does (docs/cli.md)
+        check_components(plan.scenario, unchecked=plan.unchecked if pending else None)
         check_scenario(plan.scenario)
     except ConfigError as exc:
         raise plan.attribute(exc) from None
@@ -127,20 +133,62 @@ def prepare(command: str, given: dict[str, str], scenario_path: str | None = Non
     return plan
 
 
-def check_components(s: Scenario) -> None:
-    """Latency backend and coefficients, policy names and parameters (cheap lookups only)."""
+def _scenario_plugins(data: dict, src: Source, folders: tuple[str, ...], *, allow: bool,
+                      defer: bool) -> list[str]:
+    """Import the modules of the scenario's ``plugins:`` (looked up in ``folders`` first)
+    when ``allow``; otherwise return them (``defer``: ``validate``) or refuse them. A value
+    that is not a list of names is left to the scenario's validation."""
+    plugins = data.get("plugins")
+    if not (isinstance(plugins, list) and plugins and all(isinstance(p, str) for p in plugins)):
+        return []
+
+    def located(problem: str) -> ConfigError:
+        line = src.line(("plugins",)) if src.path else None
+        return ConfigError(problem, file=src.path, line=line, field="plugins")
+
+    if not allow:
+        if defer:
+            return list(plugins)
+        raise located(plugin_optin.refusal(plugins))
+    try:
+        load_plugins(plugins, source=src.path, folders=folders)
+    except ConfigError as exc:
+        raise located(exc.problem) from None
+    return []
+
+
+def check_components(s: Scenario, *, unchecked: list[str] | None = None) -> None:
+    """Latency backend and coefficients, policy names and parameters (cheap lookups only).
+
+    ``unchecked``: a name that no registry holds (:class:`UnknownName`: a plugin not
+    imported may register it) is appended there, with the check it stopped, instead of
+    raised; the other checks go on."""
     from blis_simpy.cli.flag_values import families
     fam = families()
-    build_latency_model(s)
-    fam["scheduler"].lookup(s.engine.scheduler, field="engine.scheduler")
-    fam["priority"].lookup(s.engine.priority_policy, field="engine.priority_policy")
-    for key, cfg in (("admission", s.cluster.admission), ("routing", s.cluster.routing)):
-        cls = fam[key].lookup(cfg.policy, field=f"cluster.{key}.policy")
-        cls.parse_params(cfg.params, field=f"cluster.{key}.params")
-    BatchingPolicy.lookup(s.engine.batching, field="engine.batching").parse_params(
-        s.engine.batching_params, field="engine.batching_params")
-    resolve_pools(s, quiet=True)   # PD topology, decider, pools (docs/cli.md, "Validation order")
-    component_classes(s, s.disaggregation.enabled)   # engine, cluster and fabric class names
+
+    def policy(key, cfg):
+        fam[key].lookup(cfg.policy, field=f"cluster.{key}.policy").parse_params(
+            cfg.params, field=f"cluster.{key}.params")
+
+    steps = (
+        lambda: build_latency_model(s),
+        lambda: fam["scheduler"].lookup(s.engine.scheduler, field="engine.scheduler"),
+        lambda: fam["priority"].lookup(s.engine.priority_policy, field="engine.priority_policy"),
+        lambda: policy("admission", s.cluster.admission),
+        lambda: policy("routing", s.cluster.routing),
+        lambda: BatchingPolicy.lookup(s.engine.batching, field="engine.batching").parse_params(
+            s.engine.batching_params, field="engine.batching_params"),
+        # PD topology, decider, pools (docs/cli.md, "Validation order")
+        lambda: resolve_pools(s, quiet=True),
+        lambda: component_classes(s, s.disaggregation.enabled),  # engine, cluster, fabric classes
+    )
+    for step in steps:
+        try:
+            step()
+        except UnknownName as exc:
+            if unchecked is None:
+                raise
+            unchecked.append(f"{exc.field}: {exc.name}" if exc.field else exc.name)
 
 
 # ---------------------------------------------------------------------------- running
@@ -275,7 +323,10 @@ def execute(plan: Plan, progress: Callable[[int, int], None] | None = None, *,
     ``interruptible``: the first Ctrl-C (SIGINT) during the simulation ends it between two
     events and returns the partial outcome (``interrupted`` True, no file written)."""
     s = plan.scenario
-    load_plugins(s.plugins, source=plan.src.path)
+    if plan.pending_plugins:
+        raise ConfigError(plugin_optin.refusal(plan.pending_plugins), file=plan.src.path,
+                          field="plugins")
+    load_plugins(s.plugins, source=plan.src.path, folders=plan.plugin_dirs)
     requests, horizon, sessions, workload_seed = build_workload(plan, lazy=True)
     try:
         sim = Simulation(s, requests, horizon_us=horizon, sessions=sessions)
@@ -313,7 +364,8 @@ def _raise_stop(_arg) -> None:
 def _ctrl_c_stops(sim: Simulation, enabled: bool):
     """While the simulation runs, the first SIGINT schedules an event at the current time
     that raises :class:`_Stop` when processed (so the run ends between two events, its state
-    whole); a second SIGINT interrupts at once (KeyboardInterrupt). Yields a list that holds
+    whole); a second SIGINT interrupts at once (KeyboardInterrupt), and so does the first
+    while a plugin's code runs (it may never return). Yields a list that holds
     the signal once it came. Off (yields an empty list) unless ``enabled`` and in the main
     thread with Python's default SIGINT handler."""
     import signal
@@ -324,9 +376,11 @@ def _ctrl_c_stops(sim: Simulation, enabled: bool):
         yield hit
         return
 
-    def on_sigint(signum, _frame):
-        hit.append(signum)
+    def on_sigint(signum, frame):
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if running_plugin(frame) is not None:    # it may never return to the event loop
+            raise KeyboardInterrupt
+        hit.append(signum)
         sim.env.call_at(sim.env.now, 0, _raise_stop)
 
     signal.signal(signal.SIGINT, on_sigint)

@@ -23,9 +23,12 @@ import json
 import math
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import typer
+
+from blis_simpy.cli import plugin_optin
 
 #: metrics of the summary table unless --metric is given (those present in the dataset)
 DEFAULT_METRICS = ("m.ttft_p99_ms", "m.itl_p99_ms", "m.e2e_p99_ms", "m.responses_per_sec",
@@ -98,7 +101,8 @@ def run_sweep(path: str, out: str, *, scheduler: str | None = None, workers: int
                 stats["failed"] += 1
                 stats["first_error"] = stats["first_error"] or row.get("error", "")
 
-        ex.map(run_point, [p.job() for p in todo], on_result=on_result)
+        ex.map(partial(run_point, allow_plugins=plugin_optin.allowed()), [p.job() for p in todo],
+               on_result=on_result)
     stats["wall_s"] = time.perf_counter() - t0
     failed = f", {stats['failed']} failed (first: {stats['first_error']})" if stats["failed"] else ""
     _err(f"{stats['run']} points run in {stats['wall_s']:.1f} s{failed}; dataset: {out}")
@@ -185,6 +189,7 @@ def register(app: typer.Typer) -> None:
                                          help="summary column (repeatable), e.g. m.ttft_p99_ms"),
         fmt: SweepFormat = typer.Option(SweepFormat.table, "--format", case_sensitive=False,
                                         help="summary as a rich table or one JSON document"),
+        allow_plugins: bool = plugin_optin.option(),
     ) -> None:
         """Run a sweep (a base scenario x axes x seeds) on Dask into a Parquet dataset, then
         print the mean and 95 % CI of each metric per configuration (docs/planning.md)."""
@@ -192,6 +197,7 @@ def register(app: typer.Typer) -> None:
         from blis_simpy.errors import ConfigError
         from blis_simpy.planner import dataset
         setup_logging(None)
+        plugin_optin.set_given(allow_plugins)
         if summary is not None:
             if path is not None or out is not None or scheduler or workers:
                 raise ConfigError("--summary DIR takes no sweep file, --out, --scheduler or --workers",

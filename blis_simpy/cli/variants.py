@@ -115,20 +115,23 @@ def plan_variants(base: runner.Plan, given: dict[str, str]) -> list[VariantPlan]
         vsrc = _source(src, i)
         with _named(v.name):
             try:
-                plan = _prepare(base.command, given, merge_patch(data, v.overrides), vsrc)
+                plan = _prepare(base.command, given, merge_patch(data, v.overrides), vsrc,
+                                base.unchecked if base.pending_plugins else None)
             except BlisError as exc:
                 raise _relocate(exc, i, v.name, src) from None
         out.append(VariantPlan(i, v.name, v.description, v.overrides, plan, src))
     return out
 
 
-def _prepare(command: str, given: dict, data: dict, src: Source) -> runner.Plan:
-    """:func:`runner.prepare` for an already-loaded (merged) scenario dict."""
+def _prepare(command: str, given: dict, data: dict, src: Source,
+             unchecked: list[str] | None = None) -> runner.Plan:
+    """:func:`runner.prepare` for an already-loaded (merged) scenario dict (``unchecked``:
+    as :func:`runner.check_components`', while the plugins are not imported)."""
     ov = apply_flags(data, dict(given), command, presets=runner.preset)
     plan = runner.Plan(command, Scenario(), src, ov.origin, ov.values)
     try:
         plan.scenario = validate(data, Source(None), semantic=False)
-        runner.check_components(plan.scenario)
+        runner.check_components(plan.scenario, unchecked=unchecked)
         check_scenario(plan.scenario)
     except ConfigError as exc:
         raise plan.attribute(exc) from None

@@ -92,8 +92,9 @@ def read_timeline(path: str, *, field: str | None = None):
             table = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
                 column_types=types, strings_can_be_null=False))
     except (pa.ArrowInvalid, OSError) as exc:
-        raise ConfigError(f"not a readable timeline: {str(exc).splitlines()[0]}", file=path,
-                          field=field) from None
+        why = str(exc).splitlines()[0]
+        why = why if len(why) <= 300 else why[:300] + "..."     # (a cell may be megabytes)
+        raise ConfigError(f"not a readable timeline: {why}", file=path, field=field) from None
     missing = [c for c in REQUIRED if c not in table.column_names]
     if missing:
         raise ConfigError(f"not a timeline: missing column(s) {', '.join(missing)}", file=path,

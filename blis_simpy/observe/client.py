@@ -20,7 +20,11 @@ Closed-loop sessions: ``on_done(observation)`` may return follow-up requests (th
 Caps on what a workload or server can make us hold: at most :data:`MAX_REQUESTS` requests,
 SSE lines up to :data:`MAX_LINE_BYTES`, error and non-streaming bodies up to
 :data:`MAX_BODY_BYTES`, :data:`~blis_simpy.observe.records.MAX_CHUNK_TIMES` chunk times per
-request.
+request. What a hostile server sends is that request's error, never the run's end: a
+response with more content chunks than ``max_tokens`` + :data:`CHUNK_SLACK` (an endless
+stream; without ``max_tokens``: more than 2^24) is cut; a ``usage`` token count over 2^24
+(the cap a trace's token counts are read with) is refused; a JSON line nested too deeply is
+malformed SSE; control characters of an error body are escaped (``\\x1b``).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from datetime import datetime, timezone
 
 import httpx
 
-from blis_simpy.bounds import MAX_REQUESTS
+from blis_simpy.bounds import MAX_REQUESTS, MAX_TOKENS
 from blis_simpy.errors import ConfigError
 from blis_simpy.observe.body import API_FORMATS, CHAT, endpoint_url, request_body
 from blis_simpy.observe.records import ERROR, OK, TIMEOUT, Observation
@@ -45,6 +49,8 @@ MAX_CONCURRENCY = 10_000
 MAX_LINE_BYTES = 1 << 20
 MAX_BODY_BYTES = 64 << 20
 PREFLIGHT_TIMEOUT_S = 10.0
+#: content chunks past a request's ``max_tokens`` taken before its stream is cut
+CHUNK_SLACK = 16
 
 
 @dataclass(frozen=True)
@@ -266,6 +272,9 @@ class _Runner:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            for key, v in (("prompt_tokens", p), ("completion_tokens", c)):
+                if isinstance(v, int) and v > MAX_TOKENS:      # the trace's cap on token counts
+                    raise _BadStream(f"usage.{key} is {v}, more than {MAX_TOKENS} tokens (2^24)")
             if isinstance(p, int) and p >= 0:
                 o.usage_prompt_tokens = p
             if isinstance(c, int) and c >= 0:
@@ -285,7 +294,20 @@ class _Runner:
             if ch.get("finish_reason"):
                 o.finish_reason = str(ch["finish_reason"])
         if text:
+            limit = self._chunk_limit(o)
+            if o.num_chunks >= limit:
+                raise _BadStream(f"more than {limit} content chunks (max_tokens "
+                                 f"{self._max_tokens(o) or 'not sent'} + {CHUNK_SLACK}): the stream was cut")
             o.add_chunk(t_us)
+
+    def _max_tokens(self, o: Observation) -> int | None:
+        return None if self.cfg.unconstrained_output else max(int(o.request.max_output_len), 1)
+
+    def _chunk_limit(self, o: Observation) -> int:
+        """The most content chunks taken from one response: ``max_tokens`` (one token a chunk
+        at least) + :data:`CHUNK_SLACK`, or the cap on token counts without ``max_tokens``."""
+        n = self._max_tokens(o)
+        return MAX_TOKENS if n is None else n + CHUNK_SLACK
 
 
 def _parse_json(data: str) -> dict:
@@ -293,6 +315,8 @@ def _parse_json(data: str) -> dict:
         chunk = json.loads(data)
     except ValueError:
         raise _BadStream(f"malformed SSE data (not JSON): {data[:80]!r}") from None
+    except RecursionError:      # a deeply nested line: this request's error, not the run's end
+        raise _BadStream(f"malformed SSE data (JSON nested too deeply): {data[:80]!r}") from None
     if not isinstance(chunk, dict):
         raise _BadStream(f"malformed SSE data (not a JSON object): {data[:80]!r}")
     return chunk
@@ -327,10 +351,17 @@ async def _read_capped(resp: httpx.Response, limit: int, *, strict: bool = False
 
 
 async def _preflight(client: httpx.AsyncClient, server_url: str) -> None:
-    """One ``GET server_url``: any HTTP answer means the server is there."""
-    try:
+    """One ``GET server_url``: any HTTP answer (its status line and headers) within
+    :data:`PREFLIGHT_TIMEOUT_S` in all means the server is there (httpx's own timeout is per
+    read: a server trickling its header bytes held it for minutes)."""
+    async def get() -> None:
         async with client.stream("GET", server_url, timeout=PREFLIGHT_TIMEOUT_S):
             pass
+    try:
+        await asyncio.wait_for(get(), PREFLIGHT_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise ConfigError(f"cannot reach the server: no answer within {PREFLIGHT_TIMEOUT_S:g} s",
+                          field="--server-url") from None
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise ConfigError(f"cannot reach the server: {type(exc).__name__}: {exc}".rstrip(": "),
                           field="--server-url") from None

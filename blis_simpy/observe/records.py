@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,9 +35,22 @@ from blis_simpy.metrics.percentile import mean_ms, percentile_ms
 from blis_simpy.workload.tracev2 import MAX_TOKEN_IDS_PER_FILE, TraceRecord
 
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
-#: chunk timestamps kept per request (further chunks are still counted)
-MAX_CHUNK_TIMES = 1_000_000
+#: chunk timestamps kept per request (further chunks are still counted, and the last one
+#: always replaces the last kept, so E2E stays exact; the ITLs past it merge into one gap):
+#: with ``itl_ms`` listed per request, what one endless stream can add to the results file
+#: stays near a megabyte
+MAX_CHUNK_TIMES = 100_000
+#: the longest error message kept (characters)
+MAX_ERROR_CHARS = 500
 PERCENTILES = (50, 90, 99)
+#: control characters (C0, DEL, C1): a server's error body may hold any byte, and a raw ESC
+#: in the trace CSV or on a terminal is not text
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with each control character written as ``\\xNN`` (``\x1b`` -> ``\\x1b``)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 @dataclass(slots=True)
@@ -61,10 +75,14 @@ class Observation:
         self.num_chunks += 1
         if len(self.chunk_us) < MAX_CHUNK_TIMES:
             self.chunk_us.append(t_us)
+        else:
+            self.chunk_us[-1] = t_us
 
     def fail(self, status: str, message: str, t_us: int) -> None:
+        """End the request as ``status`` with ``message`` (control characters escaped, at
+        most :data:`MAX_ERROR_CHARS`)."""
         self.status = status
-        self.error_message = message[:500]
+        self.error_message = printable(message)[:MAX_ERROR_CHARS]
         self.end_us = t_us
 
     # ------------------------------------------------------------------ derived values

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.infile import open_input, read_input_text
+from blis_simpy.infile import json_loads, open_input, read_input_text
 from blis_simpy.observed.run import Tick
 from blis_simpy.workload.tracev2 import MAX_TOKEN_IDS_PER_FILE
 
@@ -60,7 +60,7 @@ def _read_jsonl(path: Path, numbers: tuple[str, ...], integers: tuple[str, ...],
             if len(rows) >= MAX_ROWS:
                 raise ConfigError(f"more than {MAX_ROWS} rows", file=str(path), line=ln)
             try:
-                row = json.loads(line)
+                row = json_loads(line)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"not JSON: {exc.msg}", file=str(path), line=ln) from None
             except RecursionError:
@@ -99,7 +99,7 @@ def read_json_text(path: Path, max_bytes: int) -> tuple[dict, str]:
         raise ConfigError(f"larger than {max_bytes} bytes", file=str(path))
     try:
         text = read_input_text(path)
-        data = json.loads(text)
+        data = json_loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"not JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
     except RecursionError:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -206,7 +207,8 @@ def point(plan: LoadedPlan, dep: Deployment, seed: int, rate: float | None = Non
         wl.update(w.given())
         if rate is not None:
             wl["rate"] = float(rate)
-    return {"command": command, "scenario": data}
+    dirs = [os.path.dirname(os.path.abspath(plan.base_path))] if plan.base_path else []
+    return {"command": command, "scenario": data, "plugin_dirs": dirs}
 
 
 def offered_requests(pt: dict) -> int | None:

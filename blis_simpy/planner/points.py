@@ -85,9 +85,12 @@ class Point:
     config_hash: str
     config_key: str
 
+    plugin_dirs: tuple[str, ...] = ()     # folders searched first for its plugin modules
+
     def job(self) -> dict:
         """What :func:`blis_simpy.cli.point.run_point` takes."""
-        return {"command": self.command, "scenario": self.scenario, "config_hash": self.config_hash}
+        return {"command": self.command, "scenario": self.scenario, "config_hash": self.config_hash,
+                "plugin_dirs": list(self.plugin_dirs)}
 
 
 @dataclass
@@ -102,6 +105,14 @@ class Sweep:
     combos: list[dict[str, Any]] = field(default_factory=list)   # axis values per configuration
     seeds: list[int | None] = field(default_factory=list)
     points: list[Point] = field(default_factory=list)
+
+    @property
+    def plugin_dirs(self) -> tuple[str, ...]:
+        """Where a point's plugin modules are looked up first, as ``run`` looks beside its
+        scenario: the base scenario's folder, then the sweep file's (axes, inline base)."""
+        here = os.path.dirname(self.path)
+        base = os.path.dirname(os.path.abspath(self.base_src.path)) if self.base_src else here
+        return tuple(dict.fromkeys((base, here)))
 
 
 def load(path: str) -> Sweep:
@@ -175,13 +186,14 @@ def expand(sweep: Sweep, check: Callable[[dict], None] | None = None) -> list[Po
             data = scenario_for(sweep, combo, seed)
             try:
                 if j == 0 and check is not None:   # the seed changes nothing that is checked
-                    check({"command": command, "scenario": data})
+                    check({"command": command, "scenario": data, "plugin_dirs": sweep.plugin_dirs})
                 cfg = resolved(data)
             except ConfigError as exc:
                 raise locate(sweep, combo, exc) from None
             s = cfg.get("seed", 42)
             points.append(Point(len(points), command, s, dict(combo), data, cfg,
-                                config_hash(command, cfg), config_key(command, cfg)))
+                                config_hash(command, cfg), config_key(command, cfg),
+                                sweep.plugin_dirs))
     sweep.points = points
     return points
 

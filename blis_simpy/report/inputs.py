@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass, field
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.infile import open_input
+from blis_simpy.infile import json_loads, open_input
 from blis_simpy.metrics.timeline_file import COLUMNS as TIMELINE_COLUMNS
 from blis_simpy.metrics.timeline_file import read_timeline
 
@@ -88,14 +88,17 @@ def _pos(v) -> bool:
 def _from_rows(path: str, rows: list[dict]) -> Input:
     """Results rows (``--results-path`` requests rows or ``--requests-out`` rows)."""
     ttft, itl, e2e = [], [], []
-    for r in rows:
+    for i, r in enumerate(rows):
         if not isinstance(r, dict):
             raise _bad(path, "a request row is not an object")
+        n_out = r.get("num_decode_tokens")
+        if n_out is not None and not (isinstance(n_out, (int, float)) and not isinstance(n_out, bool)):
+            raise _bad(path, f"request row {i}: num_decode_tokens: not a number, got {n_out!r:.40}")
         if _pos(r.get("e2e_ms")):
             e2e.append(float(r["e2e_ms"]))
             if _pos(r.get("ttft_ms")):
                 ttft.append(float(r["ttft_ms"]))
-            if _pos(r.get("itl_ms")) and (r.get("num_decode_tokens") or 0) > 1:
+            if _pos(r.get("itl_ms")) and (n_out or 0) > 1:
                 itl.append(float(r["itl_ms"]))
     return Input(path, "results", latency_ms={"ttft": ttft, "itl": itl, "e2e": e2e})
 
@@ -116,7 +119,7 @@ def _from_json(path: str) -> Input:
         raise _bad(path, f"larger than {MAX_JSON_BYTES >> 20} MiB")
     try:
         with open_input(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
+            doc = json_loads(fh.read())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _bad(path, f"not JSON: {exc}".splitlines()[0]) from None
     except RecursionError:
@@ -151,7 +154,7 @@ def _from_jsonl(path: str) -> Input:
                 if n > MAX_ROWS:
                     raise _bad(path, f"more than {MAX_ROWS} rows")
                 if line.strip():
-                    rows.append(json.loads(line))
+                    rows.append(json_loads(line))
     except UnicodeDecodeError as exc:     # decoded by blocks: the line is not known
         raise _bad(path, f"not a --requests-out .jsonl file: {exc}") from None
     except json.JSONDecodeError as exc:

@@ -20,8 +20,9 @@ import math
 import os
 import re
 
+from blis_simpy.bounds import MAX_TOKENS
 from blis_simpy.errors import ConfigError
-from blis_simpy.infile import open_input
+from blis_simpy.infile import json_loads, open_input
 from blis_simpy.workload.spec import (
     ArrivalSpec,
     ClientSpec,
@@ -253,9 +254,12 @@ def _first_window(path: str, span_start: float, span_end: float):
     span that has both strings, or None."""
     try:
         with open_input(path, encoding="utf-8-sig") as f:
-            data = json.load(f)
+            data = json_loads(f.read())
     except FileNotFoundError:
         return None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"cannot read ServeGen dataset: not JSON: {exc.msg}", file=path,
+                          line=exc.lineno) from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read ServeGen dataset: {exc}", file=path) from None
     except RecursionError:
@@ -268,15 +272,27 @@ def _first_window(path: str, span_start: float, span_end: float):
             keyed.append((float(k), k, v))
         except ValueError:
             log.warning("%s: skipping window %r (not a start time in seconds)", path, k)
-    for t, _, v in sorted(keyed, key=lambda x: x[0]):
+    for t, key, v in sorted(keyed, key=lambda x: x[0]):
         if not _in_span(t, span_start, span_end) or not isinstance(v, dict):
             continue
         a, b = v.get("input_tokens"), v.get("output_tokens")
         if isinstance(a, str) and isinstance(b, str) and a and b:
             pin, pout = parse_py_dict(a), parse_py_dict(b)
             if pin and pout:
+                for which, pdf in (("input_tokens", pin), ("output_tokens", pout)):
+                    _check_token_cap(pdf, path, f"{key}.{which}")
                 return pin, pout
     return None
+
+
+def _check_token_cap(pdf: dict[str, float], path: str, field: str) -> None:
+    """Every token count of a PDF at most :data:`~blis_simpy.bounds.MAX_TOKENS`, the cap a
+    workload spec's empirical keys are held to when it is run (converting one past it wrote
+    a spec that ``run`` then refused)."""
+    over = next((k for k in pdf if float(k) > MAX_TOKENS), None)
+    if over is not None:
+        raise ConfigError(f"token count {over} is more than {MAX_TOKENS} tokens (2^24), the cap of "
+                          "every token count", file=path, field=field)
 
 
 def _arrival(pattern: str, cv: float) -> ArrivalSpec:

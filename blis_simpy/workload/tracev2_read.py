@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from blis_simpy.bounds import MAX_TOKENS
 from blis_simpy.errors import ConfigError
-from blis_simpy.infile import open_input
+from blis_simpy.infile import TOO_MANY_DIGITS, open_input, too_many_digits
 from blis_simpy.workload import _yaml
 from blis_simpy.workload.tracev2 import (
     EXTENSION_COLUMNS,
@@ -94,6 +94,8 @@ class _RowParser:
         col = col or TRACE_COLUMNS[i]
         if not (s.isascii() and s.isdigit()) and not _INT_RE.match(s):
             raise self.err(col, f"expected an integer, got {s!r}")
+        if too_many_digits(s):
+            raise self.err(col, TOO_MANY_DIGITS)
         v = int(s)
         if v < 0 and col in _NONNEG:
             raise self.err(col, f"must be >= 0, got {v}")
@@ -166,7 +168,7 @@ def _parse_token_ids(p: _RowParser, rec: TraceRecord, j: int) -> np.ndarray | No
     if s.translate(_NOT_ID_CHARS) or s[0] == " " or s[-1] == " " or "  " in s:
         for k, tok in enumerate(s.split(" "), 1):
             if not (tok.isascii() and tok.isdigit()):
-                if _INT_RE.match(tok) and int(tok) < 0:
+                if _INT_RE.match(tok) and tok.startswith("-") and tok.strip("-0"):
                     raise p.err(TOKEN_IDS_COLUMN, f"token ID {k} is {tok}: must be >= 0")
                 raise p.err(TOKEN_IDS_COLUMN, f"token ID {k} is {tok!r}: expected decimal integers "
                                               "separated by single spaces")

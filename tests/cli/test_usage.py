@@ -135,7 +135,7 @@ def test_a_plugin_name_is_still_accepted(cli, small_scenario, tmp_path, monkeypa
         "class MyRouter(RoundRobin, name='usage-test-router'):\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     small_scenario.write_text(small_scenario.read_text() + "plugins: [my_router_mod]\n")
-    res = cli("run", "--scenario", small_scenario, "--routing-policy", "usage-test-router",
+    res = cli("run", "--allow-plugins", "--scenario", small_scenario, "--routing-policy", "usage-test-router",
               "--format", "json")
     assert res.exit_code == 0, res.stderr
 

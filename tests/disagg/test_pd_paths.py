@@ -554,7 +554,7 @@ def test_decider_plugin_from_scenario_through_the_cli(tmp_path):
     latency marks them: only a disaggregated request's E2E exceeds 100 ms."""
     sc = _plugin_scenario(tmp_path)
     out = tmp_path / "results.json"
-    proc = subprocess.run([sys.executable, "-m", "blis_simpy", "run", "--scenario", str(sc),
+    proc = subprocess.run([sys.executable, "-m", "blis_simpy", "run", "--allow-plugins", "--scenario", str(sc),
                            "--results-path", str(out), "--format", "blis", "--trace-level", "decisions",
                            "--summarize-trace"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -569,17 +569,17 @@ def test_decider_plugin_from_scenario_through_the_cli(tmp_path):
 def test_decider_plugin_params_and_flag_override(tmp_path):
     runner = CliRunner()
     sc = _plugin_scenario(tmp_path, params="{min_tokens: 100, max_tokens: 300, min_budget: 5}")
-    res = runner.invoke(app, ["run", "--scenario", str(sc), "--format", "blis"])
+    res = runner.invoke(app, ["run", "--allow-plugins", "--scenario", str(sc), "--format", "blis"])
     assert res.exit_code == 0, res.stderr
     assert "=== PD Metrics ===" not in res.stdout               # every budget is 4 < 5: none split
-    res = runner.invoke(app, ["run", "--scenario", str(sc), "--pd-decider", "always", "--format", "blis"])
+    res = runner.invoke(app, ["run", "--allow-plugins", "--scenario", str(sc), "--pd-decider", "always", "--format", "blis"])
     assert res.exit_code == 0, res.stderr
     assert "Disaggregated Requests: 6\n" in res.stdout
     sc = _plugin_scenario(tmp_path, params="{min_tokens: -1}")
-    res = runner.invoke(app, ["run", "--scenario", str(sc), "--format", "blis"])
+    res = runner.invoke(app, ["run", "--allow-plugins", "--scenario", str(sc), "--format", "blis"])
     assert res.exit_code == 2 and "disaggregation.decider.params.min_tokens" in res.stderr
     sc = _plugin_scenario(tmp_path, params="{colour: blue}")
-    res = runner.invoke(app, ["run", "--scenario", str(sc), "--format", "blis"])
+    res = runner.invoke(app, ["run", "--allow-plugins", "--scenario", str(sc), "--format", "blis"])
     assert res.exit_code == 2 and "disaggregation.decider.params.colour" in res.stderr
 
 
@@ -617,7 +617,7 @@ def test_queued_decode_subrequests_holding_all_kv_deadlock(impl):
 def test_trace_export_of_disaggregated_requests_has_chunk_times(tmp_path):
     sc = _plugin_scenario(tmp_path)
     runner = CliRunner()
-    res = runner.invoke(app, ["run", "--scenario", str(sc), "--format", "blis",
+    res = runner.invoke(app, ["run", "--allow-plugins", "--scenario", str(sc), "--format", "blis",
                               "--trace-output", str(tmp_path / "exported")])
     assert res.exit_code == 0, res.stderr
     lines = (tmp_path / "exported.csv").read_text().splitlines()

@@ -10,7 +10,8 @@ The first prompt token (or the chat text's first word replaced by a marker) sele
 misbehaviour; markers are far above any vocabulary so random prompts never hit them:
 :data:`HTTP_500`, :data:`DROP` (two tokens, then the socket is cut mid-body), :data:`HANG`
 (nothing more until the server stops: only the client's timeout ends it), :data:`MALFORMED` (an SSE line that is not JSON) and
-:data:`NO_USAGE` (no usage chunk). ``stream: false`` gets one JSON body after all the
+:data:`NO_USAGE` (no usage chunk), and the hostile :data:`NESTED`, :data:`HUGE_USAGE`,
+:data:`ESC_ERROR` and :data:`ENDLESS`. ``stream: false`` gets one JSON body after all the
 delays. Every request is recorded (path, headers, body, receive time ``t_recv`` in
 perf_counter seconds, ``chunk_ns``: the perf_counter_ns of each token chunk written) and the
 server counts the most requests it ever had in flight.
@@ -32,6 +33,11 @@ FIRST_TOKEN_DELAY_S = 0.080
 TOKEN_GAP_S = 0.020
 HOLD_BOUND_S = 30.0       # only ends a hang (a client that never sends enough at once)
 HTTP_500, DROP, HANG, MALFORMED, NO_USAGE = 9_000_500, 9_000_666, 9_000_999, 9_000_777, 9_000_555
+#: hostile answers (issue 23): a data: line nested 100,000 deep, usage.completion_tokens of
+#: 2^63, a 500 whose body holds a raw ESC, and a stream of tokens that never ends
+NESTED, HUGE_USAGE, ESC_ERROR, ENDLESS = 9_001_001, 9_001_002, 9_001_003, 9_001_004
+#: how long an endless stream goes on at most (it only ends a hang of a client that never cuts)
+ENDLESS_BOUND = 2_000_000
 PROMPT_TOKENS_REPORTED_EXTRA = 1   # usage.prompt_tokens = len(prompt) + 1 (as a BOS would)
 
 
@@ -125,8 +131,8 @@ class SSEServer:
         else:
             marker = body["prompt"][0] if body["prompt"] else 0
             n_prompt = len(body["prompt"])
-        if marker == HTTP_500:
-            msg = b'{"error": {"message": "boom"}}'
+        if marker in (HTTP_500, ESC_ERROR):
+            msg = b'{"error": {"message": "boom"}}' if marker == HTTP_500 else b'\x1b[31mboom\x1b[0m'
             writer.write(b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(msg), msg))
             await writer.drain()
@@ -151,6 +157,20 @@ class SSEServer:
         await writer.drain()
         if marker == HANG:
             await asyncio.get_running_loop().create_future()     # never done; stop() cancels it
+        if marker == NESTED:
+            self._chunk(writer, b"data: " + b"[" * 100_000 + b"]" * 100_000 + b"\n\n")
+            self._chunk(writer, b"data: [DONE]\n\n")
+            self._chunk(writer, b"")
+            await writer.drain()
+            return
+        if marker == ENDLESS:
+            for k in range(ENDLESS_BOUND):
+                self._event(writer, {"id": "x", "choices": [{"index": 0, "text": f"t{k} "}]})
+                if k % 64 == 0:
+                    await writer.drain()
+            return
+        if marker == HUGE_USAGE:
+            usage = {**usage, "completion_tokens": 2 ** 63}
         if marker == MALFORMED:
             self._chunk(writer, b"data: {not json\n\n")
             self._chunk(writer, b"")

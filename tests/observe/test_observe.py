@@ -33,13 +33,6 @@ FIRST_US, GAP_US, HANG_BOUND_US = 80_000, 20_000, 30_000_000
 NO_HANG_S = 30.0
 
 
-@pytest.fixture
-def server():
-    srv = SSEServer().start()
-    yield srv
-    srv.stop()
-
-
 def req(i: int, arrival_us: int, prompt: list[int], n_out: int) -> Request:
     return Request(f"r{i}", arrival_us, prompt, [7] * n_out)
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from blis_simpy.cli.app import app
 from blis_simpy.workload import TraceHeader, TraceRecord, read_trace, write_trace
 
-from .sse_server import PROMPT_TOKENS_REPORTED_EXTRA, SSEServer
+from .sse_server import PROMPT_TOKENS_REPORTED_EXTRA
 
 #: the server's first-token delay (a lower bound) and the only upper bound, which catches a
 #: unit error or a hang and nothing a slow machine does (see test_observe.py)
@@ -26,13 +26,6 @@ DIST = ["--rate", "20", "--num-requests", "4",
 #: a tiny simulated deployment for `run` / `replay` of the same workload
 SIM = ["--model", "meta-llama/llama-3.1-8b-instruct", "--alpha-coeffs", "1000,0,0",
        "--beta-coeffs", "5000,10,100"]
-
-
-@pytest.fixture
-def server():
-    srv = SSEServer().start()
-    yield srv
-    srv.stop()
 
 
 def cli(*args):
