@@ -140,8 +140,12 @@ def test_a_plugin_name_is_still_accepted(cli, small_scenario, tmp_path, monkeypa
     assert res.exit_code == 0, res.stderr
 
 
-def test_shell_completion(cli):
-    res = cli("--show-completion", "bash")
+def test_shell_completion(cli, monkeypatch):
+    # typer finds the shell among the parent processes (shellingham); pytest's parent need
+    # not be one, so the detection is pinned to bash here
+    import typer._completion_shared as shared
+    monkeypatch.setattr(shared.shellingham, "detect_shell", lambda: ("bash", "/bin/bash"))
+    res = cli("--show-completion")
     assert res.exit_code == 0 and "_blis_simpy_completion" in res.stdout
     exe = os.path.join(os.path.dirname(sys.executable), "blis-simpy")
     env = dict(os.environ, _BLIS_SIMPY_COMPLETE="complete_bash", COMP_WORDS="blis-simpy run --routing-p",
