@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,11 @@ settings.register_profile("dev", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = (REPO / ".." / "shared").resolve()
+#: the sibling folder of real vLLM runs and BLIS's reference files beside a development checkout;
+#: ``BLIS_SIMPY_SHARED_DIR`` points the tests elsewhere (an empty folder: a user's fresh clone)
+SHARED = Path(os.environ.get("BLIS_SIMPY_SHARED_DIR") or REPO / ".." / "shared").resolve()
+#: small excerpts of those files, shipped with the tests (tests/data/README.md names the sources)
+EXCERPTS = REPO / "tests" / "data"
 #: the Go BLIS's recorded outputs, kept in the repository (tests/conformance/cases/README.md)
 CONFORMANCE = REPO / "tests" / "conformance" / "cases"
 
@@ -31,9 +36,54 @@ def conformance_case(name: str) -> Path:
     return p
 
 
-def shared_or_skip(*parts: str) -> Path:
-    """A path under ../shared (real vLLM runs, BLIS reference data); skips if it is absent."""
-    p = SHARED.joinpath(*parts)
-    if not p.exists():
-        pytest.skip(f"{p} not available (the ../shared folder is absent)")
-    return p
+@dataclass(frozen=True)
+class DataSource:
+    """Where a test reads real data from: ``kind`` is ``"excerpt"`` (the shipped tests/data)
+    or ``"full"`` (the same path under :data:`SHARED`); ``root`` the folder the parts live in."""
+
+    kind: str
+    root: Path
+
+    def path(self, *parts: str) -> Path:
+        return self.root.joinpath(*parts)
+
+    @property
+    def full(self) -> bool:
+        return self.kind == "full"
+
+
+def data_sources(*parts: str, excerpt: str | None = None) -> list:
+    """pytest params for a fixture over ``parts`` (e.g. ``"realdata"``): the shipped excerpt
+    (``tests/data/<parts>``, or ``tests/data/<excerpt>``) always, and the full folder under
+    :data:`SHARED` when it is there. Nothing skips without it: the full case is then simply
+    not collected."""
+    mine = EXCERPTS / excerpt if excerpt else EXCERPTS.joinpath(*parts)
+    assert mine.is_dir(), f"the shipped excerpt {mine} is missing"
+    out = [pytest.param(DataSource("excerpt", mine), id="excerpt")]
+    if SHARED.joinpath(*parts).exists():
+        out.append(pytest.param(DataSource("full", SHARED.joinpath(*parts)), id="full"))
+    return out
+
+
+@dataclass(frozen=True)
+class RealFacts:
+    """What the tests know of one realdata source (tests/data/README.md): requests per run, the
+    workload file, and a later turn whose prompt begins with all of an earlier one's
+    (``pair``: earlier line, later line, their prompt lengths in tokens; lines 0-based)."""
+
+    requests: int
+    workload: str
+    pair: tuple[int, int, int, int]
+
+
+REALDATA_FACTS = {
+    "full": RealFacts(300, "workload-sharegpt-llama-3.1-8b-300-sps10.jsonl", (207, 237, 1265, 1871)),
+    "excerpt": RealFacts(48, "workload-sharegpt-llama-3.1-8b-48-sps10.jsonl", (40, 47, 455, 1255)),
+}
+
+
+@pytest.fixture(scope="module", params=data_sources("realdata"))
+def realdata(request) -> DataSource:
+    """The folder of the two real vLLM runs and their workload: the shipped excerpt (the first
+    48 requests), and the full runs when they are beside the checkout."""
+    return request.param

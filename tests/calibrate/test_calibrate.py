@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from blis_simpy.cli.app import app
 from tests.cli.support import TRACE_COLUMNS
-from tests.conftest import shared_or_skip
+from tests.conftest import REALDATA_FACTS
 
 HEADER = "trace_version: 2\ntime_unit: microseconds\nmode: real\nwarm_up_requests: 0\n"
 # constant 1000 µs steps: no API overheads, no per-token costs
@@ -91,22 +91,30 @@ def test_bad_inputs_are_one_line_errors(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("run", ["vllm-rtx4090-llama-3.1-8b", "vllm-rtxpro6000-llama-3.1-8b"])
-def test_real_vllm_runs_replay_to_completion_with_timelines(run, tmp_path):
-    folder = shared_or_skip("realdata", run)
+def test_real_vllm_runs_replay_to_completion_with_timelines(run, realdata, tmp_path):
+    """The full runs (300 requests): the shipped fitted set of the GPU is within 5 % of the real
+    means. The excerpt (the first 48 requests and the ticks before the 49th arrives) replays
+    them alone, without the 252 that shared the real batches with them: the simulated decode
+    is faster (TPOT, E2E below the real means), but by under 40 %."""
+    folder = realdata.path(run)
     res = _cli("calibrate", folder, "--format", "json", "--plot", tmp_path)
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)["runs"][0]
-    assert doc["completed_sim"] == doc["completed_real"] == 300      # never cut by a horizon
-    assert len(doc["timeline"]) > 60 and doc["latency_model"] == "physics"
+    n = REALDATA_FACTS[realdata.kind].requests
+    assert doc["completed_sim"] == doc["completed_real"] == n      # never cut by a horizon
+    ticks = (folder / "timeseries.csv").read_text().count("\n") - 1
+    assert len(doc["timeline"]) == ticks and doc["latency_model"] == "physics"
     assert (tmp_path / f"{run}-timeline.png").stat().st_size > 10_000
-    # the shipped fitted set of the GPU is what physics uses: within 5% of the real means
-    for m in ("ttft", "tpot", "e2e"):
-        assert abs(doc["metrics"][m]["error_pct"]["mean"]) < 5.0, (m, doc["metrics"][m])
-    assert doc["metrics"]["e2e"]["mape_pct"] < 10.0
+    err = {m: doc["metrics"][m]["error_pct"]["mean"] for m in ("ttft", "tpot", "e2e")}
     te = doc["timeline_errors"]
     assert te["running_mean_abs_diff"] < 3 and te["waiting_mean_abs_diff"] < 5
+    if realdata.full:
+        assert ticks > 60 and all(abs(e) < 5.0 for e in err.values()), err
+        assert doc["metrics"]["e2e"]["mape_pct"] < 10.0
+    else:
+        assert ticks == 4 and all(-40.0 < err[m] < 0 for m in ("tpot", "e2e")), err
     if run.startswith("vllm-rtxpro6000"):      # its KV gauge reads 0 throughout: not recorded
         assert te["kv_pct_mean_abs_diff"] is None
         assert all(r["real_kv_pct"] is None for r in doc["timeline"])
     else:
-        assert te["kv_pct_mean_abs_diff"] < 5
+        assert te["kv_pct_mean_abs_diff"] < (5 if realdata.full else 7)

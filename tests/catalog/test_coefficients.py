@@ -7,10 +7,10 @@ import pytest
 from blis_simpy.catalog.coefficients import builtin_coefficients, normalize_vllm, read_blis_defaults
 from blis_simpy.errors import ConfigError
 
-from .conftest import DATA, REFERENCE
+from .conftest import COUNTS, DATA
 
 
-def test_every_defaults_yaml_row_is_found_first_match_wins(blis_defaults):
+def test_every_defaults_yaml_row_is_found_first_match_wins(reference, blis_defaults):
     cat = builtin_coefficients()
     seen = set()
     for m in blis_defaults["models"]:
@@ -23,13 +23,13 @@ def test_every_defaults_yaml_row_is_found_first_match_wins(blis_defaults):
         assert list(r.alpha) == m["alpha_coeffs"] and list(r.beta) == m["beta_coeffs"], key
         assert r.kv_blocks == m["total_kv_blocks"], key
         assert r.loss == m.get("best_loss"), key
-    assert len(seen) == sum(len(rows) for rows in cat.blackbox.values()) == 87
-    assert len(blis_defaults["models"]) == 111          # 24 shadowed duplicates left out
+    assert sum(len(rows) for rows in cat.blackbox.values()) == 87    # the shadowed duplicates left out
+    assert (len(blis_defaults["models"]), len(seen)) == COUNTS[reference.kind][:2]
 
 
-def test_deployment_defaults_and_global_sets_match_defaults_yaml(blis_defaults):
+def test_deployment_defaults_and_global_sets_match_defaults_yaml(reference, blis_defaults):
     cat = builtin_coefficients()
-    assert len(cat.defaults) == len(blis_defaults["defaults"]) == 30
+    assert len(cat.defaults) == 30 and len(blis_defaults["defaults"]) == COUNTS[reference.kind][2]
     for mid, d in blis_defaults["defaults"].items():
         ours = cat.deployment_defaults(mid)
         assert (ours.gpu, ours.tp, ours.vllm) == (d["GPU"], d["tensor_parallelism"],
@@ -40,13 +40,11 @@ def test_deployment_defaults_and_global_sets_match_defaults_yaml(blis_defaults):
         assert list(ours.beta) == blis_defaults[theirs]["beta_coeffs"]
 
 
-def test_reading_blis_defaults_yaml_gives_the_same_catalog():
-    p = REFERENCE / "defaults.yaml"
-    if not p.exists():
-        pytest.skip(f"{p} not available")
-    theirs = read_blis_defaults(str(p))
+def test_reading_blis_defaults_yaml_gives_the_same_catalog(reference):
+    theirs = read_blis_defaults(str(reference.path("defaults.yaml")))
     ours = builtin_coefficients()
-    assert theirs.defaults == ours.defaults
+    assert len(theirs.defaults) == COUNTS[reference.kind][2]
+    assert theirs.defaults == {m: ours.defaults[m] for m in theirs.defaults}
     for model, rows in theirs.blackbox.items():
         for r in rows:
             assert ours.find(model, r.gpu, r.tp, r.vllm) == theirs.find(model, r.gpu, r.tp, r.vllm)

@@ -11,13 +11,15 @@ from blis_simpy.catalog.models import builtin_models, parse_models
 from blis_simpy.errors import ConfigError
 from tests.conftest import conformance_case
 
+from .conftest import COUNTS
+
 EXTRA_MODELS = ("qwen/qwen3-32b", "qwen/qwen3-30b-a3b", "mistralai/mixtral-8x7b-v0.1",
                 "meta-llama/llama-3.1-70b", "deepseek-ai/deepseek-v3")
 
 
-def test_every_model_of_defaults_yaml_is_in_the_catalog(blis_defaults):
+def test_every_model_of_defaults_yaml_is_in_the_catalog(reference, blis_defaults):
     ids = set(blis_defaults["defaults"]) | {m["id"] for m in blis_defaults["models"]}
-    assert len(ids) == 31
+    assert len(ids) == COUNTS[reference.kind][3]
     missing = sorted(i for i in ids if i not in builtin_models())
     assert not missing
 

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from blis_simpy.cli.runner import build_requests, prepare
+from tests.conftest import data_sources
 
 from .support import QUICKSTART, REPO, trace_row, write_trace_files
 
@@ -27,13 +28,11 @@ def test_validate_quickstart(cli):
     assert res.stderr == ""
 
 
-def test_quickstart_uses_the_reference_coefficients():
+@pytest.mark.parametrize("reference", data_sources("reference-data"))
+def test_quickstart_uses_the_reference_coefficients(reference):
     import yaml
 
-    ref = REPO.parent / "shared" / "reference-data" / "defaults.yaml"
-    if not ref.exists():
-        pytest.skip(f"{ref} not available")
-    defaults = yaml.safe_load(ref.read_text())
+    defaults = yaml.safe_load(reference.path("defaults.yaml").read_text())
     entry = next(m for m in defaults["models"] if m["id"] == "meta-llama/llama-3.1-8b-instruct"
                  and m["GPU"] == "H100" and m["tensor_parallelism"] == 1
                  and m["vllm_version"] == "vllm/vllm-openai:v0.11.0")

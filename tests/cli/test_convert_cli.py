@@ -6,23 +6,18 @@ import dataclasses
 import json
 from pathlib import Path
 
-import pytest
-
 from blis_simpy.workload.convert import preset_workload, spec_to_yaml
 from blis_simpy.workload.tracev2_read import read_trace
 from blis_simpy.workload.tracev2_write import write_trace
-from tests.conftest import shared_or_skip
+from tests.conftest import REALDATA_FACTS
 from tests.workload.test_observed_vllm_log import write_run
 
 from .support import LOCATED, write_trace_files
 
 SAMPLE = Path(__file__).resolve().parents[1] / "workload" / "data" / "vllm_bench_result.json"
 RTX4090 = "vllm-rtx4090-llama-3.1-8b"
-
-
-@pytest.fixture(scope="module")
-def realdata() -> Path:
-    return shared_or_skip("realdata")
+#: what ``convert vllm-log`` says of the RTX 4090 run: (arrivals over, last token at), seconds
+CONVERTED_SPAN = {"full": ("29.121", "183.567"), "excerpt": ("4.155", "48.976")}
 
 
 def _ok(res):
@@ -49,17 +44,19 @@ def test_bad_preset_flag_is_one_line(cli):
 def test_vllm_log_real_run_files_validate_and_replay(cli, realdata, tmp_path):
     prefix = tmp_path / "runs" / "vllm-rtx4090"
     prefix.parent.mkdir()
-    res = _ok(cli("convert", "vllm-log", "--run", realdata / RTX4090, "--output", prefix))
+    res = _ok(cli("convert", "vllm-log", "--run", realdata.path(RTX4090), "--output", prefix))
     names = [f"{prefix}{s}" for s in (".header.yaml", ".csv", ".scenario.yaml", ".timeseries.csv")]
-    assert res.stdout == (f"converted {RTX4090}: 300 rows, arrivals over 29.121 s, last token at "
-                          f"183.567 s; wrote {', '.join(names)}\n")
+    n = REALDATA_FACTS[realdata.kind].requests
+    arrivals, last = CONVERTED_SPAN[realdata.kind]
+    assert res.stdout == (f"converted {RTX4090}: {n} rows, arrivals over {arrivals} s, last token at "
+                          f"{last} s; wrote {', '.join(names)}\n")
     assert all(Path(n).is_file() for n in names)
     scen = Path(names[2])
     val = _ok(cli("validate", scen))
     assert val.stdout.startswith(f"ok: {scen}: {RTX4090}: model meta-llama/llama-3.1-8b, physics latency")
-    assert val.stdout.rstrip().endswith("(300 trace rows)")
+    assert val.stdout.rstrip().endswith(f"({n} trace rows)")
     rep = _ok(cli("replay", "--scenario", scen, "--format", "json"))
-    assert json.loads(rep.stdout)["cluster"]["completed_requests"] == 300
+    assert json.loads(rep.stdout)["cluster"]["completed_requests"] == n
     assert "warning" not in rep.stderr            # the scenario replays to completion
 
 
@@ -67,13 +64,16 @@ def test_real_shared_prefix_hits_the_simulated_cache(cli, realdata, tmp_path):
     """Line 237 of the real workload (1871 tokens) begins with all 1265 tokens of line 207.
     Replayed alone, 5 s apart, with 4 output tokens each: the second finds the first's 79
     full prompt blocks cached; the two occupy 80 + 118 blocks (1269 and 1875 tokens, 16 a
-    block), so the hit rate is 79/198. Without the IDs the random prompts share nothing."""
+    block), so the hit rate is 79/198. In the excerpt, line 47 (1255 tokens) begins with all
+    455 of line 40: 28 full blocks cached of 29 + 79 (459 and 1259 tokens), 28/108. Without
+    the IDs the random prompts share nothing."""
     prefix = tmp_path / "r"
-    _ok(cli("convert", "vllm-log", "--run", realdata / RTX4090, "--output", prefix))
+    _ok(cli("convert", "vllm-log", "--run", realdata.path(RTX4090), "--output", prefix))
     tr = read_trace(f"{prefix}.header.yaml", f"{prefix}.csv")
     by = {r.request_id: r for r in tr.records}
-    pair = [dataclasses.replace(by[207], arrival_time_us=0, send_time_us=0, output_tokens=4),
-            dataclasses.replace(by[237], arrival_time_us=5_000_000, send_time_us=5_000_000, output_tokens=4)]
+    first, later = REALDATA_FACTS[realdata.kind].pair[:2]
+    pair = [dataclasses.replace(by[first], arrival_time_us=0, send_time_us=0, output_tokens=4),
+            dataclasses.replace(by[later], arrival_time_us=5_000_000, send_time_us=5_000_000, output_tokens=4)]
     write_trace(tmp_path / "pair", tr.header, pair)
     write_trace(tmp_path / "plain", tr.header, [dataclasses.replace(r, input_token_ids=None) for r in pair])
     rates = []
@@ -81,7 +81,7 @@ def test_real_shared_prefix_hits_the_simulated_cache(cli, realdata, tmp_path):
         res = _ok(cli("replay", "--scenario", f"{prefix}.scenario.yaml", "--trace-header",
                       tmp_path / f"{name}.yaml", "--trace-data", tmp_path / f"{name}.csv", "--format", "json"))
         rates.append(json.loads(res.stdout)["kv_cache"]["cache_hit_rate"])
-    assert rates == [79 / 198, 0]
+    assert rates == [79 / 198 if realdata.full else 28 / 108, 0]
 
 
 def test_vllm_bench_sample(cli, tmp_path):

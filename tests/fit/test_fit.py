@@ -117,11 +117,10 @@ def test_a_fit_the_time_budget_ended_says_so(measured, tmp_path):
     assert (tmp_path / "s.yaml").exists()
 
 
-def test_blackbox_fit_of_a_model_with_no_catalog_row(tmp_path):
+def test_blackbox_fit_of_a_model_with_no_catalog_row(realdata, tmp_path):
     """Llama-3.1-8B (base) has no blackbox row: fit starts from a generic point instead of
     refusing, and the set it writes replays the run with the fitted betas."""
-    from tests.conftest import shared_or_skip
-    run = shared_or_skip("realdata", "vllm-rtxpro6000-llama-3.1-8b")
+    run = realdata.path("vllm-rtxpro6000-llama-3.1-8b")
     out = tmp_path / "bb.yaml"
     res = _cli("fit", run, "--latency-model", "blackbox", "-o", out, "--max-evaluations", "15")
     assert res.exit_code == 0, res.output

@@ -1,8 +1,10 @@
 """Reading a vLLM run log and converting it (blis_simpy.observed): tiny hand-made folders
-with exact figures, and the real runs of ../shared/realdata."""
+with exact figures, and the real runs (the shipped excerpt, and the full runs when present:
+tests/data/README.md)."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 from pathlib import Path
@@ -20,7 +22,7 @@ from blis_simpy.observed.converted import (
 from blis_simpy.observed.vllm_log import load_vllm_log
 from blis_simpy.workload.replay import trace_requests
 from blis_simpy.workload.tracev2_read import read_trace
-from tests.conftest import shared_or_skip
+from tests.conftest import REALDATA_FACTS, DataSource, data_sources
 
 # request i: (queued_ts, first_token_ts, last_token_ts, prompt IDs, output_toks), seconds
 REQS = [
@@ -163,27 +165,24 @@ def test_malformed_inputs_are_located(tmp_path, edit, where):
 REAL_RUNS = ("vllm-rtx4090-llama-3.1-8b", "vllm-rtxpro6000-llama-3.1-8b")
 
 
-@pytest.fixture(scope="module")
-def realdata() -> Path:
-    return shared_or_skip("realdata")
-
-
 @pytest.mark.parametrize("name", REAL_RUNS)
 def test_real_run_converts_with_its_prompts(realdata, tmp_path, name):
-    run = load_vllm_log(realdata / name)
-    assert len(run.records) == 300 and run.notes == []
+    facts = REALDATA_FACTS[realdata.kind]
+    run = load_vllm_log(realdata.path(name))
+    assert len(run.records) == facts.requests and run.notes == []
     assert [r.arrival_time_us for r in run.records] == sorted(r.arrival_time_us for r in run.records)
     assert run.records[0].arrival_time_us == 0
-    work = [json.loads(line) for line in open(realdata / "workload-sharegpt-llama-3.1-8b-300-sps10.jsonl")]
+    work = [json.loads(line) for line in open(realdata.path(facts.workload))]
     write_files(converted_files(run, tmp_path / "r"))
     tr = read_trace(tmp_path / "r.header.yaml", tmp_path / "r.csv")
     reqs = {q.id: q for q in trace_requests(tr.records, 42)}
-    for i in (0, 38, 174, 299):
+    for i in (0, 38, facts.requests // 2, facts.requests - 1):
         assert reqs[f"request_{i}"].input_tokens.tolist() == work[i]["input_tok_ids"]
-    # line 237 (1871 tokens, a later turn) begins with all 1265 tokens of line 207: so do
-    # their replays
-    a, b = reqs["request_207"].input_tokens, reqs["request_237"].input_tokens
-    assert (a.size, b.size) == (1265, 1871) and np.array_equal(a, b[:1265])
+    # a later turn begins with all of an earlier prompt (full: line 237, 1871 tokens, with the
+    # 1265 of line 207; excerpt: line 47, 1255 tokens, with the 455 of line 40): so do their replays
+    i, j, n_i, n_j = facts.pair
+    a, b = reqs[f"request_{i}"].input_tokens, reqs[f"request_{j}"].input_tokens
+    assert (a.size, b.size) == (n_i, n_j) and np.array_equal(a, b[:n_i])
     back = load_converted(tmp_path / "r")
     real = {q.trace_id: q for q in run.requests}
     for q in back.requests:            # µs rounding only
@@ -191,26 +190,35 @@ def test_real_run_converts_with_its_prompts(realdata, tmp_path, name):
         assert abs(q.e2e_ms - real[q.trace_id].e2e_ms) < 1e-3
 
 
-def _gauge_mismatch(run, offset_s: float) -> int:
+@pytest.fixture(scope="module", params=data_sources("realdata", excerpt="realdata-gauges"))
+def gauges(request) -> DataSource:
+    """Per run, every request's queued / scheduled / last-token times and the 1 s gauges: the
+    shipped excerpt keeps just those columns of all 300 requests and ticks."""
+    return request.param
+
+
+def _gauge_mismatch(folder: Path, offset_s: float) -> int:
     """Σ over ticks of |running − log running| + |waiting − log waiting|, with the gauges
-    recounted from requests.jsonl at q0 + t + offset."""
-    rows = [json.loads(line) for line in open(Path(run.source) / "requests.jsonl")]
+    recounted from requests.jsonl at q0 + t + offset (q0: the earliest queued_ts, the loader's
+    origin)."""
+    rows = [json.loads(line) for line in open(folder / "requests.jsonl")]
+    q0 = min(r["queued_ts"] for r in rows)
     err = 0
-    for t in run.ticks:
-        now = run.q0_s + t.t_s + offset_s
-        running = sum(r["scheduled_ts"] <= now < r["last_token_ts"] for r in rows)
-        waiting = sum(r["queued_ts"] <= now < r["scheduled_ts"] for r in rows)
-        err += abs(running - t.running) + abs(waiting - t.waiting)
+    with open(folder / "timeseries.csv") as f:
+        for t in csv.DictReader(f):
+            now = q0 + float(t["t"]) + offset_s
+            running = sum(r["scheduled_ts"] <= now < r["last_token_ts"] for r in rows)
+            waiting = sum(r["queued_ts"] <= now < r["scheduled_ts"] for r in rows)
+            err += abs(running - int(t["running"])) + abs(waiting - int(t["waiting"]))
     return err
 
 
 @pytest.mark.parametrize("name", REAL_RUNS)
-def test_timeseries_axis_starts_at_the_first_arrival(realdata, name):
+def test_timeseries_axis_starts_at_the_first_arrival(gauges, name):
     """Why the timeseries keeps the log's t: the gauges agree with the requests best when
     tick t is taken at t seconds after the earliest queued_ts (not a second earlier or later)."""
-    run = load_vllm_log(realdata / name)
-    at0 = _gauge_mismatch(run, 0.0)
-    assert at0 < _gauge_mismatch(run, -0.5) and at0 < _gauge_mismatch(run, 0.5)
+    at0 = _gauge_mismatch(gauges.path(name), 0.0)
+    assert at0 < _gauge_mismatch(gauges.path(name), -0.5) and at0 < _gauge_mismatch(gauges.path(name), 0.5)
 
 
 def llmservingsim_layout(tmp_path: Path) -> Path:
