@@ -153,10 +153,7 @@ class PDCluster(Cluster, name="pd"):
             now_us = env.now
             parent.prefill_instance = inst.id
             parent.prefill_enqueue_us = now_us
-            if self.trace is not None:
-                self.trace.record_pool_routing("prefill", parent.id, state, decision, inst.id)
-            self.pending_prefill[sub.id] = parent
-            self.inflight[inst.index] += 1
+            self._placed("prefill", parent, sub, inst, state, decision)
             self.prefill_routed += 1
             inst.inject(sub, now_us)
             self.tell_router(self.prefill_router, sub, inst.index)
@@ -201,12 +198,19 @@ class PDCluster(Cluster, name="pd"):
             parent.decode_enqueue_us = now_us
             if self.trace is not None:
                 self.trace.record_kv_transfer(parent)
-                self.trace.record_pool_routing("decode", parent.id, state, decision, inst.id)
-            self.pending_decode[sub.id] = parent
-            self.inflight[inst.index] += 1
+            self._placed("decode", parent, sub, inst, state, decision)
             self.decode_injected += 1
             inst.inject_decode(sub, now_us)
             self.tell_router(self.decode_router, sub, inst.index)
+
+    def _placed(self, role: str, parent: ParentRequest, sub, inst, state, decision) -> None:
+        """``parent``'s ``role`` sub-request goes to ``inst``: trace it, wait for it, count it
+        in flight."""
+        if self.trace is not None:
+            self.trace.record_pool_routing(role, parent.id, state, decision, inst.id)
+        pending = self.pending_prefill if role == "prefill" else self.pending_decode
+        pending[sub.id] = parent
+        self.inflight[inst.index] += 1
 
     def _drop_at_decode(self, parent: ParentRequest, now_us: int, why: str) -> None:
         tally.note(log, "dropped at decode routing", why, parent.id)   # one line per cause
