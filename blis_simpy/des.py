@@ -57,6 +57,39 @@ ARRIVAL, QUEUED, STEP, SCHEDULED, REQUEST_LEFT, TIMEOUT = range(6)
 FRONTEND = INSTANCE_BASE - 1
 
 
+#: an observer's sample (:mod:`blis_simpy.cluster.monitor`): before every model event at the
+#: same time (model keys are >= 2)
+OBSERVER_BEFORE = 0
+#: an observer's last look at a time: after every model event at that time
+OBSERVER_AFTER = 1 << 62
+
+#: The events a user may hook, by BLIS's name (grep for the name to find its code): the
+#: heap key it runs at (instance events: the priority ``p`` of :func:`instance_key`) and
+#: where a plugin hooks it (docs/extending.md). The PD ones run in the process named.
+EVENTS: dict[str, tuple[int, str]] = {
+    "ClusterArrival": (CLUSTER_ARRIVAL, "the arrival process (Cluster._arrivals)"),
+    "AdmissionDecision": (ADMISSION, "AdmissionPolicy.admit(req, state)"),
+    "RoutingDecision": (ROUTING, "Router.route(req, state), Router.observe(req, index)"),
+    "DisaggregationDecision": (DISAGGREGATION, "DisaggregationDecider.decide(req[, pools]) "
+                               "in the decision process (PDCluster._decisions)"),
+    "PrefillRoutingDecision": (PREFILL_ROUTING, "the prefill pool's Router.route, in the "
+                               "prefill-pool process (PDCluster._prefill_pool)"),
+    "KVTransferStarted": (KV_TRANSFER_STARTED, "KVTransferFabric.start(parent, nbytes), "
+                          "called by the fabric process; KVTransferFabric.transfer is the transfer process"),
+    "KVTransferCompleted": (KV_TRANSFER_COMPLETED, "the end of KVTransferFabric.transfer, "
+                            "which hands the transfer on: the fabric's on_complete(transfer), "
+                            "by default a put into the decode pool's inbox"),
+    "DecodeRoutingDecision": (DECODE_ROUTING, "the decode pool's Router.route, in the "
+                              "decode-pool process (PDCluster._decode_pool)"),
+    "Arrival": (ARRIVAL, "Instance.inject / Instance.enter_engine"),
+    "Queued": (QUEUED, "Instance._on_queued (the wait queue)"),
+    "Step": (STEP, "Instance.step_time_us(batch), Instance.on_step_end(now_us, step_us, completed)"),
+    "Timeout": (TIMEOUT, "Instance._on_timeout"),
+    "RequestDone": (STEP, "InstanceListener.on_request_done(inst, req, tick_us) "
+                    "(Cluster / PDCluster), after the step or the front end's delivery"),
+}
+
+
 def instance_key(index: int, prio: int) -> int:
     """Heap key of an instance event of BLIS priority ``prio`` on instance ``index``."""
     return INSTANCE_BASE + INSTANCE_STRIDE * index + prio

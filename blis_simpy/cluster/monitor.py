@@ -37,13 +37,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from blis_simpy.des import OBSERVER_AFTER, OBSERVER_BEFORE
 from blis_simpy.metrics.timeline_file import COLUMNS
 
 __all__ = ["AFTER_KEY", "COLUMNS", "MAX_INTERVAL_US", "MAX_ROWS", "MAX_SAMPLES", "MIN_INTERVAL_US",
            "SAMPLE_KEY", "Monitor", "Timeline"]
 
-SAMPLE_KEY = 0               # before every model event at the same time (those keys are >= 2)
-AFTER_KEY = 1 << 62          # after every model event at the same time
+SAMPLE_KEY = OBSERVER_BEFORE  # before every model event at the same time (those keys are >= 2)
+AFTER_KEY = OBSERVER_AFTER    # after every model event at the same time
 MIN_INTERVAL_US = 1_000      # 1 ms
 MAX_INTERVAL_US = 86_400_000_000   # one simulated day
 MAX_SAMPLES = 100_000

@@ -1,10 +1,11 @@
 """Prefill/decode disaggregation in the control plane (docs/disaggregation.md,
 "The path step by step").
 
-:class:`PDCluster` extends :class:`~blis_simpy.cluster.cluster.Cluster` with a prefill pool
-and a decode pool, each a SimPy process reading a :class:`~blis_simpy.des.Mailbox`, and the
-KV-transfer fabric (:class:`~blis_simpy.disagg.fabric.KVTransferFabric`, fed by a third
-process) between them::
+:class:`PDCluster` extends :class:`~blis_simpy.cluster.cluster.Cluster` with three SimPy
+processes, each taking its work from a :class:`~blis_simpy.des.Mailbox` (a SimPy Store) and
+doing it: the disaggregation decision, the prefill pool and the decode pool; and the
+KV-transfer fabric (:class:`~blis_simpy.disagg.fabric.KVTransferFabric`, a process whose
+transfers are processes holding its bandwidth resource) between the pools::
 
     Admission ─► DisaggregationDecision ─┬─ no ─► RoutingDecision (local: decode pool)
                                          └─ yes ─► parent + "<id>_prefill"
@@ -22,15 +23,8 @@ import logging
 
 from blis_simpy.cluster.cluster import Cluster
 from blis_simpy.cluster.policies import build_router
-from blis_simpy.des import (
-    DECODE_ROUTING,
-    DISAGGREGATION,
-    KV_TRANSFER_STARTED,
-    PREFILL_ROUTING,
-    ROUTING,
-    Mailbox,
-)
-from blis_simpy.disagg.deciders import make_decider
+from blis_simpy.des import DECODE_ROUTING, DISAGGREGATION, PREFILL_ROUTING, ROUTING, Mailbox
+from blis_simpy.disagg.deciders import PoolView, make_decider
 from blis_simpy.disagg.fabric import KVTransferFabric
 from blis_simpy.disagg.parent import ParentRequest
 from blis_simpy.disagg.projection import correct_and_project, pd_metrics
@@ -62,7 +56,6 @@ class PDCluster(Cluster, name="pd"):
         self.decode_pool = [inst for inst, r in zip(instances, roles, strict=True) if r == "decode"]
         self.decider = decider
         self.fabric = fabric
-        fabric.on_complete = self._on_transfer_complete
         self.kv_bytes_per_token = float(kv_bytes_per_token)
         self.block_size = block_size
         self.prefill_router = prefill_router or router
@@ -80,44 +73,57 @@ class PDCluster(Cluster, name="pd"):
         self.dropped_at_decode_kv = 0
         self._prefill_done: list = []
         self._decode_done: list = []
+        #: admitted requests, delivered at the DisaggregationDecision event
+        self.decision_inbox = Mailbox(env, DISAGGREGATION)
+        #: parents, delivered at the PrefillRoutingDecision event
         self.prefill_inbox = Mailbox(env, PREFILL_ROUTING)
-        self.fabric_inbox = Mailbox(env, KV_TRANSFER_STARTED)
+        #: finished transfers (the fabric's ``on_complete``), delivered at the DecodeRoutingDecision event
         self.decode_inbox = Mailbox(env, DECODE_ROUTING)
-        env.process(self._pool(self.prefill_inbox, self._route_prefill))
-        env.process(self._pool(self.fabric_inbox, self._start_transfer))
-        env.process(self._pool(self.decode_inbox, self._route_decode))
-
-    @staticmethod
-    def _pool(inbox: Mailbox, handle):
-        """A pool (or the fabric's front door): take the next hand-off, handle it."""
-        while True:
-            item = yield inbox.get()
-            handle(item)
+        fabric.on_complete = self.decode_inbox.deliver
+        env.process(self._decisions())
+        env.process(self._prefill_pool())
+        env.process(self._decode_pool())
 
     # ------------------------------------------------------------------ decision
     def _after_admission(self, req) -> None:
-        self.env.call_at(self.env.now, DISAGGREGATION, self._on_disaggregation, req)
+        self.decision_inbox.deliver(req)
 
-    def _on_disaggregation(self, req) -> None:
-        now_us = self.env.now
-        split = self.decider.decide(req)
-        if self.trace is not None:
-            self.trace.record_disaggregation(req, now_us, split)
-        lat = self.routing_latency_us
-        if not split:
-            self.env.call_at(now_us + lat, ROUTING, self._on_local_routing, req)
-            return
-        parent = ParentRequest(req.id, req, num_kv_blocks=ceil_div(req.input_len, self.block_size),
-                               arrival_us=req.arrival_us)
-        self.parents[req.id] = parent
-        req.prompt_block_hashes(self.block_size)   # hashed once for both sub-requests
-        sub = Request(parent.prefill_sub_id, req.arrival_us, req.tokens[: req.input_len], (),
-                      max_output_len=req.max_output_len, deadline_us=req.deadline_us,
-                      tenant_id=req.tenant_id, slo_class=req.slo_class, model=req.model,
-                      prefix_group=req.prefix_group, prefix_length=req.prefix_length)
-        _share_hashes(req, sub)
-        parent.prefill_sub = sub
-        self.prefill_inbox.put_at(now_us + lat, parent)
+    def pool_view(self, req) -> PoolView:
+        """What a decider sees of the pools for ``req`` (built when first read)."""
+        return PoolView(self.env.now, lambda among: self.router_state(req, among),
+                        self.prefill_pool, self.decode_pool)
+
+    def _decisions(self):
+        """The DisaggregationDecision process: take the next admitted request, decide, split
+        it into a parent and its prefill sub-request (to the prefill pool) or send it to
+        local routing."""
+        env = self.env
+        get = self.decision_inbox.get
+        decider = self.decider
+        while True:
+            req = yield get()
+            now_us = env.now
+            if decider.reads_pools:
+                split = decider.decide(req, self.pool_view(req))
+            else:
+                split = decider.decide(req)
+            if self.trace is not None:
+                self.trace.record_disaggregation(req, now_us, split)
+            lat = self.routing_latency_us
+            if not split:
+                env.call_at(now_us + lat, ROUTING, self._on_local_routing, req)
+                continue
+            parent = ParentRequest(req.id, req, num_kv_blocks=ceil_div(req.input_len, self.block_size),
+                                   arrival_us=req.arrival_us)
+            self.parents[req.id] = parent
+            req.prompt_block_hashes(self.block_size)   # hashed once for both sub-requests
+            sub = Request(parent.prefill_sub_id, req.arrival_us, req.tokens[: req.input_len], (),
+                          max_output_len=req.max_output_len, deadline_us=req.deadline_us,
+                          tenant_id=req.tenant_id, slo_class=req.slo_class, model=req.model,
+                          prefix_group=req.prefix_group, prefix_length=req.prefix_length)
+            _share_hashes(req, sub)
+            parent.prefill_sub = sub
+            self.prefill_inbox.put_at(now_us + lat, parent)
 
     def _on_local_routing(self, req) -> None:
         if self.local_routing == "all":
@@ -128,75 +134,83 @@ class PDCluster(Cluster, name="pd"):
             self.decider.observe(req, inst.index)
 
     # ------------------------------------------------------------------ prefill pool
-    def _route_prefill(self, parent: ParentRequest) -> None:
-        sub = parent.prefill_sub
-        chosen = self.choose(sub, self.prefill_pool, self.prefill_router, what="prefill sub-request")
-        if chosen is None:                  # a rejection at routing (disaggregation.md)
-            _drop_hashes(parent.original)
-            self.counters.rejected_at_routing += 1
-            if self.sessions is not None:
-                self.sessions.on_request_rejected(parent.original, self.env.now)
-            return
-        inst, state, decision = chosen
-        now_us = self.env.now
-        parent.prefill_instance = inst.id
-        parent.prefill_enqueue_us = now_us
-        if self.trace is not None:
-            self.trace.record_pool_routing("prefill", parent.id, state, decision, inst.id)
-        self.pending_prefill[sub.id] = parent
-        self.inflight[inst.index] += 1
-        self.prefill_routed += 1
-        inst.inject(sub, now_us)
-        self.tell_router(self.prefill_router, sub, inst.index)
-        if self.decider.stateful:
-            self.decider.observe(sub, inst.index)
-
-    # ------------------------------------------------------------------ the fabric
-    def _start_transfer(self, parent: ParentRequest) -> None:
-        parent.transfer_start_us = self.env.now
-        nbytes = parent.num_kv_blocks * self.block_size * self.kv_bytes_per_token
-        self.fabric.start(parent, nbytes)
-
-    def _on_transfer_complete(self, transfer) -> None:
-        parent: ParentRequest = transfer.parent
-        now_us = self.env.now
-        parent.transfer_complete_us = now_us
-        req = parent.original
-        sub = Request(parent.decode_sub_id, req.arrival_us, req.tokens[: req.input_len],
-                      req.tokens[req.input_len:], max_output_len=req.max_output_len,
-                      deadline_us=req.deadline_us, tenant_id=req.tenant_id,
-                      slo_class=req.slo_class, model=req.model, prefix_group=req.prefix_group,
-                      prefix_length=req.prefix_length, is_decode_sub=True)
-        _share_hashes(req, sub)
-        _drop_hashes(req)
-        # the server's clock of the parent started where its prefill's did (a front end
-        # moves it to the hand-over to the prefill engine, docs/frontend.md)
-        sub.origin_us = req.origin_us = parent.prefill_sub.origin_us
-        parent.decode_sub = sub
-        self.decode_inbox.deliver(parent)
+    def _prefill_pool(self):
+        """The prefill pool: take the next parent, route its prefill sub-request to a
+        prefill instance (or reject it at routing)."""
+        env = self.env
+        get = self.prefill_inbox.get
+        while True:
+            parent: ParentRequest = yield get()
+            sub = parent.prefill_sub
+            chosen = self.choose(sub, self.prefill_pool, self.prefill_router, what="prefill sub-request")
+            if chosen is None:                  # a rejection at routing (disaggregation.md)
+                _drop_hashes(parent.original)
+                self.counters.rejected_at_routing += 1
+                if self.sessions is not None:
+                    self.sessions.on_request_rejected(parent.original, env.now)
+                continue
+            inst, state, decision = chosen
+            now_us = env.now
+            parent.prefill_instance = inst.id
+            parent.prefill_enqueue_us = now_us
+            self._placed("prefill", parent, sub, inst, state, decision)
+            self.prefill_routed += 1
+            inst.inject(sub, now_us)
+            self.tell_router(self.prefill_router, sub, inst.index)
+            if self.decider.stateful:
+                self.decider.observe(sub, inst.index)
 
     # ------------------------------------------------------------------ decode pool
-    def _route_decode(self, parent: ParentRequest) -> None:
-        now_us = self.env.now
-        sub = parent.decode_sub
-        chosen = self.choose(sub, self.decode_pool, self.decode_router, what="decode sub-request")
-        if chosen is None:
-            return self._drop_at_decode(parent, now_us, "no decode instance")
-        inst, state, decision = chosen
-        sub.pi = 0
-        if sub.input_len and not inst.kv.allocate(sub, 0, sub.input_len):
-            return self._drop_at_decode(parent, now_us, f"{inst.id} has no KV room for its prompt")
-        sub.pi = sub.input_len
-        parent.decode_instance = inst.id
-        parent.decode_enqueue_us = now_us
+    def _decode_pool(self):
+        """The decode pool: take the next finished KV transfer, make the parent's decode
+        sub-request and route it to a decode instance with its prompt's KV pre-allocated
+        (or drop the parent there)."""
+        env = self.env
+        get = self.decode_inbox.get
+        while True:
+            transfer = yield get()
+            parent: ParentRequest = transfer.parent
+            now_us = env.now
+            parent.transfer_complete_us = transfer.complete_us
+            req = parent.original
+            sub = Request(parent.decode_sub_id, req.arrival_us, req.tokens[: req.input_len],
+                          req.tokens[req.input_len:], max_output_len=req.max_output_len,
+                          deadline_us=req.deadline_us, tenant_id=req.tenant_id,
+                          slo_class=req.slo_class, model=req.model, prefix_group=req.prefix_group,
+                          prefix_length=req.prefix_length, is_decode_sub=True)
+            _share_hashes(req, sub)
+            _drop_hashes(req)
+            # the server's clock of the parent started where its prefill's did (a front end
+            # moves it to the hand-over to the prefill engine, docs/frontend.md)
+            sub.origin_us = req.origin_us = parent.prefill_sub.origin_us
+            parent.decode_sub = sub
+            chosen = self.choose(sub, self.decode_pool, self.decode_router, what="decode sub-request")
+            if chosen is None:
+                self._drop_at_decode(parent, now_us, "no decode instance")
+                continue
+            inst, state, decision = chosen
+            sub.pi = 0
+            if sub.input_len and not inst.kv.allocate(sub, 0, sub.input_len):
+                self._drop_at_decode(parent, now_us, f"{inst.id} has no KV room for its prompt")
+                continue
+            sub.pi = sub.input_len
+            parent.decode_instance = inst.id
+            parent.decode_enqueue_us = now_us
+            if self.trace is not None:
+                self.trace.record_kv_transfer(parent)
+            self._placed("decode", parent, sub, inst, state, decision)
+            self.decode_injected += 1
+            inst.inject_decode(sub, now_us)
+            self.tell_router(self.decode_router, sub, inst.index)
+
+    def _placed(self, role: str, parent: ParentRequest, sub, inst, state, decision) -> None:
+        """``parent``'s ``role`` sub-request goes to ``inst``: trace it, wait for it, count it
+        in flight."""
         if self.trace is not None:
-            self.trace.record_kv_transfer(parent)
-            self.trace.record_pool_routing("decode", parent.id, state, decision, inst.id)
-        self.pending_decode[sub.id] = parent
+            self.trace.record_pool_routing(role, parent.id, state, decision, inst.id)
+        pending = self.pending_prefill if role == "prefill" else self.pending_decode
+        pending[sub.id] = parent
         self.inflight[inst.index] += 1
-        self.decode_injected += 1
-        inst.inject_decode(sub, now_us)
-        self.tell_router(self.decode_router, sub, inst.index)
 
     def _drop_at_decode(self, parent: ParentRequest, now_us: int, why: str) -> None:
         tally.note(log, "dropped at decode routing", why, parent.id)   # one line per cause
@@ -226,16 +240,17 @@ class PDCluster(Cluster, name="pd"):
         """After each instance event: detect finished prefills and decodes (docs/disaggregation.md)."""
         now_us = self.env.now
         if self._prefill_done:
+            fabric = self.fabric
             done, self._prefill_done = sorted(self._prefill_done), []
             for rid, tick in done:
                 parent = self.pending_prefill.pop(rid)
                 self.prefill_completed += 1
                 if self.transfer_at_step_end and tick > now_us:
-                    parent.prefill_complete_us = tick
-                    self.fabric_inbox.put_at(tick, parent)
+                    parent.prefill_complete_us = parent.transfer_start_us = tick
+                    fabric.inbox.put_at(tick, (parent, self._kv_bytes(parent)))
                 else:
-                    parent.prefill_complete_us = now_us
-                    self.fabric_inbox.deliver(parent)
+                    parent.prefill_complete_us = parent.transfer_start_us = now_us
+                    fabric.inbox.deliver((parent, self._kv_bytes(parent)))
         if self._decode_done:
             done, self._decode_done = sorted(self._decode_done), []
             for rid, tick in done:
@@ -248,6 +263,11 @@ class PDCluster(Cluster, name="pd"):
                     orig.state = COMPLETED
                     orig.pi = parent.decode_sub.pi
                     self.on_parent_done(orig, tick)
+
+    def _kv_bytes(self, parent: ParentRequest) -> float:
+        """Bytes of ``parent``'s prompt KV the fabric moves: whole blocks × block size ×
+        KV bytes per token."""
+        return parent.num_kv_blocks * self.block_size * self.kv_bytes_per_token
 
     def _parent_failed(self, parent: ParentRequest, tick_us: int, state: int) -> None:
         """A sub-request timed out or was dropped: the parent ends in that state."""

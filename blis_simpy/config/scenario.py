@@ -352,7 +352,7 @@ class PoolOverrides(Strict):
 
 
 class DeciderConfig(Strict):
-    policy: str = Field("never", description="never | always | prefix-threshold | direct-to-decode")
+    policy: str = Field("never", description="never | always | prefix-threshold | direct-to-decode | load-aware")
     params: dict = Field(default_factory=dict)
 
 

@@ -4,7 +4,8 @@
 *acquires* it with ``link.request(nbytes, parent)``, which returns the :class:`Transfer`
 (SimPy's ``Put`` event of this resource); the transfer's ``finished`` event fires when its
 bytes are through, and the holder then *releases* it with ``link.release(transfer)``
-(SimPy's ``Get`` event). A request is granted at once: bandwidth is divisible and used by
+(SimPy's ``Get`` event) — or by leaving ``with link.request(...) as tr:``, as a transfer
+process does (:meth:`blis_simpy.disagg.fabric.KVTransferFabric.transfer`). A request is granted at once: bandwidth is divisible and used by
 all holders together, so nobody queues for a slot. ``link.users`` are the transfers holding
 the link — acquired and not yet released, BLIS's *active* transfers.
 
@@ -143,6 +144,14 @@ class SharedBandwidth:
                 heapq.heappush(svc, (self.vtime + nbytes, seq, job))
 
 
+def transfer_size(nbytes) -> float:
+    """``nbytes`` as a float; ValueError unless finite and ≥ 0 bytes."""
+    b = float(nbytes)
+    if not (math.isfinite(b) and b >= 0):
+        raise ValueError(f"KV transfer size must be finite and >= 0 bytes, got {nbytes}")
+    return b
+
+
 class Transfer(Put):
     """One transfer: a request for the link's bandwidth (SimPy's ``Put`` event of
     :class:`BandwidthLink`), granted as soon as it is made.
@@ -156,9 +165,7 @@ class Transfer(Put):
     """
 
     def __init__(self, link: BandwidthLink, nbytes: float, parent=None):
-        b = float(nbytes)
-        if not (math.isfinite(b) and b >= 0):
-            raise ValueError(f"KV transfer size must be finite and >= 0 bytes, got {nbytes}")
+        b = transfer_size(nbytes)
         env = link._env
         self.parent = parent
         self.nbytes = b
@@ -169,6 +176,14 @@ class Transfer(Put):
         self.complete_us: int | None = None
         self.finished = Event(env)
         super().__init__(link)
+
+    def __exit__(self, exc_type, exc_value, traceback) -> None:
+        """Leaving ``with link.request(...) as tr:`` releases the link (once its bytes are
+        through; a transfer whose bytes are not through keeps holding it — never expected
+        from a process that waited on ``tr.finished``)."""
+        super().__exit__(exc_type, exc_value, traceback)
+        if self.finished.triggered and self in self.resource.users:
+            self.resource.release(self)
 
     @property
     def duration_us(self) -> int | None:
@@ -315,4 +330,4 @@ class BandwidthLink(BaseResource):
 
 
 __all__ = ["BandwidthLink", "CONTENTION_MODES", "Contention", "Release", "SharedBandwidth",
-           "Transfer"]
+           "Transfer", "transfer_size"]

@@ -14,6 +14,17 @@ output (INV-9). Add one by subclassing, like a router::
 and select it with ``--pd-decider long-prompt`` or a scenario's
 ``disaggregation.decider: {policy: long-prompt, params: {min_tokens: 2048}}``.
 
+A *load-aware* decider reads the pools: when its ``decide`` takes a second parameter named
+``pools``, the cluster passes a :class:`PoolView` — the same read-only
+:class:`~blis_simpy.snapshot.RouterState` per pool that the pool's router gets (queue depth,
+batch size, KV use, in-flight count per instance), built only when read::
+
+    class ShortQueue(DisaggregationDecider, name="short-queue"):
+        def decide(self, req, pools):
+            return sum(s.queue_depth for s in pools.prefill.snapshots) < 4
+
+The built-in ``load-aware`` decider is such a subclass.
+
 A *stateful* decider learns from placements: the cluster calls
 ``observe(req, instance_index)`` after every routing decision that places a request
 (standard and prefill routing, not decode routing). Defining ``observe`` in a subclass makes
@@ -25,6 +36,7 @@ Constructor keywords every decider receives (accept them if you override ``__ini
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import ClassVar
 
@@ -32,9 +44,45 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from blis_simpy.plugins import Pluggable, build_failure, checked_results, guard_requests
 from blis_simpy.routing.prefix_index import DEFAULT_CAPACITY, PrefixIndex
+from blis_simpy.snapshot import RouterState
 
 #: The single virtual instance key of the prefix-threshold decider's index.
 GLOBAL_KEY = "__global__"
+
+
+class PoolView:
+    """What a load-aware decider sees of the pools at a decision: ``prefill`` and
+    ``decode``, each the :class:`~blis_simpy.snapshot.RouterState` that pool's router would
+    get for the request now (its instances' snapshots, index order, and ``clock_us``).
+
+    Read-only, and built on first read: a decider that looks at one pool costs the run only
+    that pool's snapshots (and, under a periodic snapshot refresh, only a read refreshes
+    them, as a router's would). ``clock_us`` is the decision time, µs.
+    """
+
+    __slots__ = ("clock_us", "_state_of", "_pools", "_states")
+
+    def __init__(self, clock_us: int, state_of, prefill_pool, decode_pool):
+        self.clock_us = clock_us
+        self._state_of = state_of          # instances -> RouterState
+        self._pools = (prefill_pool, decode_pool)
+        self._states: list[RouterState | None] = [None, None]
+
+    def _state(self, i: int) -> RouterState:
+        st = self._states[i]
+        if st is None:
+            st = self._states[i] = self._state_of(self._pools[i])
+        return st
+
+    @property
+    def prefill(self) -> RouterState:
+        """The prefill pool as its router sees it."""
+        return self._state(0)
+
+    @property
+    def decode(self) -> RouterState:
+        """The decode pool as its router sees it."""
+        return self._state(1)
 
 
 class DisaggregationDecider(Pluggable, family="disaggregation decider"):
@@ -42,6 +90,9 @@ class DisaggregationDecider(Pluggable, family="disaggregation decider"):
 
     #: True if :meth:`observe` must be called after every placing routing decision.
     stateful: ClassVar[bool] = False
+    #: True if :meth:`decide` takes the pools (``decide(req, pools)``, a :class:`PoolView`);
+    #: set from its signature when a subclass defines ``decide``.
+    reads_pools: ClassVar[bool] = False
     #: The decision when it never depends on the request (True: ``always``, False:
     #: ``never``), else None. The CLI uses it for its warnings (docs/cli.md).
     constant_decision: ClassVar[bool | None] = None
@@ -67,6 +118,8 @@ class DisaggregationDecider(Pluggable, family="disaggregation decider"):
         super().__init_subclass__(**kw)
         if "observe" in cls.__dict__ and "stateful" not in cls.__dict__:
             cls.stateful = True
+        if "decide" in cls.__dict__ and "reads_pools" not in cls.__dict__:
+            cls.reads_pools = "pools" in inspect.signature(cls.decide).parameters
 
 
 def make_decider(name: str, params: dict | None = None, *, block_size: int = 16,
@@ -187,5 +240,30 @@ class DirectToDecode(DisaggregationDecider, name="direct-to-decode"):
         return []
 
 
-__all__ = ["Always", "DirectToDecode", "DisaggregationDecider", "GLOBAL_KEY", "Never",
-           "PrefixThreshold", "make_decider"]
+class LoadAware(DisaggregationDecider, name="load-aware"):
+    """Disaggregate iff the prompt is longer than ``max_local_prefill_tokens`` (strict) and
+    the prefill pool's queue — the queue depths of its instances, summed — is shorter than
+    ``max_prefill_queue`` (strict); otherwise serve the request locally, on the decode pool.
+
+    NVIDIA Dynamo's conditional disaggregation (``ai-dynamo/dynamo``,
+    ``examples/llm/components/disagg_router.py``, ``prefill_remote``): prefill remotely iff
+    the prefill length exceeds ``max_local_prefill_length`` and the prefill queue holds fewer
+    than ``max_prefill_queue_size`` requests (its defaults, 1000 and 2, are ours). Dynamo
+    subtracts the prefix-cache hit from the length; this decider does not.
+    """
+
+    class Params(_Threshold):
+        max_local_prefill_tokens: int = Field(1000, ge=0, description="prompt tokens above which "
+                                              "to disaggregate")
+        max_prefill_queue: int = Field(2, ge=0, description="disaggregate only while the prefill "
+                                       "pool queues fewer requests than this")
+
+    def decide(self, req, pools: PoolView) -> bool:
+        if req.input_len <= self.params.max_local_prefill_tokens:
+            return False
+        queued = sum(s.queue_depth for s in pools.prefill.snapshots)
+        return queued < self.params.max_prefill_queue
+
+
+__all__ = ["Always", "DirectToDecode", "DisaggregationDecider", "GLOBAL_KEY", "LoadAware", "Never",
+           "PoolView", "PrefixThreshold", "make_decider"]

@@ -24,13 +24,21 @@ latency plus ``B`` divided by the bandwidth it gets. Three ways of sharing the b
 Units: bandwidth in GB/s with 1 GB = 1e9 B, i.e. ``bw = GB/s × 1000`` bytes per µs; base
 latency in ms, i.e. ``base = ms × 1000`` µs; times are integer µs.
 
-The fabric owns the shared bandwidth as a SimPy resource
-(:class:`~blis_simpy.disagg.bandwidth.BandwidthLink`, processor sharing inside it): each
-transfer acquires the link at its ``KVTransferStarted`` event, and when its bytes are
-through — an event at key ``KV_TRANSFER_COMPLETED`` — the fabric releases the link, counts
-the completion and hands the transfer on. Transfers completing in the same µs are handed
-on in start order, as BLIS's heap would (its completion events at equal times and
-priority pop in push order, i.e. start order).
+The fabric is a SimPy process: it takes ``(parent, nbytes)`` from its ``inbox`` (a
+:class:`~blis_simpy.des.Mailbox` delivering at key ``KV_TRANSFER_STARTED``: the
+``KVTransferStarted`` event) and starts a *transfer process* for each. A transfer process
+waits on the shared bandwidth, a SimPy resource
+(:class:`~blis_simpy.disagg.bandwidth.BandwidthLink`, processor sharing inside it)::
+
+    with link.request(nbytes, parent) as tr:
+        yield tr               # granted at once: bandwidth is divisible
+        yield tr.finished      # holds it for its (processor-shared) time
+    # released on leaving the with-block
+
+``tr.finished`` fires at key ``KV_TRANSFER_COMPLETED``; the process then counts the
+completion and hands the transfer on (``on_complete``). Transfers completing in the same µs
+are handed on in start order, as BLIS's heap would (its completion events at equal times
+and priority pop in push order, i.e. start order).
 """
 
 from __future__ import annotations
@@ -39,13 +47,14 @@ import logging
 import math
 from collections.abc import Callable
 
-from blis_simpy.des import KV_TRANSFER_COMPLETED, SimEnv
+from blis_simpy.des import KV_TRANSFER_COMPLETED, KV_TRANSFER_STARTED, Mailbox, SimEnv
 from blis_simpy.disagg.bandwidth import (
     CONTENTION_MODES,
     BandwidthLink,
     Contention,
     SharedBandwidth,
     Transfer,
+    transfer_size,
 )
 from blis_simpy.plugins import Pluggable
 
@@ -64,9 +73,11 @@ class KVTransferFabric(Pluggable, family="kv transfer fabric", name="default"):
     Fabric classes are a registry (``disaggregation.transfer.fabric``): this one is
     ``default``; a subclass declared with ``name="..."`` is selectable by that name.
 
-    ``start(parent, nbytes)`` is called at the ``KVTransferStarted`` event (key
-    ``KV_TRANSFER_STARTED``) and returns the :class:`Transfer`; at its completion tick the
-    fabric calls ``on_complete(transfer)`` from an event at key ``KV_TRANSFER_COMPLETED``
+    The fabric's process takes ``(parent, nbytes)`` from :attr:`inbox` at the
+    ``KVTransferStarted`` event (key ``KV_TRANSFER_STARTED``) and calls
+    ``start(parent, nbytes)``, which starts the transfer process (:meth:`transfer`) and
+    returns it; at the transfer's completion tick that process releases the link and calls
+    ``on_complete(transfer)`` from the event at key ``KV_TRANSFER_COMPLETED``
     (``transfer.complete_us`` is then the current time).
 
     Counters (docs/disaggregation.md), kept in every mode — BLIS reports the last four only
@@ -117,6 +128,9 @@ class KVTransferFabric(Pluggable, family="kv transfer fabric", name="default"):
         self.transfers: list[Transfer] = []
         self.link = BandwidthLink(env, rate=self.bw, latency_us=self.base_us,
                                   contention=contention, key=KV_TRANSFER_COMPLETED)
+        #: ``(parent, nbytes)`` to send, delivered at the ``KVTransferStarted`` event
+        self.inbox = Mailbox(env, KV_TRANSFER_STARTED)
+        self.process = env.process(self._serve())
 
     # ------------------------------------------------------------------ public
     @property
@@ -124,25 +138,28 @@ class KVTransferFabric(Pluggable, family="kv transfer fabric", name="default"):
         """``depth_sum / starts`` (0.0 before any start)."""
         return self.depth_sum / self.starts if self.starts else 0.0
 
-    def start(self, parent, nbytes: float) -> Transfer:
-        """Start a transfer of ``nbytes`` (finite, ≥ 0) now: it acquires the link; returns it."""
-        tr = self.link.request(nbytes, parent)
-        self.transfers_initiated += 1
-        self.active += 1
-        if self.active > self.peak_concurrent:
-            self.peak_concurrent = self.active
-        self.depth_sum += self.active
-        self.starts += 1
-        self.transfers.append(tr)
-        tr.finished.callbacks.append(self._finished)
-        return tr
+    def _serve(self):
+        """The fabric: take the next transfer to send, start its process."""
+        get = self.inbox.get
+        while True:
+            parent, nbytes = yield get()
+            self.start(parent, nbytes)
 
-    def _finished(self, event) -> None:
-        """A transfer's bytes are through (its completion event): release the link, count
-        it, hand it on."""
-        tr: Transfer = event.value
-        self.link.release(tr)
-        now_us = self.env.now
+    def start(self, parent, nbytes: float):
+        """Start sending ``nbytes`` (finite, ≥ 0) for ``parent`` now: the transfer process
+        (:meth:`transfer`), which acquires the link at once; returns that process.
+        ValueError (now) for a size that is not finite and ≥ 0."""
+        return self.env.process(self.transfer(parent, transfer_size(nbytes)))
+
+    def transfer(self, parent, nbytes: float):
+        """One transfer, a SimPy process: acquire the link, hold it until the bytes are
+        through (processor-shared time under ``fair-share``), release it, count the
+        completion and hand it on (``on_complete``)."""
+        with self.link.request(nbytes, parent) as tr:
+            yield tr                                    # granted at once (a share of the rate)
+            self._count_start(tr)
+            yield tr.finished                           # the bytes are through
+        now_us = self.env.now                           # released: the others share the rate
         tr.complete_us = now_us
         self.transfers_completed += 1
         self.active -= 1
@@ -152,6 +169,15 @@ class KVTransferFabric(Pluggable, family="kv transfer fabric", name="default"):
             self.active = 0
             self.corrupted = True
         self.on_complete(tr)
+
+    def _count_start(self, tr: Transfer) -> None:
+        self.transfers_initiated += 1
+        self.active += 1
+        if self.active > self.peak_concurrent:
+            self.peak_concurrent = self.active
+        self.depth_sum += self.active
+        self.starts += 1
+        self.transfers.append(tr)
 
 
 __all__ = ["CONTENTION_MODES", "KVTransferFabric", "MAX_BANDWIDTH_GBPS", "MAX_BASE_LATENCY_MS",

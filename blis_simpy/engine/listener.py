@@ -13,7 +13,8 @@ class InstanceListener:
 
     def on_request_done(self, inst, req, tick_us: int) -> None:
         """A request left the instance ``inst`` (an :class:`~blis_simpy.engine.instance.Instance`)
-        at ``tick_us``: completed, timed out, or dropped (still queued)."""
+        at ``tick_us``: completed, timed out, or dropped (still queued). The ``RequestDone``
+        event of :data:`blis_simpy.des.EVENTS`."""
 
     def on_event_end(self, inst) -> None:
         """Called after each instance event (step, enqueue, timeout) is processed."""

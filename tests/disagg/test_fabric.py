@@ -223,11 +223,12 @@ def test_negative_active_sets_corruption_flag(caplog):
     fab = KVTransferFabric(env, bandwidth_gbps=10, base_latency_ms=0, contention="snapshot",
                            on_complete=lambda tr: None)
 
-    def start_and_break(_):
-        fab.start("p", TEN_BLOCKS)
+    def damage(_):
+        assert fab.active == 1              # the transfer (finishing at 9) is in flight
         fab.active = 0                      # bookkeeping damaged from outside
 
-    env.call_at(0, KV_TRANSFER_STARTED, start_and_break)
+    env.call_at(0, KV_TRANSFER_STARTED, lambda _: fab.start("p", TEN_BLOCKS))
+    env.call_at(1, KV_TRANSFER_STARTED, damage)
     with caplog.at_level(logging.ERROR, logger="blis_simpy.disagg"):
         run_through_horizon(env)
     assert fab.corrupted and fab.active == 0 and fab.transfers_completed == 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from simpy.resources.base import BaseResource, Get, Put
 
-from blis_simpy.des import KV_TRANSFER_COMPLETED, KV_TRANSFER_STARTED, SimEnv
+from blis_simpy.des import DECODE_ROUTING, KV_TRANSFER_COMPLETED, KV_TRANSFER_STARTED, SimEnv
 from blis_simpy.disagg.bandwidth import BandwidthLink, Transfer
 from blis_simpy.disagg.fabric import KVTransferFabric
 from tests.des_support import run_through_horizon
@@ -110,6 +110,60 @@ def test_the_fabric_acquires_and_releases_its_link():
     assert handed_on == [(4, "p1", 2), (6, "p2", 1), (7, "p0", 0)]
     assert [t.duration_us for t in fab.transfers] == [7, 3, 4]
     assert fab.link.users == [] and fab.active == 0 and fab.peak_concurrent == 3
+
+
+@pytest.mark.parametrize("contention, ticks", [
+    ("fair-share", {"B": 4, "A": 5}),
+    ("snapshot", {"A": 3, "B": 4}),     # B keeps 500 B/µs: 1 + 2.4; A keeps 1000: 3.0
+    ("none", {"A": 3, "B": 3}),         # B 1 + 1.2 = 2.2; A 3.0
+])
+def test_a_transfer_process_waits_on_the_link_while_another_holds_it(contention, ticks):
+    """The fabric's transfers are processes. 1 GB/s = 1000 B/µs, no latency. A: 3000 B at
+    0; B: 1200 B at 1, while A holds the link. Fair share:
+
+      0..1    A alone, 1000 B/µs:  A 2000 left
+      1..3.4  A, B at 500 B/µs:    B's 1200 B take 2.4 µs -> B done at 3.4 (A 800 left)
+      3.4..4.2 A alone:            A done at 4.2
+    Completion events at ceil: B at 4, A at 5. At 2 both processes wait on their transfer's
+    ``finished`` event with both holding the link; at 4, after B's completion, B's process
+    has released the link and ended while A's still waits."""
+    env = SimEnv(10**6)
+    done, seen, procs = [], [], {}
+    fab = KVTransferFabric(env, bandwidth_gbps=1.0, base_latency_ms=0.0, contention=contention,
+                           on_complete=lambda tr: done.append((tr.parent, env.now)))
+
+    def start(arg):
+        name, nbytes = arg
+        procs[name] = fab.start(name, nbytes)
+
+    def probe(_):
+        waiting = sorted(n for n, p in procs.items() if p.is_alive
+                         and any(p.target is t.finished for t in fab.link.users))
+        seen.append((env.now, [t.parent for t in fab.link.users], waiting))
+
+    env.call_at(0, KV_TRANSFER_STARTED, start, ("A", 3000.0))
+    env.call_at(1, KV_TRANSFER_STARTED, start, ("B", 1200.0))
+    env.call_at(2, KV_TRANSFER_STARTED, probe)
+    env.call_at(4, DECODE_ROUTING, probe)          # after the completions at 4 (key order)
+    run_through_horizon(env)
+    assert dict(done) == ticks and [n for n, _ in done] == sorted(ticks, key=ticks.get)
+    assert seen[0] == (2, ["A", "B"], ["A", "B"])
+    if contention == "fair-share":
+        assert seen[1] == (4, ["A"], ["A"])
+        assert [t.finish_exact_us for t in fab.transfers] == pytest.approx([4.2, 3.4])
+    assert fab.link.users == [] and not any(p.is_alive for p in procs.values())
+
+
+def test_the_fabric_process_takes_its_transfers_from_its_inbox():
+    """``(parent, nbytes)`` put in the inbox at 5 start a transfer at 5 (its
+    KVTransferStarted event); 2000 B at 1000 B/µs -> completes at 7."""
+    env = SimEnv(10**6)
+    done = []
+    fab = KVTransferFabric(env, bandwidth_gbps=1.0, base_latency_ms=0.0, contention="fair-share",
+                           on_complete=lambda tr: done.append((tr.parent, tr.start_us, env.now)))
+    fab.inbox.put_at(5, ("p", 2000.0))
+    run_through_horizon(env)
+    assert done == [("p", 5, 7)] and fab.transfers_initiated == fab.transfers_completed == 1
 
 
 @pytest.mark.parametrize("kw", [{"rate": 0.0}, {"rate": float("nan")}, {"latency_us": -1.0},
