@@ -17,17 +17,6 @@ from blis_simpy.run.describe import RunDescription
 __all__ = ["build_requests", "build_workload", "last_arrival_us", "load_trace", "spec_workload",
            "trace_paths"]
 
-#: the distribution generator's error labels → the distribution workload's scenario keys
-_DISTRIBUTION_KEYS = {"--rate": "rate", "--num-requests": "num_requests",
-                      "--prefix-tokens": "prefix_tokens", "--arrival": "arrival",
-                      "--arrival-cv": "arrival_cv"}
-for _which in ("prompt_tokens", "output_tokens"):
-    _label = "--" + _which.replace("_", "-")
-    _DISTRIBUTION_KEYS[_label] = f"{_which}.mean"
-    for _part in ("stdev", "min", "max"):
-        _DISTRIBUTION_KEYS[f"{_label}-{_part}"] = f"{_which}.{_part}"
-
-
 def trace_paths(d: RunDescription) -> tuple[str, str]:
     """The trace header and data paths of a trace workload; both files must exist."""
     out = []
@@ -100,7 +89,8 @@ def build_workload(d: RunDescription, *, lazy: bool = False) -> tuple[list, int,
         horizon = s.horizon
         reqs = generate_requests(spec, seed=s.seed, horizon=horizon, max_requests=w.num_requests)
     except ConfigError as exc:
-        key = _DISTRIBUTION_KEYS.get(exc.field or "")
+        from blis_simpy.workload.distribution import FIELD_KEYS
+        key = FIELD_KEYS.get(exc.field or "")
         if key is not None:
             exc = ConfigError(exc.problem, field=f"workload.{key}")
         raise d.attribute(exc) from None
