@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import yaml
 
 from blis_simpy import run
 from blis_simpy.config.scenario import TraceWorkload
@@ -19,17 +20,12 @@ from blis_simpy.run.describe import PluginsRefused
 from blis_simpy.run.point import run_point
 from tests.cli.support import trace_row, write_trace_files
 
-SCENARIO = """\
-seed: 7
-model: meta-llama/llama-3.1-8b-instruct
-latency:
-  model: blackbox
-  alpha_coeffs: [100.0, 1.0, 50.0]
-  beta_coeffs: [1000.0, 10.0, 5.0]
-engine:
-  total_kv_blocks: 1000
-  max_num_running_reqs: 8
-"""
+#: the tiny scenario, as data (written to a file by the fixture)
+DATA = {"seed": 7, "model": "meta-llama/llama-3.1-8b-instruct",
+        "latency": {"model": "blackbox", "alpha_coeffs": [100.0, 1.0, 50.0],
+                    "beta_coeffs": [1000.0, 10.0, 5.0]},
+        "engine": {"total_kv_blocks": 1000, "max_num_running_reqs": 8}}
+SCENARIO = yaml.safe_dump(DATA, sort_keys=False, default_flow_style=None)
 
 
 @pytest.fixture
@@ -60,7 +56,8 @@ def test_prepare_locates_errors_at_the_file_line_or_the_overridden_key(tiny):
         f.write(bad)
     with pytest.raises(ConfigError) as e:     # written in the file: FILE:LINE
         run.prepare(path, trace, mode="replay")
-    assert (e.value.file, e.value.line, e.value.field) == (path, 9, "engine.max_num_running_reqs")
+    line = 1 + next(i for i, t in enumerate(bad.splitlines()) if "max_num_running_reqs" in t)
+    assert (e.value.file, e.value.line, e.value.field) == (path, line, "engine.max_num_running_reqs")
     with pytest.raises(ConfigError) as e:     # set by an override: the key, no line
         run.prepare(path, {**trace, "engine.max_num_running_reqs": -2}, mode="replay")
     assert (e.value.file, e.value.line, e.value.field) == (None, None, "engine.max_num_running_reqs")
