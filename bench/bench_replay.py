@@ -58,21 +58,24 @@ def child(header: str, data: str, front_end: str = "") -> None:
     """Run one replay in this process and print timings as JSON; ``front_end``: "" (none),
     ``server`` or ``client``."""
     t0 = time.perf_counter()
-    from blis_simpy.cli import runner
+    from blis_simpy import run
     from blis_simpy.metrics.report import render_json
 
-    given = {"--model": "meta-llama/llama-3.1-8b-instruct", "--latency-model": "blackbox",
-             "--alpha-coeffs": ALPHA, "--beta-coeffs": BETA,
-             "--total-kv-blocks": str(KV_BLOCKS), "--trace-header": header, "--trace-data": data,
-             "--horizon": str(2**62)}
-    scenario = None
+    numbers = lambda text: [float(x) for x in text.split(",")]  # noqa: E731
+    overrides = {"model": "meta-llama/llama-3.1-8b-instruct",
+                 "latency": {"model": "blackbox", "alpha_coeffs": numbers(ALPHA),
+                             "beta_coeffs": numbers(BETA)},
+                 "engine.total_kv_blocks": KV_BLOCKS,
+                 "workload": {"kind": "trace", "header": header, "data": data},
+                 "horizon_us": 2**62}
+    scenario: str | dict = {}
     if front_end:
         scenario = str(Path(header).with_name("front_end.yaml"))
         Path(scenario).write_text(FRONT_END)
-        given["--measured-at"] = front_end
-    plan = runner.prepare("replay", given, scenario)
+        overrides["metrics.measured_at"] = front_end
+    plan = run.prepare(scenario, overrides, mode="replay")
     t1 = time.perf_counter()
-    out = runner.execute(plan)
+    out = run.execute(plan)
     t2 = time.perf_counter()
     render_json(out.report)
     t3 = time.perf_counter()

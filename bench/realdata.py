@@ -212,7 +212,7 @@ def build_requests(run: Run) -> list:
 
 def simulate(run: Run, backend: str, step: RealStep | None) -> BackendResult:
     from blis_simpy.build.resolve import resolve
-    from blis_simpy.cluster.simulation import Simulation
+    from blis_simpy.run import simulate as run_requests
     st = run.settings
     out = BackendResult(backend)
     scenario = build_scenario(st, backend)
@@ -226,7 +226,7 @@ def simulate(run: Run, backend: str, step: RealStep | None) -> BackendResult:
     out.max_model_len = dep.max_model_len
     out.notes += [w for w in dep.warnings]
     t0 = time.perf_counter()
-    result = Simulation(scenario, build_requests(run), deployment=dep).run()
+    _, result = run_requests(scenario, build_requests(run), deployment=dep)
     out.wall_s = time.perf_counter() - t0
     for m in ("ttft", "tpot", "e2e"):
         out.sim[m] = {}

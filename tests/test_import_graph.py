@@ -133,3 +133,56 @@ def test_the_architecture_doc_lists_the_exact_package_edges():
             rows[p.strip()] = {d.strip() for d in deps.split(",")}
     g = {k: v for k, v in _graph().items() if k != "__main__"}
     assert rows == g
+
+
+def _bench_imports() -> dict[str, set[str]]:
+    """bench script -> every blis_simpy module it imports (anywhere in its source)."""
+    out = {}
+    for path in sorted((PKG.parent / "bench").glob("*.py")):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+                found |= {f"{node.module}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+        out[f"bench/{path.name}"] = {m for m in found if m.startswith("blis_simpy")}
+    return out
+
+
+def _imports_cli(deps: set[str]) -> set[str]:
+    return {d for d in deps if d == "blis_simpy.cli" or d.startswith("blis_simpy.cli.")}
+
+
+def test_nothing_outside_the_cli_imports_the_cli():
+    """The CLI sits on top: no package of blis_simpy (``__main__``, the console entry,
+    aside) and no bench script imports ``blis_simpy.cli``; they go through the run layer."""
+    bad = {mod: sorted(_imports_cli(deps)) for mod, deps in _imports().items()
+           if _package(mod) not in ("cli", "__main__") and _imports_cli(deps)}
+    bad |= {script: sorted(_imports_cli(deps)) for script, deps in _bench_imports().items()
+            if _imports_cli(deps)}
+    assert bad == {}
+
+
+def test_the_cli_check_sees_a_bench_import():
+    """The checker itself: the bench scan finds what the bench scripts import."""
+    found = _bench_imports()
+    assert "blis_simpy.run" in found["bench/bench_replay.py"]
+    assert _imports_cli({"blis_simpy.cli.runner", "blis_simpy.run", "blis_simpy.client"}) == {
+        "blis_simpy.cli.runner"}
+
+
+def test_only_the_run_layer_builds_a_simulation():
+    """``Simulation(...)`` is constructed by the run layer alone (and inside ``cluster``,
+    where it lives): the CLI, calibrate, fit, the planner and bench go through
+    :mod:`blis_simpy.run`."""
+    files = [p for p in sorted(PKG.rglob("*.py"))
+             if p.relative_to(PKG).parts[0] not in ("run", "cluster")]
+    files += sorted((PKG.parent / "bench").glob("*.py"))
+    bad = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "Simulation"):
+                bad.append(str(path.relative_to(PKG.parent)))
+    assert bad == []

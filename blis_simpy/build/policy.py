@@ -96,7 +96,7 @@ def load_policy_bundle(path: str):
     except pydantic.ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         raise src.error(validation_problem(first, PolicyBundle), error_loc(data, first)) from None
-    fam = _families()
+    fam = policy_families()
     for loc, family, name in ((("admission", "policy"), "admission", bundle.admission.policy),
                               (("routing", "policy"), "routing", bundle.routing.policy),
                               (("priority", "policy"), "priority", bundle.priority.policy),
@@ -115,7 +115,7 @@ def load_policy_bundle(path: str):
     return bundle, src
 
 
-def _families() -> dict[str, type]:
+def policy_families() -> dict[str, type]:
     """The policy registries (importing the packages registers the built-ins)."""
     return {"admission": AdmissionPolicy, "routing": Router, "scheduler": Scheduler,
             "priority": PriorityPolicy}
@@ -165,7 +165,7 @@ def apply_policy_settings(ov, data: dict, presets=None) -> None:
                 ("--scheduler", "engine.scheduler", bundle.scheduler)):
             if value and flag not in vals and set_dotted(data, path, value):
                 ov.origin[path] = "--policy-config"
-    fam = _families()
+    fam = policy_families()
     for section, specs in (("admission", ADMISSION_PARAMS), ("routing", ROUTING_PARAMS)):
         _merge_section(ov, data, fam[section], section, specs,
                        getattr(bundle, section) if bundle is not None else None, src)

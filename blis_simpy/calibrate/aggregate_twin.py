@@ -26,10 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from blis_simpy.build.resolve import Deployment, resolve
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.observed.inference_perf.rebuild import place
 from blis_simpy.observed.run import AggregateRun, StageWindow
+from blis_simpy.run.execute import simulate as run_requests
 from blis_simpy.units import MAX_INT64
 from blis_simpy.workload.replay import trace_requests
 
@@ -108,8 +108,8 @@ def simulate_aggregate(scenario: Scenario, run: AggregateRun, *, deployment: Dep
     for k in range(len(run.stages)):
         records, windows = place(run.records[: run.stages[k].first + run.stages[k].count], run.stages[: k + 1],
                                  starts, run.timeout_us)
-        sim = Simulation(scenario, trace_requests(records, scenario.seed), horizon_us=MAX_INT64, deployment=dep)
-        result = sim.run(progress=progress)
+        sim, result = run_requests(scenario, trace_requests(records, scenario.seed),
+                                   horizon_us=MAX_INT64, deployment=dep, progress=progress)
         reqs, hist = _outcomes(records, result)
         out.simulations += 1
         cum.append(hist)

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 from blis_simpy.build.resolve import Deployment, resolve
 from blis_simpy.cluster.monitor import Monitor, Timeline
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.observed.run import ObservedRun, Settings
+from blis_simpy.run.execute import simulate as run_requests
 from blis_simpy.units import MAX_INT64
 from blis_simpy.workload.replay import trace_requests
 
@@ -118,12 +118,17 @@ def simulate(scenario: Scenario, run: ObservedRun, *, deployment: Deployment | N
     the run measured are replayed (:func:`measured_records`)."""
     reqs = trace_requests(measured_records(run), scenario.seed)
     dep = deployment if deployment is not None else resolve(scenario, quiet=True)
-    sim = Simulation(scenario, reqs, horizon_us=horizon_us, deployment=dep)
     out = SimRun(offered=len(reqs))
-    monitor = Monitor(sim, sample_period_us) if sample_period_us > 0 else None
-    result = sim.run(progress=progress)
-    if monitor is not None:
-        out.samples = _engine_samples(monitor.timeline)
+    monitors: list[Monitor] = []
+
+    def attach(sim) -> None:
+        if sample_period_us > 0:
+            monitors.append(Monitor(sim, sample_period_us))
+
+    sim, result = run_requests(scenario, reqs, horizon_us=horizon_us, deployment=dep,
+                               attach=attach, progress=progress)
+    if monitors:
+        out.samples = _engine_samples(monitors[0].timeline)
     by_trace = {f"request_{r.trace_id}": r.id for r in run.requests}
     cluster = result.cluster
     metrics = [cluster] if cluster is not None else result.instances

@@ -219,8 +219,6 @@ def _simulate(command: str, scenario: Path | None, fmt: Format, raw: dict) -> No
     given = given_flags(command, raw)
     setup_logging(given.get("--log"))
     plan = runner.prepare(command, given, str(scenario) if scenario is not None else None)
-    if plan.given.get("--trace-output-decisions"):   # implies the decision trace
-        plan.scenario.trace.level = "decisions"
     show_progress = fmt is Format.table and sys.stderr.isatty()
     if plan.scenario.variants:       # one run per variant, side by side (docs/disaggregation.md)
         from blis_simpy.cli import variants
@@ -306,17 +304,17 @@ def _render_summary(out: runner.Outcome, fmt: Format) -> str:
     if fmt is Format.json:
         return render_json(out.report)
     from blis_simpy.cli import runner
+    from blis_simpy.cli.capacity_cmd import run_header_line
     from blis_simpy.cli.tables import stdout_console
-    s = out.plan.scenario
+    s = out.description.scenario
     console = stdout_console()
     n = s.cluster.num_instances
     extra = f" + {len(out.sessions.followups)} session follow-ups" if out.sessions else ""
     with console.capture() as captured:
-        console.print(f"[bold]{out.plan.command}[/bold]: {runner.count_text(len(out.requests), 'request')}{extra}, "
+        console.print(f"[bold]{out.description.mode}[/bold]: {runner.count_text(len(out.requests), 'request')}{extra}, "
                       f"{_deployment_text(n, out.result.tp, s.dp, out.result.gpus)}, {s.latency.model}, "
                       f"horizon {runner.horizon_text(out.horizon_us)}")
-        if out.kv_line:
-            console.print(out.kv_line, highlight=False, soft_wrap=True)
+        console.print(run_header_line(out.pools), highlight=False, soft_wrap=True)
         render_tables(out.report, console)
     return captured.get()
 

@@ -73,8 +73,8 @@ def observe_workload(given: dict[str, str], scenario_path: str | None = None,
     requests take minutes and gigabytes, which a dead server should not cost.
     """
     from blis_simpy.cli import flag_rules, runner
-    from blis_simpy.config.loader import Source, check_scenario, load_raw, validate
-    from blis_simpy.config.scenario import DistributionWorkload, Scenario, SpecWorkload, TraceWorkload
+    from blis_simpy.config.loader import Source, load_raw
+    from blis_simpy.config.scenario import DistributionWorkload, SpecWorkload, TraceWorkload
     from blis_simpy.observe import MAX_REQUESTS
 
     data, src = load_raw(scenario_path) if scenario_path is not None else ({}, Source())
@@ -89,13 +89,7 @@ def observe_workload(given: dict[str, str], scenario_path: str | None = None,
     is_trace = isinstance(w, dict) and w.get("kind") == "trace" and not any(n in given for n in _SOURCE_FLAGS)
     trace_limit = flag_rules.parse_flag(F.BY_NAME["--num-requests"], given.pop("--num-requests")) \
         if is_trace and "--num-requests" in given else None
-    ov = flag_rules.apply_flags(data, given, F.RUN, presets=runner.preset)
-    plan = runner.Plan(F.RUN, Scenario(), src, ov.origin, ov.values)
-    try:
-        plan.scenario = validate(data, Source(None), semantic=False)
-        check_scenario(plan.scenario)
-    except ConfigError as exc:
-        raise plan.attribute(exc) from None
+    plan = runner.prepare_data(F.RUN, given, data, src, components=False)
     s = plan.scenario
     w = s.workload
     expected = None

@@ -8,7 +8,7 @@ rate a deployment sustains (docs/planning.md, "Plans").
                               [--parallel K] [--brute-force]
 
 Points run on the sweep's executor (:class:`blis_simpy.planner.executor.Executor`, a Dask
-LocalCluster by default) through :func:`blis_simpy.cli.point.run_point`; ``--serial`` runs
+LocalCluster by default) through :func:`blis_simpy.run.point.run_point`; ``--serial`` runs
 them in this process. The search itself lives in :mod:`blis_simpy.planner.plan`; this module
 injects the point runner and prints the result: a rich table (winner, runner-ups, Pareto
 fronts, runs used vs the cross product) or ``--format json`` (the document ``--out`` writes).
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 import json
-import logging
 import math
 import sys
 from pathlib import Path
@@ -60,7 +59,7 @@ def precheck(plan) -> None:
     """Validate the smallest deployment of every family (and a fixed max-rate deployment)
     before anything runs. A family that cannot be built (the model does not fit) is a failed
     candidate, not a bad plan; but when none can be built the first reason is the error."""
-    from blis_simpy.cli.point import check_point
+    from blis_simpy.cli.runner import check_point
     from blis_simpy.errors import ConfigError
     from blis_simpy.planner.plan_points import families, fixed_deployment, point
     spec = plan.spec
@@ -106,29 +105,13 @@ def _plan_key(plan, exc) -> tuple | None:
     return loc if len(loc) > 1 and loc[1] in set_keys and plan.src.has(loc[:2]) else None
 
 
-#: --parallel when not given. A constant, not the executor's workers: the families searched
-#: side by side decide which points the search runs (the bound prunes what a family started
-#: earlier already ran), so a default tied to the workers made the plan document differ
-#: between --serial, --workers 1 and --workers 2 (docs/determinism.md, INV-6)
-DEFAULT_PARALLEL = 2
-
-
-def quiet_simulator_logs(level: int = logging.CRITICAL + 1) -> int:
-    """Silence the simulator's per-run log lines (dropped requests, KV allocation failures):
-    a plan judges every run by its SLOs and records why it fails. Returns the old level."""
-    log = logging.getLogger("blis_simpy")
-    old = log.level
-    log.setLevel(level)
-    return old
-
-
 def execute(plan, *, scheduler: str | None, workers: int | None, serial: bool,
             parallel: int | None, brute: bool, progress: bool) -> dict:
     """Run the plan on the executor (or serially); the plan output document."""
     from functools import partial
 
-    from blis_simpy.cli.point import run_point
-    from blis_simpy.planner.plan_run import run_plan
+    from blis_simpy.planner.plan_run import DEFAULT_PARALLEL, quiet_simulator_logs, run_plan
+    from blis_simpy.run.point import run_point
     run_point = partial(run_point, allow_plugins=plugin_optin.allowed())   # (to the workers too)
     status = _Status(progress)
     k = parallel or DEFAULT_PARALLEL
@@ -258,6 +241,7 @@ def render(doc: dict, console) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    from blis_simpy.planner import plan_run  # its --parallel default
     @app.command("plan")
     def plan_cmd(
         path: Path = typer.Argument(..., metavar="PLAN.yaml", help="plan file (docs/planning.md)"),
@@ -271,7 +255,7 @@ def register(app: typer.Typer) -> None:
                                                           "(default: the machine's cores)"),
         serial: bool = typer.Option(False, "--serial", help="run points in this process, no Dask"),
         parallel: int = typer.Option(None, "--parallel", min=1, max=256,
-                                     help=f"families bisected side by side (default {DEFAULT_PARALLEL}, "
+                                     help=f"families bisected side by side (default {plan_run.DEFAULT_PARALLEL}, "
                                           "whatever the executor: the points run depend on it)"),
         brute_force: bool = typer.Option(False, "--brute-force",
                                          help="run the whole cross product instead of the search"),

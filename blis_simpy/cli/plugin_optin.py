@@ -10,7 +10,7 @@ opt-in (exit 2). Entry-point plugins (``blis_simpy.plugins``), installed in the 
 by its user, need no opt-in.
 
 Sweep and plan points run in Dask workers: the opt-in travels with each job
-(:func:`blis_simpy.cli.point.run_point`'s ``allow_plugins``), never through this process's
+(:func:`blis_simpy.run.point.run_point`'s ``allow_plugins``), never through this process's
 state.
 """
 

@@ -1,11 +1,13 @@
-"""The glue between the command line and the library.
+"""The glue between the command line and the run layer (:mod:`blis_simpy.run`).
 
-``prepare`` turns (command, given flags, optional scenario file) into a validated
-:class:`Plan`; ``execute`` turns a plan into an :class:`Outcome`::
+``prepare`` turns (command, given flags, optional scenario file) into a :class:`Plan`: the
+flags become overrides keyed by scenario paths (:func:`flag_overrides`) and the run layer
+validates them into a :class:`~blis_simpy.run.describe.RunDescription`; ``execute`` runs it
+and returns the run layer's :class:`~blis_simpy.run.execute.Outcome`::
 
     scenario file ─┐
-                   ├─► Scenario ─► requests (trace replay | generated) ─► Simulation.run
-    given flags ───┘                                          ─► SimulationResult ─► Report
+                   ├─► run.prepare (validated RunDescription) ─► run.execute ─► Outcome (report)
+    given flags ───┘ (→ overrides)
 
 Errors keep pointing at what the user wrote: a scenario key (``FILE:LINE: dotted.key``) or
 a flag (``--flag-name``), see :meth:`Plan.attribute`.
@@ -13,35 +15,48 @@ a flag (``--flag-name``), see :meth:`Plan.attribute`.
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import logging
-import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from blis_simpy.atomic import Batch
-from blis_simpy.build.pools import resolve_pools
 from blis_simpy.build.resolve import build_latency_model
-from blis_simpy.cli import plugin_optin, slo_cost, startup_gc, streaming
+from blis_simpy.cli import plugin_optin, startup_gc
 from blis_simpy.cli.flag_rules import apply_flags
-from blis_simpy.cli.flags import BY_NAME, REPLAY, flag_for_path
-from blis_simpy.cluster.simulation import Simulation, SimulationResult, component_classes
-from blis_simpy.config.loader import Source, check_scenario, load_raw, undotted, validate
-from blis_simpy.config.scenario import Scenario, SpecWorkload, TraceWorkload
-from blis_simpy.engine.batching import BatchingPolicy
-from blis_simpy.errors import ConfigError, UnknownName
-from blis_simpy.metrics.fitness import compute_fitness
+from blis_simpy.cli.flags import REPLAY, flag_for_path
+from blis_simpy.config.loader import Source, load_raw, undotted
+from blis_simpy.config.scenario import Scenario, TraceWorkload
+from blis_simpy.errors import ConfigError
 from blis_simpy.metrics.report import Report, planning_part, write_results
 from blis_simpy.metrics.summary import metrics_output, replay_results
-from blis_simpy.plugins import load_plugins, running_plugin
 from blis_simpy.request import COMPLETED, TIMED_OUT
+from blis_simpy.run import workload as W
+from blis_simpy.run.describe import (
+    DEFAULT_LATENCY_MODEL,
+    Outputs,
+    PluginsRefused,
+    RunDescription,
+    ancestors,
+    describe,
+    plugin_folders,
+    scenario_plugins,
+)
+from blis_simpy.run.execute import Outcome
+from blis_simpy.run.execute import execute as run_execute
+from blis_simpy.run.outputs import ROWS_FIELD, TIMELINE_FIELD
 from blis_simpy.units import MAX_INT64
+
+__all__ = ["BLIS_DEFAULT_LATENCY_MODEL", "Outcome", "Plan", "execute", "flag_overrides", "prepare"]
 
 log = logging.getLogger("blis_simpy.cli")
 
-#: The backend when neither --latency-model nor coefficients are given: ``physics`` (BLIS
-#: 89bece82 used roofline, BLIS HEAD trained-physics; both stay one flag away).
-BLIS_DEFAULT_LATENCY_MODEL = "physics"
+#: The backend when neither --latency-model nor coefficients are given (the run layer's default)
+BLIS_DEFAULT_LATENCY_MODEL = DEFAULT_LATENCY_MODEL
+
+#: flags whose output needs every request kept in memory
+_NEEDS_REQUESTS = {"--results-path": "keeps every request for its rows (use --requests-out)",
+                   "--trace-output": "needs every request at the end"}
 
 
 def preset(name: str) -> dict | None:
@@ -57,23 +72,38 @@ def preset(name: str) -> dict | None:
 
 @dataclass
 class Plan:
-    """A validated scenario plus where each of its values came from."""
+    """A command's run description plus where each of its values came from."""
 
     command: str
-    scenario: Scenario
     src: Source
     origin: dict[str, str] = field(default_factory=dict)   # scenario path -> flag name
     given: dict = field(default_factory=dict)              # flag name -> parsed value
-    plugin_dirs: tuple[str, ...] = ()     # folders searched first for the plugin modules
-    pending_plugins: list[str] = field(default_factory=list)   # not imported (validate, no opt-in)
-    unchecked: list[str] = field(default_factory=list)   # names they may register, not checked
+    description: RunDescription | None = None
+    unchecked: list[str] = field(default_factory=list)   # names plugins not imported may register
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.description.scenario
+
+    @scenario.setter
+    def scenario(self, s: Scenario) -> None:
+        self.description = replace(self.description, scenario=s)
+
+    @property
+    def pending_plugins(self) -> list[str]:
+        return list(self.description.pending_plugins)
 
     def attribute(self, err: ConfigError) -> ConfigError:
         """Re-locate an error on a scenario key: to the flag that set it, or to its line."""
+        if isinstance(err, PluginsRefused):
+            return ConfigError(plugin_optin.refusal(err.modules), file=err.file, line=err.line,
+                               field="plugins")
+        if err.file and err.field in self.origin:      # a file named by a flag
+            return ConfigError(err.problem, file=err.file, line=err.line, field=self.origin[err.field])
         if err.file or not err.field or err.field.startswith("--"):
             return err
         path = err.field
-        flag = next((self.origin[p] for p in _ancestors(path) if p in self.origin), None)
+        flag = next((self.origin[p] for p in ancestors(path) if p in self.origin), None)
         if flag is None and self.src.path is None:
             f = flag_for_path(path)
             flag = f.name if f is not None and self.command in f.commands else None
@@ -85,25 +115,69 @@ class Plan:
         return err
 
 
-def _ancestors(path: str):
-    while path:
-        yield path
-        cut = max(path.rfind("."), path.rfind("["))
-        path = path[:cut] if cut > 0 else ""
+def _diff(old: dict, new: dict, prefix: str, out: dict) -> None:
+    """The ``path: value`` overrides that turn ``old`` into ``new`` (a mapping that lost a
+    key is replaced whole)."""
+    for k, v in new.items():
+        path = f"{prefix}.{k}" if prefix else str(k)
+        was = old.get(k, _MISSING)
+        if isinstance(was, dict) and isinstance(v, dict) and not set(was) - set(v):
+            _diff(was, v, path, out)
+        elif was is _MISSING or type(was) is not type(v) or was != v:
+            out[path] = copy.deepcopy(v)
+
+
+_MISSING = object()
+
+
+def _value_at(data: dict, path: str):
+    cur = data
+    for part in path.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return _MISSING
+        cur = cur[part]
+    return cur
+
+
+def flag_overrides(data: dict, given: dict[str, str], command: str):
+    """The given flags as run-layer overrides: ``(overrides, flags)`` where ``overrides``
+    maps scenario paths to values (every key a flag set, and what the cross-flag rules
+    changed) and ``flags`` is the :class:`~blis_simpy.cli.flag_rules.Overrides` (parsed
+    values, path → flag). ``data`` (the raw scenario) is left as it is."""
+    applied = copy.deepcopy(data)
+    ov = apply_flags(applied, given, command, presets=preset)
+    overrides: dict = {}
+    _diff(data, applied, "", overrides)
+    for path in ov.origin:
+        value = _value_at(applied, path)
+        if value is not _MISSING and path not in overrides:
+            overrides[path] = copy.deepcopy(value)
+    if ov.values.get("--trace-output-decisions"):   # implies the decision trace
+        overrides["trace.level"] = "decisions"
+    return overrides, ov
+
+
+def flag_outputs(command: str, ov) -> Outputs:
+    """The run-layer outputs the given flags ask for (``ov``: the parsed flags)."""
+    fitness = not (command == REPLAY and ov.origin.get("fitness_weights") == "--fitness-weights")
+    labels = {ROWS_FIELD: "--requests-out"}
+    if TIMELINE_FIELD in ov.origin:
+        labels[TIMELINE_FIELD] = ov.origin[TIMELINE_FIELD]
+    return Outputs(requests_out=ov.values.get("--requests-out") or None,
+                   keep_requests="--trace-output" in ov.values, fitness=fitness, labels=labels)
 
 
 def prepare(command: str, given: dict[str, str], scenario_path: str | None = None, *,
             data: dict | None = None, need_trace: bool = True, plugin_dirs: tuple[str, ...] = (),
             allow_plugins: bool | None = None) -> Plan:
-    """Scenario file (optional) + given flags → a validated :class:`Plan`. ``data``: scenario
-    keys to start from instead of a file, its plugin modules looked up in ``plugin_dirs``
-    first (a sweep's or a plan's base scenario folder); ``need_trace=False``: a replay whose
-    workload comes from elsewhere (calibrate/fit replay a measured run).
+    """Scenario file (optional) + given flags → a :class:`Plan`. ``data``: scenario keys to
+    start from instead of a file, its plugin modules looked up in ``plugin_dirs`` first;
+    ``need_trace=False``: a replay whose workload comes from elsewhere (calibrate/fit replay
+    a measured run).
 
     A scenario's ``plugins:`` are imported only with ``allow_plugins`` (None: the command's
     opt-in, :mod:`blis_simpy.cli.plugin_optin`); without it the command ``validate`` imports
     nothing and records them in :attr:`Plan.pending_plugins`, any other refuses them."""
-    folders = tuple(plugin_dirs)
     if data is not None:
         src = Source()
     elif scenario_path is not None:
@@ -112,20 +186,22 @@ def prepare(command: str, given: dict[str, str], scenario_path: str | None = Non
         if "--model" not in given:
             raise ConfigError("is required (or pass --scenario FILE.yaml)", field="--model")
         data, src = {"latency": {"model": BLIS_DEFAULT_LATENCY_MODEL}}, Source()
-    load_plugins()      # entry points: the scenario may name their classes with no plugins key
-    if src.path:
-        folders = (os.path.dirname(os.path.abspath(src.path)), *folders)
+    folders = plugin_folders(src, plugin_dirs)
     allow = plugin_optin.allowed() if allow_plugins is None else allow_plugins
-    pending = _scenario_plugins(data, src, folders, allow=allow, defer=command == "validate")
-    ov = apply_flags(data, given, command, presets=preset)
-    plan = Plan(command, Scenario(), src, ov.origin, ov.values, folders, pending)
+    plan = Plan(command, src)
     try:
-        plan.scenario = validate(data, Source(None), semantic=False)
-        # backend and policies first, as BLIS does (docs/cli.md)
-        check_components(plan.scenario, unchecked=plan.unchecked if pending else None)
-        check_scenario(plan.scenario)
+        pending = scenario_plugins(data, src, folders, allow=allow, defer=command == "validate")
+    except PluginsRefused as exc:
+        raise plan.attribute(exc) from None
+    overrides, ov = flag_overrides(data, given, command)
+    plan.origin, plan.given = ov.origin, ov.values
+    try:
+        plan.description = describe(data, overrides, src=src, mode=_mode(command),
+                                    outputs=flag_outputs(command, ov), plugin_dirs=folders,
+                                    pending_plugins=pending)
     except ConfigError as exc:
         raise plan.attribute(exc) from None
+    plan.unchecked = list(plan.description.unchecked)
     if command == REPLAY and need_trace and not isinstance(plan.scenario.workload, TraceWorkload):
         raise ConfigError("replay needs a trace: pass --trace-header and --trace-data, or a "
                           "scenario whose workload has kind: trace", field="--trace-header")
@@ -133,97 +209,53 @@ def prepare(command: str, given: dict[str, str], scenario_path: str | None = Non
     return plan
 
 
-def _scenario_plugins(data: dict, src: Source, folders: tuple[str, ...], *, allow: bool,
-                      defer: bool) -> list[str]:
-    """Import the modules of the scenario's ``plugins:`` (looked up in ``folders`` first)
-    when ``allow``; otherwise return them (``defer``: ``validate``) or refuse them. A value
-    that is not a list of names is left to the scenario's validation."""
-    plugins = data.get("plugins")
-    if not (isinstance(plugins, list) and plugins and all(isinstance(p, str) for p in plugins)):
-        return []
+def _mode(command: str) -> str:
+    return "replay" if command == REPLAY else "run"
 
-    def located(problem: str) -> ConfigError:
-        line = src.line(("plugins",)) if src.path else None
-        return ConfigError(problem, file=src.path, line=line, field="plugins")
 
-    if not allow:
-        if defer:
-            return list(plugins)
-        raise located(plugin_optin.refusal(plugins))
+def prepare_data(command: str, given: dict, data: dict, src: Source, *,
+                 components: bool = True, unchecked: list[str] | None = None) -> Plan:
+    """A :class:`Plan` of an already-loaded scenario dict (edited in place) with no plugin
+    handling: a variant of a prepared scenario, ``observe``'s workload (``components``
+    False: no backend or policy check; ``unchecked``: names the plugins may register)."""
+    overrides, ov = flag_overrides(data, given, command)
+    plan = Plan(command, src, ov.origin, ov.values)
     try:
-        load_plugins(plugins, source=src.path, folders=folders)
+        plan.description = describe(data, overrides, src=src, mode=_mode(command),
+                                    outputs=flag_outputs(command, ov), components=components,
+                                    unchecked=unchecked)
     except ConfigError as exc:
-        raise located(exc.problem) from None
-    return []
+        raise plan.attribute(exc) from None
+    return plan
 
 
-def check_components(s: Scenario, *, unchecked: list[str] | None = None) -> None:
-    """Latency backend and coefficients, policy names and parameters (cheap lookups only).
-
-    ``unchecked``: a name that no registry holds (:class:`UnknownName`: a plugin not
-    imported may register it) is appended there, with the check it stopped, instead of
-    raised; the other checks go on."""
-    from blis_simpy.cli.flag_values import families
-    fam = families()
-
-    def policy(key, cfg):
-        fam[key].lookup(cfg.policy, field=f"cluster.{key}.policy").parse_params(
-            cfg.params, field=f"cluster.{key}.params")
-
-    steps = (
-        lambda: build_latency_model(s),
-        lambda: fam["scheduler"].lookup(s.engine.scheduler, field="engine.scheduler"),
-        lambda: fam["priority"].lookup(s.engine.priority_policy, field="engine.priority_policy"),
-        lambda: policy("admission", s.cluster.admission),
-        lambda: policy("routing", s.cluster.routing),
-        lambda: BatchingPolicy.lookup(s.engine.batching, field="engine.batching").parse_params(
-            s.engine.batching_params, field="engine.batching_params"),
-        # PD topology, decider, pools (docs/cli.md, "Validation order")
-        lambda: resolve_pools(s, quiet=True),
-        lambda: component_classes(s, s.disaggregation.enabled),  # engine, cluster, fabric classes
-    )
-    for step in steps:
-        try:
-            step()
-        except UnknownName as exc:
-            if unchecked is None:
-                raise
-            unchecked.append(f"{exc.field}: {exc.name}" if exc.field else exc.name)
+def check_point(point: dict) -> None:
+    """Validate a sweep or plan point (:func:`blis_simpy.run.point.check_point`) under this
+    command's plugin opt-in; a refused plugin names the opt-in."""
+    from blis_simpy.run.point import check_point as run_check_point
+    try:
+        run_check_point(point, plugin_optin.allowed())
+    except PluginsRefused as exc:
+        raise ConfigError(plugin_optin.refusal(exc.modules), file=exc.file, line=exc.line,
+                          field="plugins") from None
 
 
 # ---------------------------------------------------------------------------- running
-@dataclass
-class Outcome:
-    plan: Plan
-    result: SimulationResult
-    report: Report
-    requests: list
-    horizon_us: int
-    sessions: object | None = None        # SessionManager of closed-loop sessions (docs/workloads.md)
-    workload_seed: int | None = None      # seed the workload was generated with (None: scenario seed)
-    kv_line: str = ""                     # "KV capacity: N blocks (...)" for the run header
-    interrupted: bool = False             # Ctrl-C ended the run: the report covers it so far
-
-
-def trace_paths(plan: Plan) -> tuple[str, str]:
-    """The trace header and data paths of a trace workload; both files must exist."""
-    out = []
-    for key in ("header", "data"):
-        path = getattr(plan.scenario.workload, key)
-        if not os.path.isfile(path):
-            why = "is a directory, expected a file" if os.path.isdir(path) else "no such file"
-            flag = plan.origin.get(f"workload.{key}")
-            if flag is not None:
-                raise ConfigError(why, file=path, field=flag)
-            raise plan.attribute(ConfigError(f"{why}: {path}", field=f"workload.{key}"))
-        out.append(path)
-    return out[0], out[1]
+def _located(plan: Plan, fn, *args, **kw):
+    try:
+        return fn(plan.description, *args, **kw)
+    except ConfigError as exc:
+        raise plan.attribute(exc) from None
 
 
 def load_trace(plan: Plan):
     """Read the plan's trace (a :class:`~blis_simpy.workload.TraceV2`)."""
-    from blis_simpy.workload import read_trace
-    return read_trace(*trace_paths(plan))
+    return _located(plan, W.load_trace)
+
+
+def build_workload(plan: Plan) -> tuple[list, int, object | None, int]:
+    """The requests, horizon (µs), session manager and workload seed of the plan's workload."""
+    return _located(plan, W.build_workload)
 
 
 def build_requests(plan: Plan) -> tuple[list, int]:
@@ -231,239 +263,35 @@ def build_requests(plan: Plan) -> tuple[list, int]:
     return build_workload(plan)[:2]
 
 
-def build_workload(plan: Plan, *, lazy: bool = False) -> tuple[list, int, object | None, int]:
-    """The requests of the plan's workload, the simulation horizon (µs), the session manager
-    of its closed-loop sessions (or None) and the workload seed. ``lazy``: a trace in arrival
-    order comes as a :class:`~blis_simpy.workload.trace_stream.TraceRequestStream` (built as
-    the run reaches it) instead of a list."""
-    s = plan.scenario
-    w = s.workload
-    if isinstance(w, SpecWorkload):
-        return spec_workload(plan)
-    if isinstance(w, TraceWorkload):
-        from blis_simpy.workload import default_replay_horizon, trace_requests
-        stream = streaming.trace_stream(*trace_paths(plan), s.seed, plan.given) if lazy else None
-        if stream is not None:
-            horizon = s.horizon_us if s.horizon_us is not None else stream.default_horizon_us()
-            return stream, horizon, None, s.seed
-        trace = load_trace(plan)
-        horizon = s.horizon_us if s.horizon_us is not None else default_replay_horizon(trace.records)
-        return trace_requests(trace.records, s.seed), horizon, None, s.seed
-    from blis_simpy.workload import LengthParams, distribution_spec, generate_requests
-    lp = lambda d: LengthParams(d.mean, d.stdev, d.min, d.max)  # noqa: E731
-    try:
-        spec = distribution_spec(w.rate, w.num_requests, s.seed, lp(w.prompt_tokens),
-                                 lp(w.output_tokens), w.prefix_tokens, w.arrival, w.arrival_cv)
-        horizon = s.horizon
-        reqs = generate_requests(spec, seed=s.seed, horizon=horizon, max_requests=w.num_requests)
-    except ConfigError as exc:
-        if exc.field and exc.field.startswith("--") and plan.src.path:
-            f = BY_NAME.get(exc.field)
-            if f is not None and f.path and f.path not in plan.origin:
-                exc = ConfigError(exc.problem, field=f.path)
-        raise plan.attribute(exc) from None
-    return reqs, horizon, None, s.seed
-
-
-def spec_workload(plan: Plan, *, check_only: bool = False) -> tuple[list, int, object | None, int]:
-    """A workload-spec workload (``--workload-spec`` / ``kind: spec``; docs/workloads.md): the
-    spec's ``seed`` unless ``--seed`` (or the scenario's ``seed`` key) is given; its
-    ``horizon`` (if > 0) unless ``--horizon`` / ``horizon_us`` is; its ``num_requests``
-    unless ``--num-requests`` / ``workload.num_requests`` is. Errors point into the spec
-    file, or at ``workload.spec.…`` of the scenario for an inline spec. ``check_only``
-    (``validate``): every check, no request generated (returns no requests)."""
-    from blis_simpy.workload import _yaml, generate_workload
-    from blis_simpy.workload.generator import check_workload
-    from blis_simpy.workload.spec import parse_workload_spec
-    s = plan.scenario
-    w = s.workload
-    node = None
-    if w.path:
-        path = w.path
-        try:
-            data, node = _yaml.load_yaml(path)
-        except ConfigError as exc:
-            flag = plan.origin.get("workload.path")
-            raise (ConfigError(exc.problem, file=exc.file, line=exc.line, field=flag)
-                   if flag and exc.line is None else exc) from None
-        base = os.path.dirname(path)
-    else:
-        path, data = None, w.spec
-        base = os.path.dirname(plan.src.path) if plan.src.path else None
-
-    def located(exc: ConfigError) -> ConfigError:
-        if exc.file or not exc.field:
-            return exc
-        if path is not None:
-            return _yaml.locate(exc, path, node)
-        return ConfigError(exc.problem, file=plan.src.path,
-                           line=plan.src.line(("workload", "spec") + _yaml.parse_field(exc.field)),
-                           field=f"workload.spec.{exc.field}")
-
-    seed_given = "--seed" in plan.given or plan.src.has(("seed",))
-    seed = s.seed if seed_given else None
-    try:
-        spec = parse_workload_spec(data, path, node)
-        if check_only:
-            check_workload(spec, horizon=s.horizon_us, max_requests=w.num_requests, base_dir=base)
-            return [], 0, None, 0
-        wl = generate_workload(spec, seed=seed, horizon=s.horizon_us, max_requests=w.num_requests,
-                               base_dir=base)
-    except ConfigError as exc:
-        raise located(exc) from None
-    return wl.requests, wl.horizon_us, wl.session_manager(), wl.seed
+def spec_workload(plan: Plan, *, check_only: bool = False):
+    """:func:`blis_simpy.run.workload.spec_workload` with the errors on the flags given."""
+    return _located(plan, W.spec_workload, check_only=check_only)
 
 
 def execute(plan: Plan, progress: Callable[[int, int], None] | None = None, *,
             outputs: Batch | None = None, interruptible: bool = False) -> Outcome:
-    """Build the requests, run the simulation, and assemble the report.
-
-    ``outputs``: stage the run's files (``--requests-out``, ``--timeline``) in this batch, for
-    the caller to commit with its own (all-or-nothing); None commits them here.
-    ``interruptible``: the first Ctrl-C (SIGINT) during the simulation ends it between two
-    events and returns the partial outcome (``interrupted`` True, no file written)."""
+    """Run the plan (:func:`blis_simpy.run.execute.execute`): the flags that cannot go
+    together are refused first, errors name the flag that set a key, and a replay stopped
+    by its default horizon says so on stderr."""
     s = plan.scenario
-    if plan.pending_plugins:
-        raise ConfigError(plugin_optin.refusal(plan.pending_plugins), file=plan.src.path,
-                          field="plugins")
-    load_plugins(s.plugins, source=plan.src.path, folders=plan.plugin_dirs)
-    requests, horizon, sessions, workload_seed = build_workload(plan, lazy=True)
-    try:
-        sim = Simulation(s, requests, horizon_us=horizon, sessions=sessions)
-    except ConfigError as exc:
-        raise plan.attribute(exc) from None
-    tap = streaming.start(plan, sim)     # --streaming-metrics, --requests-out
-    from blis_simpy.cli import timeline_out
-    batch = Batch() if outputs is None else outputs
-    try:
-        timeline = timeline_out.start(plan, sim)   # --timeline (docs/planning.md, "Reports")
-        out = _run(plan, sim, tap, requests, horizon, sessions, workload_seed, progress,
-                   batch, interruptible)
-        if out.interrupted:
-            tap.abort()
-            return out
-        timeline.commit(out, batch)
-        if outputs is None:
-            batch.commit()
-        return out
-    except BaseException:
-        tap.abort()
-        batch.abort()
-        raise
-
-
-class _Stop(Exception):
-    """Raised by the Ctrl-C event: the simulation stops between two events."""
-
-
-def _raise_stop(_arg) -> None:
-    raise _Stop
-
-
-@contextlib.contextmanager
-def _ctrl_c_stops(sim: Simulation, enabled: bool):
-    """While the simulation runs, the first SIGINT schedules an event at the current time
-    that raises :class:`_Stop` when processed (so the run ends between two events, its state
-    whole); a second SIGINT interrupts at once (KeyboardInterrupt), and so does the first
-    while a plugin's code runs (it may never return). Yields a list that holds
-    the signal once it came. Off (yields an empty list) unless ``enabled`` and in the main
-    thread with Python's default SIGINT handler."""
-    import signal
-    import threading
-    hit: list[int] = []
-    if (not enabled or threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield hit
-        return
-
-    def on_sigint(signum, frame):
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        if running_plugin(frame) is not None:    # it may never return to the event loop
-            raise KeyboardInterrupt
-        hit.append(signum)
-        sim.env.call_at(sim.env.now, 0, _raise_stop)
-
-    signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield hit
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def _partial_result(sim: Simulation) -> SimulationResult:
-    """The result of a run stopped by Ctrl-C at ``sim.env.now`` (as a horizon there would
-    have stopped it; the end-of-run invariants are not checked)."""
-    from blis_simpy.cluster.pd import finish_pd
-    now = int(sim.env.now)
-    metrics = [inst.finalize() for inst in sim.instances]
-    sessions = (sim.sessions.finalize(stopped_at_horizon=True, end_us=now)
-                if sim.sessions is not None else None)
-    cluster = pd = None
-    if sim.plan.enabled:
-        cluster, pd = finish_pd(sim.cluster, metrics, sim.plan)
-    return SimulationResult(sim.scenario, metrics, sim.cluster.counters, now, 0, 0.0, sim.trace,
-                            sessions, cluster=cluster, pd=pd, gpus=sim.gpus, tp=sim.tp,
-                            end_states=sim.end_states(metrics, cluster))
-
-
-def _run(plan, sim, tap, requests, horizon, sessions, workload_seed, progress, batch,
-         interruptible) -> Outcome:
-    s = plan.scenario
-    with _ctrl_c_stops(sim, interruptible) as hit:
-        try:
-            result = sim.run(progress=progress)
-        except _Stop:
-            result = _partial_result(sim)
-        except ConfigError as exc:     # a plugin misbehaved: locate its scenario key or flag
-            raise plan.attribute(exc) from None
-    interrupted = bool(hit)
-    tap.finish(result.instances)
-    c = result.counters
-    report = Report(result.instances, cluster=result.cluster, pd=result.pd,
-                    num_instances=s.cluster.num_instances,
-                    rejected_by_admission=c.rejected_by_admission,
-                    rejected_at_routing=c.rejected_at_routing, shed_by_tier=dict(c.shed_by_tier),
-                    priority_policy=s.engine.priority_policy, is_replay=plan.command == REPLAY)
-    if result.end_states is not None:      # where every offered request ended (the balance)
-        report.request_accounting = result.end_states.to_dict()
-    add_optional_sections(plan, result, report)
-    slo_cost.attach(plan.scenario, sim, result, report)   # SLOs, GPUs and cost (docs/metrics.md)
-    if plan.command == REPLAY and s.horizon_us is None and not interrupted:
-        warn_unfinished(len(requests), report, horizon, streaming.last_arrival_us(requests))
-    blocks = [inst.kv.total_blocks for inst in sim.instances]
-    report.total_kv_blocks = blocks[0] if len(set(blocks)) == 1 else blocks
-    offload = [kv.offload_stats() for kv in (inst.kv for inst in sim.instances)
-               if hasattr(kv, "offload_stats")]
-    report.kv_offload = offload or None
-    cap = sim.plan.global_deployment.kv_capacity
-    report.kv_capacity = cap.to_dict() if cap is not None else None
-    report.sessions = result.sessions    # how the closed-loop sessions ended (tables, JSON)
-    from blis_simpy.cli.capacity_cmd import run_header_line
-    if not interrupted:
-        tap.commit(report, batch)
-    return Outcome(plan, result, report, requests, horizon, sessions, workload_seed,
-                   kv_line=run_header_line(sim.plan), interrupted=interrupted)
-
-
-def add_optional_sections(plan: Plan, result: SimulationResult, report: Report) -> None:
-    """Trace summary (``trace.summarize``) and fitness (``fitness_weights``; BLIS's replay
-    ignores ``--fitness-weights`` with a warning, as BLIS's does)."""
-    s = plan.scenario
-    if result.trace is not None and s.trace.summarize:
-        report.trace_summary = result.trace.summary()
-    weights = s.fitness_weights
-    if weights and plan.command == REPLAY and plan.origin.get("fitness_weights") == "--fitness-weights":
+    if s.metrics.streaming:
+        for flag, why in _NEEDS_REQUESTS.items():
+            if plan.given.get(flag):
+                raise ConfigError(f"cannot be combined with --streaming-metrics: it {why}",
+                                  field=flag)
+    if s.fitness_weights and not plan.description.outputs.fitness:
         log.warning("--fitness-weights is ignored by replay")
-        weights = {}
-    if weights:
-        report.fitness = compute_fitness(report.cluster, weights)
+    out = _located(plan, run_execute, progress, outputs=outputs, interruptible=interruptible)
+    if plan.command == REPLAY and s.horizon_us is None and not out.interrupted:
+        warn_unfinished(len(out.requests), out.report, out.horizon_us, W.last_arrival_us(out.requests))
+    return out
 
 
 # ---------------------------------------------------------------------------- files
 def write_results_file(out: Outcome, path: str, batch: Batch | None = None) -> None:
     """``--results-path``: run → MetricsOutput + rows; replay → SimResult array (docs/metrics.md).
     With ``batch``, staged to commit with the batch's other outputs."""
-    if out.plan.command == REPLAY:
+    if out.description.mode == "replay":
         obj = replay_results(out.report.cluster)
     else:
         obj = metrics_output(out.report.cluster, include_requests=True) | planning_part(out.report)
@@ -474,7 +302,7 @@ def export_trace(out: Outcome, prefix: str, batch: Batch | None = None) -> None:
     """``--trace-output PREFIX``: the run's workload as TraceV2 (docs/workloads.md, "TraceV2");
     with ``batch``, staged to commit with the batch's other outputs."""
     from blis_simpy.workload import TraceHeader, TraceRecord, write_trace
-    s = out.plan.scenario
+    s = out.description.scenario
     cluster = out.report.cluster
     post = build_latency_model(s).post_decode_us()
     rows = []

@@ -57,10 +57,11 @@ def run_sweep(path: str, out: str, *, scheduler: str | None = None, workers: int
     """Validate, skip what DIR has, run the rest, write rows; returns run counts. ``executor``:
     an open :class:`~blis_simpy.planner.executor.Executor` to use (left open) instead of a new
     one; ``flush_s``: seconds between part files (default :data:`~blis_simpy.planner.dataset.FLUSH_S`)."""
-    from blis_simpy.cli.point import check_point, run_point
+    from blis_simpy.cli.runner import check_point
     from blis_simpy.planner import dataset, points
     from blis_simpy.planner.executor import Executor, check_options
     from blis_simpy.planner.spec import axis_values
+    from blis_simpy.run.point import run_point
     if executor is None:    # a bad option is the only line: before the sweep file is expanded
         check_options(scheduler, workers)
     sweep = points.load(path)

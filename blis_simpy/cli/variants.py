@@ -32,9 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from blis_simpy.cli import runner
-from blis_simpy.cli.flag_rules import apply_flags
 from blis_simpy.cli.flags import REPLAY
-from blis_simpy.config.loader import Source, check_scenario, dotted, load_raw, undotted, validate
+from blis_simpy.config.loader import Source, dotted, load_raw, undotted
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import BlisError, ConfigError, SimulationError
 from blis_simpy.metrics.report import report_dict, write_results
@@ -126,16 +125,8 @@ def plan_variants(base: runner.Plan, given: dict[str, str]) -> list[VariantPlan]
 def _prepare(command: str, given: dict, data: dict, src: Source,
              unchecked: list[str] | None = None) -> runner.Plan:
     """:func:`runner.prepare` for an already-loaded (merged) scenario dict (``unchecked``:
-    as :func:`runner.check_components`', while the plugins are not imported)."""
-    ov = apply_flags(data, dict(given), command, presets=runner.preset)
-    plan = runner.Plan(command, Scenario(), src, ov.origin, ov.values)
-    try:
-        plan.scenario = validate(data, Source(None), semantic=False)
-        runner.check_components(plan.scenario, unchecked=unchecked)
-        check_scenario(plan.scenario)
-    except ConfigError as exc:
-        raise plan.attribute(exc) from None
-    return plan
+    as :func:`blis_simpy.run.describe.check_components`', while the plugins are not imported)."""
+    return runner.prepare_data(command, dict(given), data, src, unchecked=unchecked)
 
 
 @contextmanager
@@ -238,7 +229,7 @@ COUNTERS_DROP_ORDER = ("Duration\n(s)", "Peak KV\nblocks", "Preemp-\ntions", "St
 
 def slo_cells(out: runner.Outcome) -> tuple[float | None, float | None, float | None]:
     """``(attainment % of all targets, goodput req/s, cost USD/h)`` of a variant, as the run
-    computed them (cli/slo_cost.py; None where unknown: no SLO, no GPU price)."""
+    computed them (run/slo_cost.py; None where unknown: no SLO, no GPU price)."""
     slo, dep = out.report.slo, out.report.deployment
     cost = dep.cost_per_hour_usd if dep is not None else None
     if slo is None:

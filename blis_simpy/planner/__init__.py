@@ -7,5 +7,5 @@
 * :mod:`~blis_simpy.planner.dataset` — the Parquet dataset of results, resume and summary.
 
 The planner never imports the command line: the function that runs one point is injected
-(:func:`blis_simpy.cli.point.run_point`).
+(:func:`blis_simpy.run.point.run_point`).
 """

@@ -85,7 +85,7 @@ def _cell(value, kind: str):
 
 
 def dataset_row(point: Point, row: dict, kinds: dict[str, str]) -> dict:
-    """The dataset row of a point from the row :func:`blis_simpy.cli.point.run_point` returned."""
+    """The dataset row of a point from the row :func:`blis_simpy.run.point.run_point` returned."""
     out = {"config_hash": point.config_hash, "config_key": point.config_key, "seed": point.seed,
            "command": point.command}
     out |= {k: _cell(point.axes[k], kinds[k]) for k in kinds}

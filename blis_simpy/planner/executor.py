@@ -21,7 +21,7 @@ never fatal to the others. A rich progress bar with an ETA is drawn on stderr wh
 terminal.
 
 The function is pickled **by reference** when it lives at module level of an importable
-module (e.g. :func:`blis_simpy.cli.point.run_point`): every worker must have blis_simpy
+module (e.g. :func:`blis_simpy.run.point.run_point`): every worker must have blis_simpy
 installed, the same version as the client.
 """
 

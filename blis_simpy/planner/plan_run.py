@@ -9,6 +9,7 @@ answers the plan's questions and returns the JSON document described in docs/pla
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +42,21 @@ RunPoints = Callable[[list[dict]], list[dict]]
 FORMAT_VERSION = 1
 #: per-request targets of the scenario ``slo:`` keys, from the plan's percentile thresholds
 _STAT_ORDER = ("p99", "p95", "p90", "mean")
+
+#: --parallel when not given. A constant, not the executor's workers: the families searched
+#: side by side decide which points the search runs (the bound prunes what a family started
+#: earlier already ran), so a default tied to the workers made the plan document differ
+#: between --serial, --workers 1 and --workers 2 (docs/determinism.md, INV-6)
+DEFAULT_PARALLEL = 2
+
+
+def quiet_simulator_logs(level: int = logging.CRITICAL + 1) -> int:
+    """Silence the simulator's per-run log lines (dropped requests, KV allocation failures):
+    a plan judges every run by its SLOs and records why it fails. Returns the old level."""
+    log = logging.getLogger("blis_simpy")
+    old = log.level
+    log.setLevel(level)
+    return old
 
 
 @dataclass

@@ -88,7 +88,7 @@ class Point:
     plugin_dirs: tuple[str, ...] = ()     # folders searched first for its plugin modules
 
     def job(self) -> dict:
-        """What :func:`blis_simpy.cli.point.run_point` takes."""
+        """What :func:`blis_simpy.run.point.run_point` takes."""
         return {"command": self.command, "scenario": self.scenario, "config_hash": self.config_hash,
                 "plugin_dirs": list(self.plugin_dirs)}
 
@@ -177,7 +177,7 @@ def scenario_for(sweep: Sweep, combo: dict, seed: int | None) -> dict:
 
 def expand(sweep: Sweep, check: Callable[[dict], None] | None = None) -> list[Point]:
     """Every point of the sweep, validated before any runs. ``check(job)`` validates one
-    configuration as the runner would (:func:`blis_simpy.cli.point.check_point`); its first
+    configuration as the runner would (:func:`blis_simpy.run.point.check_point`); its first
     error is re-located on the axis (or base key) that caused it."""
     points: list[Point] = []
     command = sweep.spec.command

@@ -60,6 +60,14 @@ PRESETS: dict[str, Preset] = {
 DEFAULT_PROMPT = LengthParams(512, 256, 2, 7000)
 DEFAULT_OUTPUT = LengthParams(512, 256, 2, 7000)
 
+#: the key under a distribution workload (``workload.<key>`` of a scenario) of each field
+#: label this module's errors name (``--rate``, ``--prompt-tokens-stdev``, …)
+FIELD_KEYS = {"--rate": "rate", "--num-requests": "num_requests",
+              "--prefix-tokens": "prefix_tokens", "--arrival": "arrival", "--arrival-cv": "arrival_cv",
+              **{f"--{w.replace('_', '-')}{suffix}": f"{w}.{part}"
+                 for w in ("prompt_tokens", "output_tokens")
+                 for suffix, part in (("", "mean"), ("-stdev", "stdev"), ("-min", "min"), ("-max", "max"))}}
+
 
 def validate_lengths(flag: str, p: LengthParams) -> None:
     """BLIS's distribution-flag checks for ``--<flag>`` (``prompt-tokens`` / ``output-tokens``)."""

@@ -263,7 +263,7 @@ def test_replay_of_a_distribution_scenario_is_refused(cli, small_scenario):
     ("bug", 1, "error: internal error: ZeroDivisionError: boom"),
 ])
 def test_simulation_failures_exit_1_without_results(cli, small_scenario, tmp_path, monkeypatch, exc, code, text):
-    from blis_simpy.cli import runner
+    from blis_simpy.cluster.simulation import Simulation
     from blis_simpy.errors import InvariantError
 
     def broken_run(self, progress=None):
@@ -271,7 +271,7 @@ def test_simulation_failures_exit_1_without_results(cli, small_scenario, tmp_pat
             raise InvariantError("conservation broken", instance="instance_0")
         raise ZeroDivisionError("boom")
 
-    monkeypatch.setattr(runner.Simulation, "run", broken_run)
+    monkeypatch.setattr(Simulation, "run", broken_run)
     out = tmp_path / "r.json"
     res = cli("run", "--scenario", small_scenario, "--results-path", out)
     assert res.exit_code == code

@@ -16,12 +16,12 @@ import yaml
 from scipy import stats
 
 from blis_simpy.cli import runner
-from blis_simpy.cli.point import run_point
 from blis_simpy.cli.sweep_cmd import run_sweep
 from blis_simpy.metrics.report import report_dict
 from blis_simpy.planner import dataset
 from blis_simpy.planner.executor import Executor
 from blis_simpy.planner.points import config_hash, resolved
+from blis_simpy.run.point import run_point
 
 from .support import LOCATED, SMALL_SCENARIO, trace_row, write_trace_files
 

@@ -18,7 +18,6 @@ import pytest
 from typer.testing import CliRunner
 
 from blis_simpy.cli.app import app
-from blis_simpy.cli.point import run_point
 from blis_simpy.errors import ConfigError
 from blis_simpy.planner.pareto import front
 from blis_simpy.planner.plan import brute_force, max_rate_search, search_cheapest
@@ -32,6 +31,7 @@ from blis_simpy.planner.plan_points import (
 )
 from blis_simpy.planner.plan_run import run_plan
 from blis_simpy.planner.plan_spec import FixedDeployment, PlanSpec, load_plan
+from blis_simpy.run.point import run_point
 
 BASE = """\
 model: meta-llama/llama-3.1-8b-instruct

@@ -1,9 +1,10 @@
-"""Run one sweep point: the function the planner's executor maps over points.
+"""Run one sweep or plan point: the function the planner's executor maps over points.
 
 :func:`run_point` lives at module level so Dask pickles it by reference: a worker imports
 this module and runs it. A point is ``{"command": "run" | "replay", "scenario": <scenario
 dict>}`` (paths in it absolute, or relative to the worker's directory), optionally with its
-``config_hash`` (computed here otherwise, :func:`blis_simpy.planner.points.config_hash`).
+``config_hash`` (computed here otherwise, :func:`blis_simpy.planner.points.config_hash`)
+and ``plugin_dirs`` (folders searched first for its plugin modules).
 
 The row it returns is flat (one value per key, ready for a Parquet column)::
 
@@ -22,53 +23,31 @@ scenario (:func:`blis_simpy.metrics.report.report_dict`).
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 
-from blis_simpy.errors import BlisError, ConfigError
+from blis_simpy.errors import BlisError
+from blis_simpy.run.describe import RunDescription, prepare
+from blis_simpy.run.execute import execute
 
-__all__ = ["check_point", "flatten", "report_row", "run_point"]
+__all__ = ["check_point", "flatten", "prepare_point", "report_row", "run_point"]
 
 #: objects of the report flattened into the row besides the cluster block (prefix = key)
 EXTRA_SECTIONS = ("slo", "deployment")
 
 
-def _given(scenario: dict) -> dict:
-    """A scenario seed counts as given (as ``--seed`` would): a workload spec's own seed
-    yields to it, as it does to a ``seed:`` key in a scenario file."""
-    seed = scenario.get("seed")
-    return {"--seed": str(seed)} if isinstance(seed, int) and not isinstance(seed, bool) else {}
+def prepare_point(point: dict, allow_plugins: bool = False) -> RunDescription:
+    """The validated :class:`~blis_simpy.run.describe.RunDescription` of a point (the
+    scenario dict is copied); its plugin modules are looked up in its ``plugin_dirs`` first
+    and imported only with ``allow_plugins``."""
+    return prepare(point["scenario"], mode=point.get("command", "run"),
+                   plugin_dirs=tuple(point.get("plugin_dirs") or ()), allow_plugins=allow_plugins)
 
 
-def _scenario_field(err: ConfigError) -> ConfigError:
-    """An error attributed to a flag (``--rate``) names the scenario key it sets instead."""
-    if err.field and err.field.startswith("--") and not err.file:
-        from blis_simpy.cli.flags import BY_NAME
-        f = BY_NAME.get(err.field)
-        if f is not None and f.path:
-            return ConfigError(err.problem, field=f.path)
-    return err
-
-
-def prepare_point(point: dict, allow_plugins: bool | None = None):
-    """The validated :class:`~blis_simpy.cli.runner.Plan` of a point (the scenario dict is
-    copied); its plugin modules are looked up in its ``plugin_dirs`` first and imported only
-    with ``allow_plugins`` (None: this process's opt-in, :mod:`blis_simpy.cli.plugin_optin`)."""
-    from blis_simpy.cli import runner
-    scenario = copy.deepcopy(point["scenario"])
-    try:
-        return runner.prepare(point.get("command", "run"), _given(scenario), data=scenario,
-                              plugin_dirs=tuple(point.get("plugin_dirs") or ()),
-                              allow_plugins=allow_plugins)
-    except ConfigError as exc:
-        raise _scenario_field(exc) from None
-
-
-def check_point(point: dict) -> None:
+def check_point(point: dict, allow_plugins: bool = False) -> None:
     """Validate a point as ``run`` would (keys, values, backend, policies, pools) without
     running it; raises :class:`ConfigError` naming the scenario key."""
-    prepare_point(point)
+    prepare_point(point, allow_plugins)
 
 
 def flatten(obj, prefix: str, out: dict) -> dict:
@@ -95,25 +74,23 @@ def report_row(doc: dict) -> dict:
     return row
 
 
-def run_point(point: dict, allow_plugins: bool | None = None) -> dict:
-    """Run one point with the CLI's runner; a flat row (module docstring). Errors do not raise:
-    they come back as ``status: "error"`` with the one-line message. ``allow_plugins``: the
-    command's opt-in to the point's plugin modules, passed with the job to a Dask worker."""
-    from blis_simpy.cli import runner
+def run_point(point: dict, allow_plugins: bool = False) -> dict:
+    """Run one point through the run layer; a flat row (module docstring). Errors do not
+    raise: they come back as ``status: "error"`` with the one-line message.
+    ``allow_plugins``: the caller's opt-in to the point's plugin modules, passed with the
+    job to a Dask worker."""
     from blis_simpy.metrics.report import report_dict
     from blis_simpy.planner.points import config_hash, resolved
     t0 = time.perf_counter()
     row: dict = {"status": "ok", "error": "", "config_hash": point.get("config_hash"), "wall_s": None}
     try:
-        plan = prepare_point(point, allow_plugins)
+        d = prepare_point(point, allow_plugins)
         if not row["config_hash"]:
-            row["config_hash"] = config_hash(plan.command, resolved(plan.scenario))
-        out = runner.execute(plan)
+            row["config_hash"] = config_hash(d.mode, resolved(d.scenario))
+        out = execute(d)
         row.update(report_row(report_dict(out.report)))
     except Exception as exc:   # a point's failure is its row, never the sweep's end
         row["status"] = "error"
-        if isinstance(exc, ConfigError):
-            exc = _scenario_field(exc)
         text = (exc.one_line() if isinstance(exc, BlisError)
                 else f"internal error: {type(exc).__name__}: {exc}")
         row["error"] = " ".join(text.split())

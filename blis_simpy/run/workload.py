@@ -1,0 +1,144 @@
+"""The requests of a run description's workload (docs/workloads.md).
+
+:func:`build_workload` gives the requests (a list, or a lazy trace stream), the horizon
+(µs), the closed-loop session manager (or None) and the workload seed, for the three kinds
+of workload: a distribution, a workload spec (``kind: spec``) and a TraceV2 trace.
+Errors name the scenario key (``workload.rate``) or point into the spec or trace file.
+"""
+
+from __future__ import annotations
+
+import os
+
+from blis_simpy.config.scenario import SpecWorkload, TraceWorkload
+from blis_simpy.errors import ConfigError
+from blis_simpy.run.describe import RunDescription
+
+__all__ = ["build_requests", "build_workload", "last_arrival_us", "load_trace", "spec_workload",
+           "trace_paths"]
+
+def trace_paths(d: RunDescription) -> tuple[str, str]:
+    """The trace header and data paths of a trace workload; both files must exist."""
+    out = []
+    for key in ("header", "data"):
+        path = getattr(d.scenario.workload, key)
+        if not os.path.isfile(path):
+            why = "is a directory, expected a file" if os.path.isdir(path) else "no such file"
+            if f"workload.{key}" in d.overridden:
+                raise ConfigError(why, file=path, field=f"workload.{key}")
+            raise d.attribute(ConfigError(f"{why}: {path}", field=f"workload.{key}"))
+        out.append(path)
+    return out[0], out[1]
+
+
+def load_trace(d: RunDescription):
+    """Read the description's trace (a :class:`~blis_simpy.workload.TraceV2`)."""
+    from blis_simpy.workload import read_trace
+    return read_trace(*trace_paths(d))
+
+
+def trace_stream(d: RunDescription):
+    """The trace's requests as a lazy stream, or None when the rows are not in arrival order
+    or an output needs the request objects after the run."""
+    from blis_simpy.workload.trace_stream import TraceRequestStream
+    from blis_simpy.workload.tracev2_read import read_trace_header
+    if d.outputs.keep_requests:
+        return None
+    header_path, data_path = trace_paths(d)
+    read_trace_header(header_path)          # errors in the same order as read_trace
+    stream = TraceRequestStream(data_path, d.scenario.seed)
+    return stream if stream.sorted else None
+
+
+def last_arrival_us(requests) -> int:
+    """Latest arrival (µs) of a request list or stream; 0 when empty."""
+    last = getattr(requests, "last_arrival_us", None)
+    if last is not None:
+        return max(last, 0)
+    return max((r.arrival_us for r in requests), default=0)
+
+
+def build_requests(d: RunDescription) -> tuple[list, int]:
+    """The requests of the description's workload and the simulation horizon (µs)."""
+    return build_workload(d)[:2]
+
+
+def build_workload(d: RunDescription, *, lazy: bool = False) -> tuple[list, int, object | None, int]:
+    """The requests of the workload, the simulation horizon (µs), the session manager of its
+    closed-loop sessions (or None) and the workload seed. ``lazy``: a trace in arrival order
+    comes as a :class:`~blis_simpy.workload.trace_stream.TraceRequestStream` (built as the
+    run reaches it) instead of a list."""
+    s = d.scenario
+    w = s.workload
+    if isinstance(w, SpecWorkload):
+        return spec_workload(d)
+    if isinstance(w, TraceWorkload):
+        from blis_simpy.workload import default_replay_horizon, trace_requests
+        stream = trace_stream(d) if lazy else None
+        if stream is not None:
+            horizon = s.horizon_us if s.horizon_us is not None else stream.default_horizon_us()
+            return stream, horizon, None, s.seed
+        trace = load_trace(d)
+        horizon = s.horizon_us if s.horizon_us is not None else default_replay_horizon(trace.records)
+        return trace_requests(trace.records, s.seed), horizon, None, s.seed
+    from blis_simpy.workload import LengthParams, distribution_spec, generate_requests
+    lp = lambda x: LengthParams(x.mean, x.stdev, x.min, x.max)  # noqa: E731
+    try:
+        spec = distribution_spec(w.rate, w.num_requests, s.seed, lp(w.prompt_tokens),
+                                 lp(w.output_tokens), w.prefix_tokens, w.arrival, w.arrival_cv)
+        horizon = s.horizon
+        reqs = generate_requests(spec, seed=s.seed, horizon=horizon, max_requests=w.num_requests)
+    except ConfigError as exc:
+        from blis_simpy.workload.distribution import FIELD_KEYS
+        key = FIELD_KEYS.get(exc.field or "")
+        if key is not None:
+            exc = ConfigError(exc.problem, field=f"workload.{key}")
+        raise d.attribute(exc) from None
+    return reqs, horizon, None, s.seed
+
+
+def spec_workload(d: RunDescription, *, check_only: bool = False) -> tuple[list, int, object | None, int]:
+    """A workload-spec workload (``kind: spec``; docs/workloads.md): the spec's ``seed``
+    unless the scenario's ``seed`` is written or overridden; its ``horizon`` (if > 0) unless
+    ``horizon_us`` is set; its ``num_requests`` unless ``workload.num_requests`` is. Errors
+    point into the spec file, or at ``workload.spec.…`` of the scenario for an inline spec.
+    ``check_only`` (validation): every check, no request generated (returns no requests)."""
+    from blis_simpy.workload import _yaml, generate_workload
+    from blis_simpy.workload.generator import check_workload
+    from blis_simpy.workload.spec import parse_workload_spec
+    s = d.scenario
+    w = s.workload
+    node = None
+    if w.path:
+        path = w.path
+        try:
+            data, node = _yaml.load_yaml(path)
+        except ConfigError as exc:
+            if exc.line is None and "workload.path" in d.overridden:
+                raise ConfigError(exc.problem, file=exc.file, field="workload.path") from None
+            raise
+        base = os.path.dirname(path)
+    else:
+        path, data = None, w.spec
+        base = os.path.dirname(d.src.path) if d.src.path else None
+
+    def located(exc: ConfigError) -> ConfigError:
+        if exc.file or not exc.field:
+            return exc
+        if path is not None:
+            return _yaml.locate(exc, path, node)
+        return ConfigError(exc.problem, file=d.src.path,
+                           line=d.src.line(("workload", "spec") + _yaml.parse_field(exc.field)),
+                           field=f"workload.spec.{exc.field}")
+
+    seed = s.seed if d.seed_given else None
+    try:
+        spec = parse_workload_spec(data, path, node)
+        if check_only:
+            check_workload(spec, horizon=s.horizon_us, max_requests=w.num_requests, base_dir=base)
+            return [], 0, None, 0
+        wl = generate_workload(spec, seed=seed, horizon=s.horizon_us, max_requests=w.num_requests,
+                               base_dir=base)
+    except ConfigError as exc:
+        raise located(exc) from None
+    return wl.requests, wl.horizon_us, wl.session_manager(), wl.seed
