@@ -109,7 +109,7 @@ WORKLOADS = (
 #: against the Go binary ours runs BLIS's semantics where our defaults follow vLLM instead
 #: (docs/engine.md: async scheduling; docs/kv-cache.md: recompute preemption), so both do the
 #: same work and the results can be compared
-OURS_PARITY = ["--async-scheduling=false", "--preemption-model", "blis"]
+OURS_PARITY = ["--async-scheduling=false", "--preemption-model", "blis", "--step-model", "blis"]
 
 
 def scaled(n: int, scale: float) -> int:

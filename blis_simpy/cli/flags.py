@@ -160,6 +160,7 @@ FLAGS: tuple[Flag, ...] = (
     F("--kv-cpu-gib", number, "engine.kv_cpu_gib", non_negative, "CPU KV offload tier as vLLM's OffloadingConnector (--kv-offloading-size), GiB per engine, at most 65536; > 0 enables it, exclusive with --kv-cpu-blocks (default 0)"),
     F("--gpu-memory-utilization", number, "engine.gpu_memory_utilization", fraction, "fraction of GPU memory for vLLM, used by KV auto-sizing (default 0.9)"),
     F("--kv-capacity-model", text, "engine.kv_capacity_model", one_of("vllm", "blis"), "KV auto-sizing: vllm (default; per GPU, as vLLM profiles it) or blis (BLIS's formula, parity)"),
+    F("--step-model", text, "engine.step_model", one_of("vllm", "blis"), "a step whose requests all finish: vllm (default; it holds the instance until it ends) or blis (the instance is idle from the step's start, so steps may overlap; parity)"),
     F("--async-scheduling", boolean, "engine.async_scheduling", None, "vLLM's async scheduling (default true): a request queued during a step is admitted one step later; --async-scheduling=false for BLIS parity"),
     F("--preemption-model", text, "engine.preemption_model", one_of("vllm", "blis"), "recompute preemption: vllm (default; prompt + outputs so far recomputed as a prefill, as vLLM v1) or blis (outputs regenerated, TTFT overwritten; parity)"),
     # (8, cont.) prefill/decode disaggregation (docs/disaggregation.md); the cross-flag rule is _pd_rule

@@ -198,7 +198,7 @@ class Simulation:
                     max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
                     long_prefill_token_threshold=eng.long_prefill_token_threshold,
                     max_model_len=d.max_model_len, preemption_model=eng.preemption_model,
-                    async_scheduling=eng.async_scheduling)
+                    async_scheduling=eng.async_scheduling, step_model=eng.step_model)
                 latency = d.new_latency_model()
                 if plan.interference:          # every instance, pools or not (disaggregation.md)
                     latency = InterferenceModel(latency, plan.interference_prefill,

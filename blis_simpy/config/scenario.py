@@ -163,6 +163,12 @@ class EngineConfig(Strict):
     preemption_model: Literal["vllm", "blis"] = Field(
         "vllm", description="recompute preemption: vllm (prompt + outputs so far recomputed as a "
                             "prefill, as vLLM v1) or blis (outputs regenerated, BLIS parity)")
+    step_model: Literal["vllm", "blis"] = Field(
+        "vllm", description="what a step whose requests all finish does to the instance: vllm "
+                            "(default; it holds the engine until it ends, as vLLM's engine core "
+                            "runs one step at a time) or blis (the instance is idle from the "
+                            "step's start, so a later arrival may start a step that overlaps it; "
+                            "parity)")
     async_scheduling: bool = Field(
         True, description="vLLM's async scheduling: a step's batch is chosen when the step before it "
                           "starts, so a request queued during a step is admitted one step later "

@@ -115,6 +115,7 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         self._hooked = type(self).on_step_end is not Instance.on_step_end
         #: vllm preemption: a re-admitted request keeps its first scheduling delay
         self._keep_first_schedule = limits.preemption_model == "vllm"
+        self._step_holds = limits.step_model == "vllm"
         #: a CPU tier whose transfers run beside the steps (kv/offload.py)
         self._offload = kv.async_transfers
         self.running = ledger.running      # batch order; only the ledger changes it
@@ -318,6 +319,14 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         self.finish_step(now_us, step_us)
         if self.running or self.waitq:
             self.step_pending = True
+            return now_us + step_us
+        if self._step_holds:
+            # nothing is left to run, but the step holds the engine until it ends: a request
+            # arriving meanwhile waits for its end (vLLM's engine core runs one step at a
+            # time). The step at the end finds work or nothing; its batch is chosen then,
+            # not when this step started (the engine was waiting for input).
+            self.step_pending = True
+            self.step_end_us = -1
             return now_us + step_us
         self.step_pending = False
         return None

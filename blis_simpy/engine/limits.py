@@ -14,6 +14,8 @@ from blis_simpy.units import ceil_div
 
 #: recompute-preemption models: vLLM v1's (default) and BLIS's (parity); docs/kv-cache.md
 PREEMPTION_MODELS = ("vllm", "blis")
+#: what a step whose requests all finish does to its instance (:attr:`EngineLimits.step_model`)
+STEP_MODELS = ("vllm", "blis")
 
 #: The longest engine step, µs: one hour of simulated time (docs/scenarios.md, "Limits").
 #: With every step and delay at most this long the integer-µs clock stays inside int64 for
@@ -51,11 +53,18 @@ class EngineLimits:
     #: chosen when the step before it starts, so a request that entered the wait queue after
     #: that moment waits one more step; False = BLIS (chosen when the step starts)
     async_scheduling: bool = False
+    #: a step whose requests all finish in it (docs/engine.md, "A step holds the engine"):
+    #: ``vllm`` it holds the instance until it ends; ``blis`` the instance is idle from the
+    #: step's start, so an arrival during it starts a step that overlaps it (BLIS parity)
+    step_model: str = "vllm"
 
     def __post_init__(self):
         if self.preemption_model not in PREEMPTION_MODELS:
             raise ValueError(f"preemption model must be one of {', '.join(PREEMPTION_MODELS)}, "
                              f"got {self.preemption_model!r}")
+        if self.step_model not in STEP_MODELS:
+            raise ValueError(f"step model must be one of {', '.join(STEP_MODELS)}, "
+                             f"got {self.step_model!r}")
 
 
 def enqueue_refusal(req, limits: EngineLimits, kv) -> str | None:

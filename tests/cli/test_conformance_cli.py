@@ -25,7 +25,7 @@ def test_blis_stdout_and_results_match(cli, tmp_path, monkeypatch, case):
     assert meta["command"] == "replay" and not meta.get("extra_args")
     monkeypatch.chdir(work)
     # BLIS schedules synchronously (our default is vLLM's async scheduling, docs/engine.md)
-    res = cli(*meta["args"], "--async-scheduling=false", "--format", "blis", "--log", "error")
+    res = cli(*meta["args"], "--async-scheduling=false", "--step-model", "blis", "--format", "blis", "--log", "error")
     assert res.exit_code == 0, res.stderr
     assert res.stdout == (work / "stdout.txt").read_text()
     got = json.loads((work / "results.json").read_text())

@@ -34,8 +34,9 @@ from tests.conftest import CONFORMANCE, conformance_case
 PARITY_ARGS = {"B15": ["--latency-compat", "checkout"], "B18b": ["--kv-capacity-model", "blis"]}
 #: switches every case runs with: BLIS's recompute preemption (a preempted request regenerates
 #: its outputs and takes a new TTFT); our default is vLLM v1's (docs/kv-cache.md, "Preemption");
-#: BLIS's synchronous scheduling (our default is vLLM's async scheduling, docs/engine.md)
-PARITY_ARGS_ALL = ["--preemption-model", "blis", "--async-scheduling=false"]
+#: BLIS's synchronous scheduling (our default is vLLM's async scheduling, docs/engine.md); BLIS's
+#: idle instance during a step whose requests all finished (ours: the step holds it, docs/engine.md)
+PARITY_ARGS_ALL = ["--preemption-model", "blis", "--async-scheduling=false", "--step-model", "blis"]
 
 
 def _cases() -> list[Path]:
@@ -136,7 +137,7 @@ def test_b15_fixed_moe_roofline(tmp_path: Path):
     """
     case = conformance_case("B15_roofline_mixtral_moe_h100_tp2")
     # only the MoE switch differs from the parity run (BLIS's synchronous scheduling kept)
-    proc, _ = _run_case(case, tmp_path, parity=False, extra=("--async-scheduling=false",))
+    proc, _ = _run_case(case, tmp_path, parity=False, extra=("--async-scheduling=false", "--step-model", "blis"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     ours = _json_blocks(proc.stdout)[-1]
     blis = json.loads((case / "expected.json").read_text())["stdout_metrics"][-1]

@@ -1,4 +1,5 @@
-"""BLIS never cancels a scheduled Step (docs/engine.md, "Timeouts and stale steps").
+"""BLIS never cancels a scheduled Step (docs/engine.md, "Timeouts and stale steps"), with
+BLIS's idle instance during a finished step (``step_model="blis"``; docs/engine.md).
 
 When a timeout empties the running batch, the step event already pushed stays in the heap
 ("stale"). If by the time it fires something is running or queued again, it runs a real
@@ -56,7 +57,7 @@ def test_new_arrival_after_timeout_runs_two_step_chains(impl):
     5600, 6600 and C would be admitted at 4600 (TTFT 1900); the instance would end at 7600.
     """
     reqs = make_requests([(0, 16, 100, 2500), (2600, 16, 5), (3700, 16, 2)])
-    m, steps = _run_logging_steps(scenario(alpha=(0, 0, 0), beta=(1000, 0, 0), implementation=impl, async_scheduling=False), reqs)
+    m, steps = _run_logging_steps(scenario(alpha=(0, 0, 0), beta=(1000, 0, 0), implementation=impl, async_scheduling=False, step_model="blis"), reqs)
 
     assert steps == [(0, 1), (1000, 2), (2000, 3), (2600, 4), (3000, 5), (3600, 6), (4000, 7),
                      (4600, 8), (5000, 8)]
@@ -86,7 +87,7 @@ def test_timeout_with_queued_work_pushes_a_second_chain(impl):
     3500, 4000: decodes 2, 3.  4500: decode 4 -> done, leaves at 5500.  5000: no-op.
     """
     reqs = make_requests([(0, 16, 100, 2500), (100, 16, 5)])
-    sc = scenario(alpha=(0, 0, 0), beta=(1000, 0, 0), implementation=impl, async_scheduling=False, max_num_running_reqs=1)
+    sc = scenario(alpha=(0, 0, 0), beta=(1000, 0, 0), implementation=impl, async_scheduling=False, step_model="blis", max_num_running_reqs=1)
     m, steps = _run_logging_steps(sc, reqs)
 
     assert steps == [(0, 1), (1000, 2), (2000, 3), (2500, 4), (3000, 5), (3500, 6), (4000, 7),
@@ -104,7 +105,7 @@ def test_stale_step_with_nothing_to_do_is_a_no_op(impl):
     """A (t=0, 16 in, 100 out, deadline 1500): steps at 0, 1000 -> Step at 2000; timeout at
     1500 empties the instance; the step at 2000 fires, counts nothing and schedules nothing."""
     reqs = make_requests([(0, 16, 100, 1500)])
-    m, steps = _run_logging_steps(scenario(alpha=(0, 0, 0), beta=(1000, 0, 0), implementation=impl, async_scheduling=False), reqs)
+    m, steps = _run_logging_steps(scenario(alpha=(0, 0, 0), beta=(1000, 0, 0), implementation=impl, async_scheduling=False, step_model="blis"), reqs)
     assert steps == [(0, 1), (1000, 2), (2000, 2)]
     assert m.step_samples == 2
     # the stale step is still an instance event: it moves the instance clock
@@ -125,7 +126,7 @@ def test_stale_step_and_new_chain_at_the_same_tick_both_run(impl):
     4000 (second): nothing left: a no-op.
     """
     reqs = make_requests([(0, 16, 100, 2500), (3000, 16, 3)])
-    m, steps = _run_logging_steps(scenario(alpha=(0, 0, 0), beta=(1000, 0, 0), implementation=impl, async_scheduling=False), reqs)
+    m, steps = _run_logging_steps(scenario(alpha=(0, 0, 0), beta=(1000, 0, 0), implementation=impl, async_scheduling=False, step_model="blis"), reqs)
     assert steps == [(0, 1), (1000, 2), (2000, 3), (3000, 4), (3000, 5), (4000, 6), (4000, 6)]
     assert m.ttft["request_1"] == 1000
     assert m.e2e == {"request_1": 1000 + 2 * 1000}

@@ -439,6 +439,7 @@ def test_b19_tiered_kv_offload_reproduces_blis(impl):
                   latency={"model": "blackbox", "alpha_coeffs": alpha, "beta_coeffs": beta},
                   engine={"total_kv_blocks": total, "block_size": bs, "max_model_len": mml,
                           "async_scheduling": False,      # BLIS schedules synchronously
+                          "step_model": "blis",          # and idles during a finished step
                           "max_num_running_reqs": int(_b19_arg(a, "--max-num-running-reqs")),
                           "max_num_scheduled_tokens": int(_b19_arg(a, "--max-num-scheduled-tokens")),
                           "long_prefill_token_threshold": int(_b19_arg(a, "--long-prefill-token-threshold")),
