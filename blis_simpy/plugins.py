@@ -45,6 +45,10 @@ class Pluggable:
     Params: ClassVar[type[BaseModel]] = NoParams
     _registry: ClassVar[dict[str, type]]
     _blis_builtin: ClassVar[bool] = True
+    #: names of class attributes (booleans) that each class declares for itself: a subclass
+    #: that does not set one in its own body gets False, not its base's value (a claim
+    #: about the class's code, which a base cannot make for a subclass's overrides)
+    own_claims: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, *, family: str | None = None, name: str | None = None,
                           aliases: tuple[str, ...] = (), **kw: Any):
@@ -55,6 +59,9 @@ class Pluggable:
                             f"not {params!r}")
         #: defined in this package: trusted, so the engine skips checking what it returns
         cls._blis_builtin = is_builtin(cls)
+        for claim in cls.own_claims:
+            if claim not in cls.__dict__:
+                setattr(cls, claim, False)
         if family is not None:     # a new family; its root may also register itself by name
             cls.family = family
             cls._registry = {}
