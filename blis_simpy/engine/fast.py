@@ -10,9 +10,13 @@ the request state every hook, listener and policy sees.
 event (:attr:`~blis_simpy.engine.instance.Instance.coalesce_steps`), so a run of k steps
 with nothing else due costs one event. Within such a run, a *pure-decode* step — every
 running request decoding, nothing waiting, nobody completing, the KV cache able to supply
-the step's fresh blocks — takes a short path (:meth:`FastInstance._decode_tick`) that does
-only what such a step changes: the KV slots of the decoders whose slot opens or fills a
-block, the step time, the ledger's tick arrays and the per-step statistics. Every step is
+the step's fresh blocks — takes a short path (:meth:`FastInstance._decode_tick`): the
+ledger's own pure-decode tick (:meth:`LazyLedger.serve_uniform` — the KV slots of the
+decoders whose slot opens or fills a block — then :meth:`LazyLedger.advance_uniform`), the
+step time, the KV and per-step statistics. The engine class, its batching policy and its KV
+cache each say in their own class body whether the short path is safe for them
+(``short_path_safe``, not inherited: :attr:`~blis_simpy.plugins.Pluggable.own_claims`);
+``--log debug`` says once per instance which path runs and why. Every step is
 still timed by the latency model, and every per-request timestamp and ITL sample is the
 same as with one event per step (the engines-agree tests and the conformance cases check
 it); any other step runs the ordinary way. With a front end (docs/frontend.md) every step's

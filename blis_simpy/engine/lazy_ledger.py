@@ -422,7 +422,7 @@ class LazyLedger(Ledger):
     def forget(self, completed: list) -> None:
         for req in completed:         # the heavy part of a finished request
             req.tokens = None
-            req._prompt_hashes = None
+            req.drop_prompt_hashes()
 
     # ================================================================= materialisation
     def materialise(self, extra=()) -> None:
