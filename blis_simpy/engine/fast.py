@@ -65,7 +65,7 @@ class FastInstance(Instance, name="fast"):
         """Decide, at the first step (hooks and wrappers set before the run are in place),
         whether pure-decode steps take the short path and whether they run back to back;
         say which and why on the ``blis_simpy.engine`` logger at debug level, once."""
-        why_not = [f"{what} {type(obj).__name__} does not declare short_path_safe"
+        why_not = [f"{what} {type(obj).__name__} does not claim short_path_safe"
                    for what, obj in (("engine class", self), ("batching policy", self.batching),
                                      ("KV cache", self.kv)) if not type(obj).short_path_safe]
         if self.lockstep is not None:

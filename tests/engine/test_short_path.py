@@ -84,5 +84,19 @@ def test_the_debug_log_says_once_per_instance_which_path_runs_and_why(caplog):
         "instance_0: pure-decode steps take the short path, one call each (step is "
         "overridden or wrapped); timed by the engine's step_time_us",
         "instance_0: every step the ordinary way (no pure-decode short path: engine class "
-        "PassThroughUnclaimed does not declare short_path_safe)",
+        "PassThroughUnclaimed does not claim short_path_safe)",
     ]
+
+
+def test_a_kv_cache_that_does_not_claim_the_short_path_turns_it_off(caplog):
+    # the tiered cache (its reloads add step time, it mirrors every step) claims it not;
+    # the same case then runs every step the ordinary way, with the same results
+    sim = Simulation(scenario(block_size=16, kv_cpu_blocks=100), make_requests([(0, 16, 5)]))
+    with caplog.at_level(logging.DEBUG, logger="blis_simpy.engine"):
+        res = sim.run()
+    assert type(sim.instances[0].kv).__name__ == "TieredKVCache"
+    assert sim.instances[0].decode_ticks == 0
+    assert _times(res.instances[0]) == _times(_run()[1])
+    assert [r.getMessage() for r in caplog.records if "short path" in r.getMessage()] == [
+        "instance_0: every step the ordinary way (no pure-decode short path: KV cache "
+        "TieredKVCache does not claim short_path_safe)"]
