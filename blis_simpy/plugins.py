@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import operator
 import os
 import sys
 from collections.abc import Callable
@@ -45,6 +44,10 @@ class Pluggable:
     Params: ClassVar[type[BaseModel]] = NoParams
     _registry: ClassVar[dict[str, type]]
     _blis_builtin: ClassVar[bool] = True
+    #: names of class attributes (booleans) that each class declares for itself: a subclass
+    #: that does not set one in its own body gets False, not its base's value (a claim
+    #: about the class's code, which a base cannot make for a subclass's overrides)
+    own_claims: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, *, family: str | None = None, name: str | None = None,
                           aliases: tuple[str, ...] = (), **kw: Any):
@@ -55,6 +58,9 @@ class Pluggable:
                             f"not {params!r}")
         #: defined in this package: trusted, so the engine skips checking what it returns
         cls._blis_builtin = is_builtin(cls)
+        for claim in cls.own_claims:
+            if claim not in cls.__dict__:
+                setattr(cls, claim, False)
         if family is not None:     # a new family; its root may also register itself by name
             cls.family = family
             cls._registry = {}
@@ -208,77 +214,6 @@ def _checked_method(plugin, name: str, method, check, field: str | None):
             raise plugin_error(plugin, f"returned {shown(res)} from {name}(); expected {exc}",
                                field=field) from None
     return checked
-
-
-#: what a request's client sent (docs/engine.md, "The request record"): the policies a
-#: plugin writes are handed requests to read, never to change these
-CLIENT_FIELDS = ("id", "arrival_us", "input_len", "output_len", "max_output_len", "deadline_us",
-                 "tenant_id", "slo_class", "session_id", "model", "prefix_group", "prefix_length")
-_client_fields = operator.attrgetter(*CLIENT_FIELDS)
-
-
-def request_view(req) -> tuple | None:
-    """The client fields of ``req`` and its prompt's token array (identity and length), to
-    compare with :func:`check_unchanged` after a plugin was handed ``req``; None for anything
-    but a :class:`~blis_simpy.request.Request` (a library caller's own view of one)."""
-    mod = sys.modules.get("blis_simpy.request")    # not imported here: numpy, at CLI start-up
-    if mod is None or not isinstance(req, mod.Request):
-        return None
-    tokens = req.tokens
-    return _client_fields(req), id(tokens), len(tokens)
-
-
-def check_unchanged(plugin, method: str, req, before: tuple | None, *,
-                    field: str | None) -> None:
-    """Raise ``plugin``'s one-line error if ``req`` changed while its ``method`` ran, since
-    :func:`request_view` gave ``before`` (``changed request_0's output_len from 40 to 1 in
-    route(); ...``); nothing for a ``before`` of None (not a Request)."""
-    if before is None:
-        return
-    now = request_view(req)
-    if now == before:
-        return
-    what = next((f"{name} from {old!r} to {new!r}"
-                 for name, old, new in zip(CLIENT_FIELDS, before[0], now[0], strict=True)
-                 if old != new), "prompt tokens")
-    raise plugin_error(plugin, f"changed {before[0][0]}'s {what} in {method}(); a plugin may "
-                       "read the requests it is handed, never change them", field=field)
-
-
-def guard_requests(plugin, methods: tuple[str, ...], *, field: str | None):
-    """``plugin`` with each of ``methods`` (whose first argument is a request) replaced, on
-    this object only, by one that checks the call left the request's client fields and
-    prompt as they were (:data:`CLIENT_FIELDS`); a change is the plugin's one-line error.
-    Done once when the object is built: built-in policies are not wrapped."""
-    for name in methods:
-        setattr(plugin, name, _guarded_method(plugin, name, getattr(plugin, name), field))
-    return plugin
-
-
-def guard_batch_requests(plugin, name: str, *, field: str | None):
-    """As :func:`guard_requests` for a method whose first argument is a latency model's
-    :class:`~blis_simpy.latency.base.BatchView`: its ``prefill`` requests are checked."""
-    method = getattr(plugin, name)
-
-    def guarded(batch, *args, **kw):
-        reqs = list(getattr(batch, "prefill", ()))
-        before = [request_view(r) for r in reqs]
-        res = method(batch, *args, **kw)
-        for r, view in zip(reqs, before, strict=True):
-            check_unchanged(plugin, name, r, view, field=field)
-        return res
-
-    setattr(plugin, name, guarded)
-    return plugin
-
-
-def _guarded_method(plugin, name: str, method, field: str | None):
-    def guarded(req, *args, **kw):
-        before = request_view(req)
-        res = method(req, *args, **kw)
-        check_unchanged(plugin, name, req, before, field=field)
-        return res
-    return guarded
 
 
 def raised_in_plugin(exc: BaseException) -> tuple[Pluggable, str, BaseException] | None:

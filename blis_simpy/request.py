@@ -199,6 +199,17 @@ class Request:
         self._prompt_hashes = hashes
         return hashes
 
+    def share_prompt_hashes(self, other: Request) -> None:
+        """Take ``other``'s cached prompt block hashes, if it has any (``other`` has the
+        same prompt: a PD sub-request and its parent)."""
+        if other._prompt_hashes is not None:
+            self._hash_bs = other._hash_bs
+            self._prompt_hashes = other._prompt_hashes
+
+    def drop_prompt_hashes(self) -> None:
+        """Let go of the cached prompt block hashes (they are made again if asked for)."""
+        self._prompt_hashes = None
+
     def state_name(self) -> str:
         return STATE_NAMES[self.state]
 

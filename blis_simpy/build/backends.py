@@ -10,6 +10,7 @@ model times steps in integer µs. :func:`with_coefficient_set` applies a coeffic
 from __future__ import annotations
 
 import numbers
+from dataclasses import replace
 
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.engine.limits import MAX_STEP_US
@@ -18,12 +19,8 @@ from blis_simpy.kv.sizing import KV_DTYPE_BYTES
 from blis_simpy.latency.base import LatencyModel
 from blis_simpy.latency.blackbox import BlackboxModel
 from blis_simpy.latency.coefficient_sets import PhysicsCoefficients, read_set
-from blis_simpy.plugins import (
-    build_failure,
-    checked_results,
-    guard_batch_requests,
-    guard_requests,
-)
+from blis_simpy.plugins import build_failure, checked_results
+from blis_simpy.request_view import as_view, hand_views
 
 ANALYTICAL = ("physics", "trained-physics", "roofline", "crossmodel", "trained-roofline")
 #: the backends built from alpha/beta or a model config; any other name is a plugin, built
@@ -92,8 +89,22 @@ def build_backend(backend: str, model_cfg, gpu, tp, alpha, beta, compat: str,
     if backend in BUILTIN_BACKENDS:
         return check_step_cap(model, step_limits)
     model = checked_results(model, dict.fromkeys(_TIMES_US, whole_us), field="latency.model")
-    guard_requests(model, ("queueing_time_us",), field="latency.model")
-    return guard_batch_requests(model, "step_time_us", field="latency.model")
+    hand_views(model, ("queueing_time_us",))
+    return _prefill_views(model)
+
+
+def _prefill_views(model: LatencyModel) -> LatencyModel:
+    """A plugin ``model`` whose ``step_time_us`` (set on the object) sees the batch's
+    prefill requests through their read-only views (:mod:`blis_simpy.request_view`)."""
+    step = model.step_time_us
+
+    def step_time_us(batch):
+        if batch.prefill:
+            batch = replace(batch, prefill=[as_view(r) for r in batch.prefill])
+        return step(batch)
+
+    model.step_time_us = step_time_us
+    return model
 
 
 #: the methods of a latency model that return a duration in µs (checked for a plugin model)

@@ -25,6 +25,7 @@ from blis_simpy.des import ADMISSION, CLUSTER_ARRIVAL, FOLLOWUP_ARRIVAL, ROUTING
 from blis_simpy.engine.instance import Instance
 from blis_simpy.engine.listener import InstanceListener
 from blis_simpy.plugins import Pluggable, call_failure, plugin_error
+from blis_simpy.request_view import as_view
 from blis_simpy.routing.base import Router, as_index, decision_problem, shown
 from blis_simpy.snapshot import RouterState, SnapshotProvider
 
@@ -159,7 +160,7 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         pol = self.admission
         field = "cluster.admission.policy"
         try:
-            res = pol.admit(req, state)
+            res = pol.admit(as_view(req), state)
         except Exception as exc:
             raise call_failure(pol, "admit", exc, field=field) from None
         if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[1], str)
@@ -184,7 +185,7 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
             log.warning("no routable instance for %s %s (model %r)", what, req.id, req.model)
             return None
         try:
-            decision = router.route(req, state)
+            decision = router.route(req if router._blis_builtin else as_view(req), state)
         except Exception as exc:
             if router._blis_builtin:
                 raise
@@ -230,7 +231,7 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
     def tell_router(router: Router, req, index: int) -> None:
         """Tell ``router`` where ``req`` went; a plugin's failure there is its own error."""
         try:
-            router.observe(req, index)
+            router.observe(req if router._blis_builtin else as_view(req), index)
         except Exception as exc:
             if router._blis_builtin:
                 raise

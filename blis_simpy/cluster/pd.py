@@ -279,15 +279,13 @@ class PDCluster(Cluster, name="pd"):
 
 def _share_hashes(src, dst) -> None:
     """Sub-requests have the parent's prompt: reuse its block hashes if already computed."""
-    if src._prompt_hashes is not None:
-        dst._hash_bs = src._hash_bs
-        dst._prompt_hashes = src._prompt_hashes
+    dst.share_prompt_hashes(src)
 
 
 def _drop_hashes(req) -> None:
     """The parent's prompt hashes are no longer needed (both sub-requests have them, or it
     failed): a kept parent does not hold them to the end of the run."""
-    req._prompt_hashes = None
+    req.drop_prompt_hashes()
 
 
 # ---------------------------------------------------------------------------- building

@@ -5,7 +5,6 @@ from __future__ import annotations
 from blis_simpy.admission.base import AdmissionPolicy
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
-from blis_simpy.plugins import guard_requests
 from blis_simpy.rng import RngStreams
 from blis_simpy.routing.base import Router
 
@@ -14,10 +13,7 @@ def build_admission(scenario: Scenario) -> AdmissionPolicy:
     """The scenario's admission policy with its validated parameters."""
     cfg = scenario.cluster.admission
     cls = AdmissionPolicy.lookup(cfg.policy, field="cluster.admission.policy")
-    pol = cls(cls.parse_params(cfg.params, field="cluster.admission.params"))
-    if cls._blis_builtin:
-        return pol
-    return guard_requests(pol, ("admit",), field="cluster.admission.policy")
+    return cls(cls.parse_params(cfg.params, field="cluster.admission.params"))
 
 
 def build_router(scenario: Scenario, rng: RngStreams, block_size: int, *,
@@ -34,6 +30,4 @@ def build_router(scenario: Scenario, rng: RngStreams, block_size: int, *,
             raise ConfigError(exc.problem, field=f"{field}.params.{exc.field}") from None
         raise
     router.config_field = field
-    if cls._blis_builtin:
-        return router
-    return guard_requests(router, ("route", "observe"), field=f"{field}.policy")
+    return router

@@ -42,7 +42,8 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from blis_simpy.plugins import Pluggable, build_failure, checked_results, guard_requests
+from blis_simpy.plugins import Pluggable, build_failure, checked_results
+from blis_simpy.request_view import hand_views
 from blis_simpy.routing.prefix_index import DEFAULT_CAPACITY, PrefixIndex
 from blis_simpy.snapshot import RouterState
 
@@ -138,7 +139,7 @@ def make_decider(name: str, params: dict | None = None, *, block_size: int = 16,
     except Exception as exc:
         raise build_failure(cls, exc, field=key) from None
     decider = checked_results(decider, {"decide": _a_bool}, field=key)
-    return guard_requests(decider, ("decide", "observe"), field=key)
+    return hand_views(decider, ("decide", "observe"))
 
 
 def _a_bool(value) -> bool:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import ClassVar
 
 from blis_simpy.engine import tally
 from blis_simpy.plugins import Pluggable
@@ -56,6 +57,14 @@ class BatchingPolicy(Pluggable, family="batching policy"):
     The instance builds one policy per instance with its validated ``params`` and calls
     :meth:`bind` with the instance's :class:`~blis_simpy.engine.limits.EngineLimits`.
     """
+
+    own_claims = ("short_path_safe",)
+    #: the class's own claim (a subclass that does not set it gets False:
+    #: :attr:`~blis_simpy.plugins.Pluggable.own_claims`): when nothing waits and the token
+    #: budget and the free KV blocks serve every running request, a step gives each decoding
+    #: request one token and nothing else, so the fast engine's pure-decode short path may
+    #: stand in for :meth:`form_batch` (docs/performance.md, "Step coalescing")
+    short_path_safe: ClassVar[bool] = False
 
     def __init__(self, params=None):
         self.params = params if params is not None else type(self).Params()

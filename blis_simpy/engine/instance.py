@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from typing import ClassVar
 
 from simpy.events import Event
 
@@ -83,6 +84,13 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
     #: run a step inline, without a SimPy event, when no other event is due before it
     #: (the reference engine keeps one event per step; the order of events is the same)
     coalesce_steps = False
+    own_claims = ("short_path_safe",)
+    #: the class's own claim (a subclass that does not set it in its body gets False:
+    #: :attr:`~blis_simpy.plugins.Pluggable.own_claims`): its overrides of the step hooks do
+    #: nothing in a pure-decode step that the fast engine's short path leaves out — the
+    #: short path calls :meth:`step`, :meth:`step_time_us` and :meth:`_record_kv` at every
+    #: step, and stands in for the rest (docs/performance.md, "Step coalescing")
+    short_path_safe: ClassVar[bool] = False
 
     def __init__(self, env: SimEnv, index: int, limits: EngineLimits, latency: LatencyModel,
                  kv, scheduler: Scheduler, priority: PriorityPolicy,

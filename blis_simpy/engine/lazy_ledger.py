@@ -179,6 +179,51 @@ class LazyLedger(Ledger):
                     raise AssertionError(f"uniform step found no free block for {r.id}")
         return budget_tokens - demand
 
+    # ================================================================= pure-decode ticks
+    def uniform_ready(self) -> bool:
+        """Can tick ``T`` be a *pure-decode tick*: every running request decoding (nobody
+        prefilling), all of them within the token budget, none completing at its end, and
+        the KV cache able to supply the fresh blocks of those whose slot opens one? (With
+        nothing waiting, such a step is what :meth:`serve_uniform` and
+        :meth:`advance_uniform` do.)"""
+        u = self.u_count
+        if not u or u != len(self.running) or u > self.limits.max_num_scheduled_tokens:
+            return False
+        T = self.T
+        kv = self.kv
+        return (T + 1 not in self.comp_at
+                and len(self.classes[T % kv.block_size]) <= kv.total_blocks - kv.used)
+
+    def serve_uniform(self) -> int:
+        """Batch formation of a pure-decode tick (:meth:`uniform_ready`): :meth:`serve_all`
+        with nobody prefilling — one token for each decoder, of which only those whose slot
+        opens or fills a block touch the KV cache, in batch order. Returns the decoders'
+        summed true ``pi`` (what the latency model's decode function reads)."""
+        self._skipped = []
+        self._literal = False
+        self._uniform = True
+        T = self.T
+        items = self._boundary(T)
+        if len(items) > 1:
+            items.sort(key=_by_pos)
+        append = self.kv.append_token
+        for r in items:
+            d = T - r.g0
+            if not append(r, r.pi + d, r.kv_len + d):  # pragma: no cover - uniform_ready
+                raise AssertionError(f"uniform step found no free block for {r.id}")
+        return self.u_pi_off + self.u_count * T
+
+    def advance_uniform(self, now_us: int, step_us: int) -> None:
+        """Execute and complete the pure-decode tick served by :meth:`serve_uniform`, begun at
+        ``now_us`` and lasting ``step_us`` µs: every decoder's token, the tick's end and ITL
+        value (:meth:`execute` and :meth:`complete` of such a tick: nobody finishes a
+        prefill, is skipped or completes)."""
+        self.tick_end.append(now_us + step_us)
+        self.metrics.total_output_tokens += self.u_count
+        self._finished_prefill = []
+        self._joiners = []
+        self._next_tick(step_us)
+
     def _boundary(self, T: int) -> list:
         """The decoders whose slot at tick ``T`` opens a fresh block or fills their last one
         (the only ones that touch the KV cache in a uniform step), unordered."""
@@ -377,7 +422,7 @@ class LazyLedger(Ledger):
     def forget(self, completed: list) -> None:
         for req in completed:         # the heavy part of a finished request
             req.tokens = None
-            req._prompt_hashes = None
+            req.drop_prompt_hashes()
 
     # ================================================================= materialisation
     def materialise(self, extra=()) -> None:

@@ -13,18 +13,11 @@ Both are plain synchronous deciders; add one by subclassing::
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from typing import ClassVar
 
-from blis_simpy.plugins import (
-    Pluggable,
-    call_failure,
-    check_unchanged,
-    is_number,
-    plugin_error,
-    request_view,
-    shown,
-)
+from blis_simpy.plugins import Pluggable, call_failure, is_number, plugin_error, shown
+from blis_simpy.request_view import RequestView
 
 
 class PriorityPolicy(Pluggable, family="priority policy"):
@@ -127,16 +120,15 @@ class ReversePriority(Scheduler, name="reverse-priority"):
 
 # ------------------------------------------------------------------ plugins, checked
 def checked_priorities(policy: PriorityPolicy, queue: deque, now_us: int) -> None:
-    """Set ``req.priority`` of every queued request from a plugin ``policy``; an exception
-    or a value that is not a real number (or is NaN) is that policy's one-line error."""
+    """Set ``req.priority`` of every queued request from a plugin ``policy``, which reads
+    each through its :class:`~blis_simpy.request_view.RequestView`; an exception or a
+    value that is not a real number (or is NaN) is that policy's one-line error."""
     field = "engine.priority_policy"
     for r in queue:
-        before = request_view(r)
         try:
-            p = policy.priority(r, now_us)
+            p = policy.priority(RequestView(r), now_us)
         except Exception as exc:
             raise call_failure(policy, "priority", exc, field=field) from None
-        check_unchanged(policy, "priority", r, before, field=field)
         if not is_number(p):
             raise plugin_error(policy, f"returned {shown(p)} from priority() for "
                                f"{r.id}; expected a number", field=field)
@@ -144,32 +136,36 @@ def checked_priorities(policy: PriorityPolicy, queue: deque, now_us: int) -> Non
 
 
 def checked_reorder(scheduler: Scheduler, queue: deque, now_us: int) -> None:
-    """Let a plugin ``scheduler`` reorder ``queue``, then check it holds the same requests,
-    each once (O(n), as the sort itself); anything else is that scheduler's one-line error.
-    Built-in schedulers are trusted and not checked."""
+    """Let a plugin ``scheduler`` reorder a deque of the queued requests'
+    :class:`~blis_simpy.request_view.RequestView` objects, check it holds the same requests,
+    each once (O(n), as the sort itself), and put ``queue`` in its order; anything else is
+    that scheduler's one-line error. Built-in schedulers reorder ``queue`` itself, unchecked."""
     field = "engine.scheduler"
-    before = [id(r) for r in queue]
-    views = [(r, request_view(r)) for r in queue]
+    views = deque(RequestView(r) for r in queue)
+    of_view = dict(zip(views, queue, strict=True))    # views hash as their request
     try:
-        res = scheduler.reorder(queue, now_us)
+        res = scheduler.reorder(views, now_us)
     except Exception as exc:
         raise call_failure(scheduler, "reorder", exc, field=field) from None
-    for r, view in views:
-        check_unchanged(scheduler, "reorder", r, view, field=field)
     if res is not None:     # sorted(queue) returned, the queue left as it was: a silent no-op
         raise plugin_error(scheduler, f"returned {shown(res)} from reorder(); a scheduler "
                            "reorders the queue it is handed in place and returns None",
                            field=field)
-    if len(queue) == len(before) and set(map(id, queue)) == set(before):
+    order = []
+    seen = set()
+    what = None
+    for v in views:
+        r = of_view.get(v) if type(v) is RequestView else None
+        if r is None or id(r) in seen:
+            what = (f"it holds {v.id!r} twice" if r is not None
+                    else f"it added {getattr(v, 'id', v)!r}, which was not queued")
+            break
+        seen.add(id(r))
+        order.append(r)
+    if what is None and len(order) == len(queue):
+        queue.clear()
+        queue.extend(order)
         return
-    had = set(before)
-    counts = Counter(map(id, queue))
-    extra = next((r for r in queue if counts[id(r)] > 1 or id(r) not in had), None)
-    if extra is not None:
-        what = (f"it holds {getattr(extra, 'id', extra)!r} twice" if id(extra) in had
-                else f"it added {getattr(extra, 'id', extra)!r}, which was not queued")
-    else:
-        what = "it lost a queued request"
-    raise plugin_error(scheduler, f"changed the wait queue in reorder(): {len(before)} requests "
-                       f"before, {len(queue)} after, {what}; a scheduler may only reorder the "
-                       "queue", field=field)
+    raise plugin_error(scheduler, f"changed the wait queue in reorder(): {len(queue)} requests "
+                       f"before, {len(views)} after, {what or 'it lost a queued request'}; a "
+                       "scheduler may only reorder the queue", field=field)

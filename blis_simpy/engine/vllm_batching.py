@@ -25,6 +25,8 @@ log = logging.getLogger("blis_simpy.engine")
 class VLLMBatching(BatchingPolicy, name="vllm"):
     """vLLM v1 batch formation (see the module docstring)."""
 
+    short_path_safe = True
+
     def chunk(self, remaining: int, pos: int, budget: int) -> int:
         """Prefill tokens to schedule: capped by the long-prefill threshold, the token
         budget and the MaxModelLen stop (never beyond position M - 1)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
+from typing import ClassVar
 
 import numpy as np
 
@@ -40,6 +41,13 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
     #: does the engine drive transfers of this cache (advance, end_step, KV loads)?
     #: (:class:`~blis_simpy.kv.offload.OffloadKVCache`)
     async_transfers = False
+    own_claims = ("short_path_safe",)
+    #: the class's own claim (a subclass that does not set it gets False:
+    #: :attr:`~blis_simpy.plugins.Pluggable.own_claims`): in a step in which every running
+    #: request decodes one token, its :meth:`consume_pending_transfer_latency` adds nothing
+    #: and :meth:`mirror_to_cpu` does nothing, so the fast engine's pure-decode short path
+    #: may leave them out (docs/performance.md, "Step coalescing")
+    short_path_safe: ClassVar[bool] = True
 
     def __init__(self, total_blocks: int, block_size: int = 16, *, params=None):
         self.params = params if params is not None else type(self).Params()

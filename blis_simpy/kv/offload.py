@@ -64,6 +64,8 @@ class OffloadKVCache(KVCache, name="offload"):
 
     #: the engine drives this cache's transfers (advance / end_step / loads)
     async_transfers = True
+    #: no transfer latency, no mirror: the short path calls ``end_step`` itself
+    short_path_safe = True
 
     class Params(BaseModel):
         """The CPU tier: blocks, bytes of one block on one GPU, host-link GB/s (10^9 B/s per

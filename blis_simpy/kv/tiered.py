@@ -80,6 +80,9 @@ class TieredKVCache(KVCache, name="tiered"):
     are the same four values.
     """
 
+    #: its reloads add step time and it mirrors every step's blocks: no short path
+    short_path_safe = False
+
     class Params(BaseModel):
         """The CPU tier: blocks, reload bandwidth (blocks/µs), reload cost per block (µs)."""
 

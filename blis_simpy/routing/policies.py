@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from blis_simpy.plugins import call_failure, check_unchanged, is_number, plugin_error, request_view
+from blis_simpy.plugins import call_failure, is_number, plugin_error
+from blis_simpy.request_view import as_view
 from blis_simpy.routing.base import (
     Router,
     RoutingDecision,
@@ -114,12 +115,10 @@ class Weighted(Router, name="weighted"):
         """A plugin scorer's scores, checked: one real number (not NaN) per snapshot; anything
         else is that scorer's one-line error."""
         field = self._field(scorer)
-        before = request_view(req)
         try:
-            vals = scorer.score(req, snaps)
+            vals = scorer.score(as_view(req), snaps)
         except Exception as exc:
             raise call_failure(scorer, "score", exc, field=field) from None
-        check_unchanged(scorer, "score", req, before, field=field)
         try:
             vals = list(vals)
         except TypeError:
@@ -145,7 +144,7 @@ class Weighted(Router, name="weighted"):
                 scorer.observe(req, chosen)
                 continue
             try:
-                scorer.observe(req, chosen)
+                scorer.observe(as_view(req), chosen)
             except Exception as exc:
                 raise call_failure(scorer, "observe", exc, field=self._field(scorer)) from None
         scores = {s.id: c for s, c in zip(snaps, comp, strict=True)}

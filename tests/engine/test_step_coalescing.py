@@ -189,7 +189,10 @@ def test_an_on_event_end_from_a_mixin_is_not_quiet():
 
 
 class _KVRecorder(FastInstance, name="test-record-kv-every-step"):
-    """Overrides the per-step KV bookkeeping: it must run after every step, fused or not."""
+    """Overrides the per-step KV bookkeeping: it must run after every step, fused or not
+    (the short path calls it: the class declares the short path safe)."""
+
+    short_path_safe = True
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
@@ -205,12 +208,15 @@ def test_an_instance_overriding_the_step_bookkeeping_runs_it_every_step():
     out = _both(specs, instance_class=_KVRecorder, block_size=4, total_kv_blocks=2000)
     _assert_equal(out)
     inst = out["fast"][1]
-    assert inst.decode_ticks == 0                        # no short path, which inlines it
+    assert inst.decode_ticks > 300                       # the short path calls it too
     assert len(inst.recorded) == inst.metrics.step_samples > 300
 
 
 class _OwnLoop(FastInstance, name="test-own-steps-loop"):
-    """Overrides the instance loop: its code must run between steps, so nothing is fused."""
+    """Overrides the instance loop: its code must run between steps, so nothing is fused
+    (its steps are the built-in ones: it declares the short path safe)."""
+
+    short_path_safe = True
 
     def _steps(self):
         return (yield from super()._steps())
@@ -329,7 +335,7 @@ def test_a_step_hook_set_on_the_engine_object_runs_every_step():
     _assert_equal(out)
     for _, inst, seen in out.values():
         assert len(seen) == inst.metrics.step_samples > 300
-    assert out["fast"][1].decode_ticks == 0
+    assert out["fast"][1].decode_ticks > 300     # the short path calls the engine's hook
 
 
 def test_an_on_step_end_set_on_the_engine_object_sees_materialised_state():
