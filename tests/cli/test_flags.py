@@ -46,6 +46,7 @@ SAMPLES = {
     "--gpu-memory-utilization": ("0.5", 0.5),
     "--kv-capacity-model": ("blis", "blis"),
     "--preemption-model": ("blis", "blis"),
+    "--step-model": ("blis", "blis"),
     "--coefficients": (str(CATALOG_DATA / "blackbox-set.yaml"), str(CATALOG_DATA / "blackbox-set.yaml")),
     "--kv-cache-dtype": ("fp8", "fp8"),
     "--enable-expert-parallel": ("true", True),

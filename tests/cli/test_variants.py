@@ -294,7 +294,10 @@ def test_replay_with_variants(cli, tmp_path):
                  "  - {name: 1P1D, overrides: {disaggregation: {prefill_instances: 1, decode_instances: 1, "
                  "decider: {policy: always}}}}\n")
     out = tmp_path / "res.json"
-    doc = json.loads(_ok(cli("replay", "--scenario", p, "--format", "json", "--results-path", out)).stdout)
+    # the horizon: one prefill instance at 100 req/s is near capacity, so the last requests
+    # finish after replay's default (twice the last arrival)
+    doc = json.loads(_ok(cli("replay", "--scenario", p, "--format", "json", "--results-path", out,
+                             "--horizon", "10000000")).stdout)
     assert [v["command"] for v in doc["variants"]] == ["replay", "replay"]
     res = json.loads(out.read_text())
     assert list(res) == ["co", "1P1D"]

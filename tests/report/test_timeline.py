@@ -54,16 +54,18 @@ def test_hand_checked_samples(tiny, tmp_path):
     # leaves the running batch, and frees its KV blocks, when its last step begins.
     # Request 0 (t = 0, 3 output tokens): steps begin at 0 (prefill), 10 and 20 ms (its last):
     # running over (0, 20] ms. Request 1 arrives at 1 ms and waits (one running request at
-    # most) until the engine is free at 30 ms; steps at 30 and 40 ms (its last). A sample at
-    # t is the state just before the events at t; the last event is at 40 ms, so the last
-    # sample (45 ms) is the final, empty state.
+    # most) until the engine is free at 30 ms; steps at 30 and 40 ms (its last), which holds
+    # the engine until 50 ms (docs/engine.md, "A step holds the engine"). A sample at t is the
+    # state just before the events at t; the last event is the end of that step at 50 ms, so
+    # the last sample (55 ms) is the final, empty state.
     out = tmp_path / "tl.csv"
     res = _cli(*tiny, "--timeline", out, "--timeline-interval-ms", "5")
     assert res.exit_code == 0, res.output
     rows = _read_csv(out)
     got = [(int(r["t_us"]), int(r["running"]), int(r["waiting"])) for r in rows]
     want = [(0, 0, 0), (5_000, 1, 1), (10_000, 1, 1), (15_000, 1, 1), (20_000, 1, 1),
-            (25_000, 0, 1), (30_000, 0, 1), (35_000, 1, 0), (40_000, 1, 0), (45_000, 0, 0)]
+            (25_000, 0, 1), (30_000, 0, 1), (35_000, 1, 0), (40_000, 1, 0), (45_000, 0, 0),
+            (50_000, 0, 0), (55_000, 0, 0)]
     assert got == want
     assert {r["instance"] for r in rows} == {"instance_0"} and {r["role"] for r in rows} == {""}
     assert all(r["kv_transfers_in_flight"] == "" and r["preemptions"] == "0" for r in rows)
@@ -71,11 +73,11 @@ def test_hand_checked_samples(tiny, tmp_path):
     kv = {int(r["t_us"]): int(r["kv_blocks_used"]) for r in rows}
     # 16 prompt tokens = 1 block; the first decode step (10 ms) writes token 17: a second block
     assert kv == {0: 0, 5_000: 1, 10_000: 1, 15_000: 2, 20_000: 2, 25_000: 0, 30_000: 0,
-                  35_000: 1, 40_000: 1, 45_000: 0}
+                  35_000: 1, 40_000: 1, 45_000: 0, 50_000: 0, 55_000: 0}
     # steps begin at 0, 10, 20 (request 0), 30 and 40 ms (request 1): the steps begun before t
     steps = {int(r["t_us"]): int(r["steps"]) for r in rows}
     assert steps == {0: 0, 5_000: 1, 10_000: 1, 15_000: 2, 20_000: 2, 25_000: 3, 30_000: 3,
-                     35_000: 4, 40_000: 4, 45_000: 5}
+                     35_000: 4, 40_000: 4, 45_000: 5, 50_000: 5, 55_000: 5}
     assert list(rows[0]) == ["t_us", "instance", "role", "running", "waiting", "kv_blocks_used",
                              "kv_blocks_total", "preemptions", "kv_transfers_in_flight", "steps"]
 
