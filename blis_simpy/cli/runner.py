@@ -188,19 +188,11 @@ def prepare(command: str, given: dict[str, str], scenario_path: str | None = Non
         data, src = {"latency": {"model": BLIS_DEFAULT_LATENCY_MODEL}}, Source()
     folders = plugin_folders(src, plugin_dirs)
     allow = plugin_optin.allowed() if allow_plugins is None else allow_plugins
-    plan = Plan(command, src)
     try:
         pending = scenario_plugins(data, src, folders, allow=allow, defer=command == "validate")
     except PluginsRefused as exc:
-        raise plan.attribute(exc) from None
-    overrides, ov = flag_overrides(data, given, command)
-    plan.origin, plan.given = ov.origin, ov.values
-    try:
-        plan.description = describe(data, overrides, src=src, mode=_mode(command),
-                                    outputs=flag_outputs(command, ov), plugin_dirs=folders,
-                                    pending_plugins=pending)
-    except ConfigError as exc:
-        raise plan.attribute(exc) from None
+        raise Plan(command, src).attribute(exc) from None
+    plan = prepare_data(command, given, data, src, plugin_dirs=folders, pending_plugins=pending)
     plan.unchecked = list(plan.description.unchecked)
     if command == REPLAY and need_trace and not isinstance(plan.scenario.workload, TraceWorkload):
         raise ConfigError("replay needs a trace: pass --trace-header and --trace-data, or a "
@@ -214,16 +206,19 @@ def _mode(command: str) -> str:
 
 
 def prepare_data(command: str, given: dict, data: dict, src: Source, *,
-                 components: bool = True, unchecked: list[str] | None = None) -> Plan:
-    """A :class:`Plan` of an already-loaded scenario dict (edited in place) with no plugin
-    handling: a variant of a prepared scenario, ``observe``'s workload (``components``
-    False: no backend or policy check; ``unchecked``: names the plugins may register)."""
+                 components: bool = True, unchecked: list[str] | None = None,
+                 plugin_dirs: tuple[str, ...] = (), pending_plugins: list[str] = ()) -> Plan:
+    """A :class:`Plan` of an already-loaded scenario dict (edited in place), its plugins
+    already handled (:func:`prepare`: ``plugin_dirs``, ``pending_plugins``) or none: a
+    variant of a prepared scenario, ``observe``'s workload (``components`` False: no backend
+    or policy check; ``unchecked``: names the plugins may register)."""
     overrides, ov = flag_overrides(data, given, command)
     plan = Plan(command, src, ov.origin, ov.values)
     try:
         plan.description = describe(data, overrides, src=src, mode=_mode(command),
                                     outputs=flag_outputs(command, ov), components=components,
-                                    unchecked=unchecked)
+                                    unchecked=unchecked, plugin_dirs=plugin_dirs,
+                                    pending_plugins=pending_plugins)
     except ConfigError as exc:
         raise plan.attribute(exc) from None
     return plan
