@@ -73,9 +73,9 @@ def child(header: str, data: str, front_end: str = "") -> None:
         scenario = str(Path(header).with_name("front_end.yaml"))
         Path(scenario).write_text(FRONT_END)
         overrides["metrics.measured_at"] = front_end
-    plan = run.prepare(scenario, overrides, mode="replay")
+    desc = run.prepare(scenario, overrides, mode="replay")
     t1 = time.perf_counter()
-    out = run.execute(plan)
+    out = run.execute(desc)
     t2 = time.perf_counter()
     render_json(out.report)
     t3 = time.perf_counter()

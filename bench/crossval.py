@@ -29,19 +29,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from blis_simpy.build.resolve import Deployment, resolve
 from blis_simpy.calibrate import scenario_data
 from blis_simpy.calibrate.aggregate import calibrate_aggregate
 from blis_simpy.calibrate.compare import compare
 from blis_simpy.calibrate.twin import simulate
 from blis_simpy.config.scenario import Scenario
+from blis_simpy.deploy.resolve import Deployment, resolve
 from blis_simpy.errors import ConfigError
 from blis_simpy.fit.aggregate_steps import case_steps
 from blis_simpy.fit.frontend import fit_frontend, with_frontend
 from blis_simpy.fit.prefit import StepObs, prefit_steps
 from blis_simpy.fit.space import PhysicsSpace
-from blis_simpy.observed.inference_perf import is_inference_perf, load_inference_perf
-from blis_simpy.observed.vllm_log import load_vllm_log
+from blis_simpy.measured.inference_perf import is_inference_perf, load_inference_perf
+from blis_simpy.measured.vllm_log import load_vllm_log
 
 MODES = ("uncalibrated", "in-sample", "held-out")
 #: a GPU with this many runs (besides a held-out one) is fitted on its own runs only

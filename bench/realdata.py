@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from blis_simpy.calibrate.compare import err_pct as signed_error_pct  # noqa: E402
 from blis_simpy.errors import BlisError, ConfigError  # noqa: E402
+from blis_simpy.measured.run import MeasuredRun, RealRequest, Settings, Tick  # noqa: E402, F401
+from blis_simpy.measured.vllm_log import load_vllm_log  # noqa: E402
 from blis_simpy.metrics.percentile import mean, percentile  # noqa: E402
-from blis_simpy.observed.run import ObservedRun, RealRequest, Settings, Tick  # noqa: E402, F401
-from blis_simpy.observed.vllm_log import load_vllm_log  # noqa: E402
 
 #: backends tried first, in this order, when registered; then every other analytical one
 #: physics@default: physics with the physical default set (the "before" of a fitted GPU set)
@@ -52,9 +52,9 @@ METRICS = ("ttft", "tpot", "e2e")
 
 
 # ============================================================================ loading
-# The reading of a run folder lives in the package (blis_simpy.observed.vllm_log); this
+# The reading of a run folder lives in the package (blis_simpy.measured.vllm_log); this
 # script only adds the folder-of-runs layout and the comparison.
-Run = ObservedRun
+Run = MeasuredRun
 
 
 def load_run(data: Path, name: str) -> Run:
@@ -211,7 +211,7 @@ def build_requests(run: Run) -> list:
 
 
 def simulate(run: Run, backend: str, step: RealStep | None) -> BackendResult:
-    from blis_simpy.build.resolve import resolve
+    from blis_simpy.deploy.resolve import resolve
     from blis_simpy.run import simulate as run_requests
     st = run.settings
     out = BackendResult(backend)

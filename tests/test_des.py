@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.des import (
     ADMISSION,
     ARRIVAL,
@@ -32,6 +31,7 @@ from blis_simpy.des import (
     SimEnv,
     instance_key,
 )
+from blis_simpy.run.simulation import Simulation
 from tests.des_support import run_through_horizon
 from tests.engine.helpers import make_requests, scenario
 

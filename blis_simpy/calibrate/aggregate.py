@@ -24,12 +24,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from blis_simpy.build.resolve import Deployment
 from blis_simpy.calibrate.aggregate_twin import AggregateSim, simulate_aggregate
 from blis_simpy.calibrate.compare import Score, err_pct, score, stats
 from blis_simpy.config.scenario import Scenario
+from blis_simpy.deploy.resolve import Deployment
+from blis_simpy.measured.run import AGG_METRICS, AGG_STATS, AggregateRun, AggregateStats
 from blis_simpy.metrics.percentile import SortedHistogram
-from blis_simpy.observed.run import AGG_METRICS, AGG_STATS, AggregateRun, AggregateStats
 
 
 @dataclass

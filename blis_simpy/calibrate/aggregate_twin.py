@@ -25,10 +25,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from blis_simpy.build.resolve import Deployment, resolve
 from blis_simpy.config.scenario import Scenario
-from blis_simpy.observed.inference_perf.rebuild import place
-from blis_simpy.observed.run import AggregateRun, StageWindow
+from blis_simpy.deploy.resolve import Deployment, resolve
+from blis_simpy.measured.inference_perf.rebuild import place
+from blis_simpy.measured.run import AggregateRun, StageWindow
 from blis_simpy.run.execute import simulate as run_requests
 from blis_simpy.units import MAX_INT64
 from blis_simpy.workload.replay import trace_requests

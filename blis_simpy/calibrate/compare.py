@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from blis_simpy.calibrate.twin import SimRun
+from blis_simpy.measured.run import MeasuredRun
 from blis_simpy.metrics.percentile import mean, percentile
-from blis_simpy.observed.run import ObservedRun
 
 METRICS = ("ttft", "tpot", "e2e", "sched")
 LABELS = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "sched": "sched delay", "itl": "ITL"}
@@ -33,7 +33,7 @@ STATS = ("mean", "p50", "p90", "p99")
 MAPE_FLOOR_MS = 1.0
 
 
-def real_values(run: ObservedRun, metric: str) -> dict[str, float]:
+def real_values(run: MeasuredRun, metric: str) -> dict[str, float]:
     """Request id → the run's measured value of ``metric`` (ms); TPOT only for > 1 output
     token; scheduling delay only where the log records the scheduling time."""
     out = {}
@@ -159,7 +159,7 @@ def metric_row(metric: str, real: dict[str, float], sim: dict[str, float]) -> Me
                      int(nz.sum()))
 
 
-def paired_score(run: ObservedRun, sim: SimRun) -> Score | None:
+def paired_score(run: MeasuredRun, sim: SimRun) -> Score | None:
     """The :class:`Score` over the requests both the run and the twin completed."""
     both = [r for r in run.requests if r.id in sim.e2e_ms]
     if not both:
@@ -170,7 +170,7 @@ def paired_score(run: ObservedRun, sim: SimRun) -> Score | None:
                  sum(sim.e2e_ms[r.id] for r in both) / n, sum(sim.ttft_ms[r.id] for r in both) / n, length)
 
 
-def compare(run: ObservedRun, sim: SimRun) -> Comparison:
+def compare(run: MeasuredRun, sim: SimRun) -> Comparison:
     c = Comparison(run.name, offered=len(run.requests), completed_real=len(run.requests),
                    completed_sim=sim.completed, cache_hit_rate_sim=sim.cache_hit_rate,
                    preemptions_sim=sim.preemptions, not_replayed=len(run.records) - sim.offered,

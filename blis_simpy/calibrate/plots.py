@@ -21,7 +21,7 @@ from blis_simpy.atomic import Batch, atomic_write
 from blis_simpy.calibrate.compare import LABELS, real_values, sim_values
 from blis_simpy.calibrate.twin import SimRun
 from blis_simpy.errors import ConfigError
-from blis_simpy.observed.run import ObservedRun
+from blis_simpy.measured.run import MeasuredRun
 
 PLOT_METRICS = ("ttft", "tpot", "e2e")
 
@@ -32,7 +32,7 @@ def _save(fig, path: Path, batch: Batch | None) -> Path:
     return path
 
 
-def write_plots(out_dir: str | os.PathLike, run: ObservedRun, sim: SimRun,
+def write_plots(out_dir: str | os.PathLike, run: MeasuredRun, sim: SimRun,
                 timeline: list[dict] | None = None, *, batch: Batch | None = None) -> list[Path]:
     """Write the PNGs for one run into ``out_dir`` (created if missing); returns their paths.
     With ``batch`` they are staged there, to commit with the batch's other outputs."""

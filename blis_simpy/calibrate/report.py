@@ -12,7 +12,7 @@ from rich.table import Table
 from blis_simpy.calibrate.aggregate import AggregateComparison
 from blis_simpy.calibrate.compare import LABELS, STATS, Comparison, Score
 from blis_simpy.calibrate.twin import Sample
-from blis_simpy.observed.run import AGG_STATS, Tick
+from blis_simpy.measured.run import AGG_STATS, Tick
 
 
 def _e(v: float) -> str:

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from blis_simpy.build.resolve import Deployment, resolve
 from blis_simpy.cluster.monitor import Monitor, Timeline
 from blis_simpy.config.scenario import Scenario
-from blis_simpy.observed.run import ObservedRun, Settings
+from blis_simpy.deploy.resolve import Deployment, resolve
+from blis_simpy.measured.run import MeasuredRun, Settings
 from blis_simpy.run.execute import simulate as run_requests
 from blis_simpy.units import MAX_INT64
 from blis_simpy.workload.replay import trace_requests
@@ -100,7 +100,7 @@ class SimRun:
     total_kv_blocks: int = 0
 
 
-def measured_records(run: ObservedRun) -> list:
+def measured_records(run: MeasuredRun) -> list:
     """The trace rows of the requests the run measured (``run.requests``): a failed request
     (status ``error``, e.g. a ``vllm bench`` request the server refused) or one with no
     output token has no real latency, and how long the server worked on it is unknown, so
@@ -109,7 +109,7 @@ def measured_records(run: ObservedRun) -> list:
     return [r for r in run.records if r.request_id in measured]
 
 
-def simulate(scenario: Scenario, run: ObservedRun, *, deployment: Deployment | None = None,
+def simulate(scenario: Scenario, run: MeasuredRun, *, deployment: Deployment | None = None,
              horizon_us: int = MAX_INT64, sample_period_us: int = SAMPLE_PERIOD_US,
              progress: Callable[[int, int], None] | None = None) -> SimRun:
     """Replay ``run.records`` through ``scenario`` (``deployment``: a resolved deployment to

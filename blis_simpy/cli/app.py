@@ -218,29 +218,29 @@ def _simulate(command: str, scenario: Path | None, fmt: Format, raw: dict) -> No
     from blis_simpy.cli import runner
     given = given_flags(command, raw)
     setup_logging(given.get("--log"))
-    plan = runner.prepare(command, given, str(scenario) if scenario is not None else None)
+    inv = runner.prepare(command, given, str(scenario) if scenario is not None else None)
     show_progress = fmt is Format.table and sys.stderr.isatty()
-    if plan.scenario.variants:       # one run per variant, side by side (docs/disaggregation.md)
+    if inv.scenario.variants:       # one run per variant, side by side (docs/disaggregation.md)
         from blis_simpy.cli import variants
-        variants.simulate(plan, given, fmt.value, _with_progress if show_progress else runner.execute)
+        variants.simulate(inv, given, fmt.value, _with_progress if show_progress else runner.execute)
         return
     from blis_simpy.atomic import Batch
     outputs = Batch()     # every output file commits together, or none (docs/cli.md)
     try:
         run = _with_progress if show_progress else runner.execute
-        out = run(plan, outputs=outputs, interruptible=True)
+        out = run(inv, outputs=outputs, interruptible=True)
         if out.interrupted:     # Ctrl-C: the summary so far, no file, exit 130
             outputs.abort()
             _print(out, fmt)
             _fail(f"interrupted at simulated time {out.result.horizon_us / 1e6:.3f} s: the "
                   "summary covers the run until then; no output file written", 130)
-        trace_output = plan.given.get("--trace-output")
+        trace_output = inv.given.get("--trace-output")
         if trace_output:
             runner.export_trace(out, trace_output, outputs)
-        results_path = plan.given.get("--results-path")
+        results_path = inv.given.get("--results-path")
         if results_path:
             runner.write_results_file(out, results_path, outputs)
-        decisions = plan.given.get("--trace-output-decisions")
+        decisions = inv.given.get("--trace-output-decisions")
         if decisions:
             from blis_simpy.trace.jsonl import write_jsonl
             write_jsonl(out.result.trace, decisions, outputs)
@@ -252,7 +252,7 @@ def _simulate(command: str, scenario: Path | None, fmt: Format, raw: dict) -> No
     sys.stdout.flush()
 
 
-def _with_progress(plan: runner.Plan, **kw) -> runner.Outcome:
+def _with_progress(inv: runner.Invocation, **kw) -> runner.Outcome:
     """Run with a rich progress bar on stderr, shown only once the run has taken 0.5 s."""
     import time
 
@@ -275,7 +275,7 @@ def _with_progress(plan: runner.Plan, **kw) -> runner.Outcome:
         bar.update(task, completed=done, total=offered or None)
 
     try:
-        return runner.execute(plan, progress, **kw)
+        return runner.execute(inv, progress, **kw)
     finally:
         if shown:
             bar.stop()
@@ -368,24 +368,24 @@ def validate_cmd(path: Path = typer.Argument(..., metavar="FILE.yaml", help="sce
     from blis_simpy.cli import runner
     from blis_simpy.config.loader import summary
     from blis_simpy.config.scenario import SpecWorkload, TraceWorkload
-    plan = runner.prepare("validate", {}, str(path))
-    if isinstance(plan.scenario.workload, SpecWorkload):   # the spec as `run` reads it
-        runner.spec_workload(plan, check_only=True)
+    inv = runner.prepare("validate", {}, str(path))
+    if isinstance(inv.scenario.workload, SpecWorkload):   # the spec as `run` reads it
+        runner.spec_workload(inv, check_only=True)
     lines = []
-    if plan.scenario.variants:       # every merged variant must be valid too
+    if inv.scenario.variants:       # every merged variant must be valid too
         from blis_simpy.cli import variants
-        lines = variants.validate_lines(plan)
+        lines = variants.validate_lines(inv)
     rows = ""
-    if isinstance(plan.scenario.workload, TraceWorkload):
-        rows = f" ({len(runner.load_trace(plan).records)} trace rows)"
-    print(f"ok: {path}: {summary(plan.scenario)}{rows}")
+    if isinstance(inv.scenario.workload, TraceWorkload):
+        rows = f" ({len(runner.load_trace(inv).records)} trace rows)"
+    print(f"ok: {path}: {summary(inv.scenario)}{rows}")
     for line in lines:
         print(line)
-    if plan.pending_plugins:
-        names = ", ".join(plan.pending_plugins)
+    if inv.pending_plugins:
+        names = ", ".join(inv.pending_plugins)
         print(f"plugins not imported: {names} ({plugin_optin.FLAG} or "
               f"{plugin_optin.ENV}=1 imports and checks them)")
-        for name in dict.fromkeys(plan.unchecked):
+        for name in dict.fromkeys(inv.unchecked):
             print(f"  not checked until they are imported: {name}")
 
 

@@ -2,7 +2,7 @@
 
 A run is a raw vLLM log folder, a ``vllm bench`` result JSON, the ``PREFIX`` of files
 ``blis-simpy convert`` (or ``observe``) wrote, or an inference-perf results folder
-(:func:`blis_simpy.observed.converted.load_run`). The deployment is the run's logged settings
+(:func:`blis_simpy.measured.converted.load_run`). The deployment is the run's logged settings
 (model, GPU, parallelism, vLLM limits, KV blocks), or ``--scenario FILE``; BLIS's replay
 flags override either (``--latency-model``, ``--coefficients``, ``--hardware``, ...). The
 replay always runs to completion (no horizon) unless ``--horizon`` is given. An
@@ -47,21 +47,21 @@ class CalFormat(str, enum.Enum):
 
 def _aggregate(run) -> bool:
     """An inference-perf run (aggregates only), not a per-request one."""
-    from blis_simpy.observed.run import AggregateRun
+    from blis_simpy.measured.run import AggregateRun
     return isinstance(run, AggregateRun)
 
 
-def run_plan(run, given: dict, scenario: str | None, command: str = "calibrate") -> runner.Plan:
+def prepare_invocation(run, given: dict, scenario: str | None, command: str = "calibrate") -> runner.Invocation:
     """The scenario a measured run is replayed under: ``scenario`` (file) or the run's own
     settings, with the given flags on top; no horizon unless ``--horizon`` is given."""
     from blis_simpy.calibrate import scenario_data
     from blis_simpy.cli import runner
     given = dict(given)
     if scenario is not None:
-        plan = runner.prepare(F.REPLAY, given, scenario, need_trace=False)
+        inv = runner.prepare(F.REPLAY, given, scenario, need_trace=False)
     else:
         if run.settings is None and "--model" in given:
-            plan = runner.prepare(F.REPLAY, given, None, need_trace=False)
+            inv = runner.prepare(F.REPLAY, given, None, need_trace=False)
         elif run.settings is None:
             what = "no exp-config.yaml" if _aggregate(run) else "a vllm bench result"
             raise ConfigError(f"the run {run.name} records no engine settings ({what}): "
@@ -72,25 +72,25 @@ def run_plan(run, given: dict, scenario: str | None, command: str = "calibrate")
                                   "(or --scenario FILE.yaml)", field="--hardware")
             data = scenario_data(run.settings, run.name)
             data["latency"] = {"model": runner.BLIS_DEFAULT_LATENCY_MODEL}
-            plan = runner.prepare(F.REPLAY, given, data=data, need_trace=False)
+            inv = runner.prepare(F.REPLAY, given, data=data, need_trace=False)
     if "--horizon" not in given:
-        plan.scenario = plan.scenario.model_copy(update={"horizon_us": MAX_INT64})
-    return plan
+        inv.scenario = inv.scenario.model_copy(update={"horizon_us": MAX_INT64})
+    return inv
 
 
 def prepare_runs(paths: list[str], given: dict, scenario: str | None, command: str = "calibrate") -> list:
-    """Every run read and checked, then its plan (:func:`run_plan`): ``[(run, plan)]``. An
-    inference-perf run is rebuilt with its plan's seed."""
-    from blis_simpy.observed.converted import load_run
-    from blis_simpy.observed.inference_perf import with_seed
+    """Every run read and checked, then its invocation (:func:`prepare_invocation`): ``[(run, inv)]``. An
+    inference-perf run is rebuilt with its invocation's seed."""
+    from blis_simpy.measured.converted import load_run
+    from blis_simpy.measured.inference_perf import with_seed
     loaded = [load_run(r) for r in paths]          # every input checked before any run
     for path, run in zip(paths, loaded, strict=True):
         if not run.records:     # (fit: an internal error; calibrate: empty tables, exit 0)
             raise ConfigError(f"the run has no request rows: nothing to {command} against", file=path)
     out = []
     for run in loaded:
-        plan = run_plan(run, given, scenario, command)
-        out.append((with_seed(run, plan.scenario.seed) if _aggregate(run) else run, plan))
+        inv = prepare_invocation(run, given, scenario, command)
+        out.append((with_seed(run, inv.scenario.seed) if _aggregate(run) else run, inv))
     return out
 
 
@@ -119,7 +119,6 @@ def _headline(console, name: str, doc: dict) -> None:
 
 def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat,
               plot_dir: str | None, report_path: str | None, timeline: bool) -> None:
-    from blis_simpy.build.resolve import resolve
     from blis_simpy.calibrate import compare, simulate
     from blis_simpy.calibrate.aggregate import calibrate_aggregate
     from blis_simpy.calibrate.report import (
@@ -131,6 +130,7 @@ def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat
         timeline_errors,
     )
     from blis_simpy.cli.tables import stdout_console
+    from blis_simpy.deploy.resolve import resolve
     if plot_dir and Path(plot_dir).exists() and not Path(plot_dir).is_dir():
         raise ConfigError("exists and is not a folder", file=str(plot_dir), field="--plot")
     if report_path and Path(report_path).is_dir():
@@ -138,8 +138,8 @@ def calibrate(runs: list[str], scenario: str | None, given: dict, fmt: CalFormat
     prepared = prepare_runs(runs, given, scenario)
     docs, outputs = [], []
     console = stdout_console()
-    for run, plan in prepared:
-        s = plan.scenario
+    for run, inv in prepared:
+        s = inv.scenario
         dep = resolve(s, quiet=True)
         if _aggregate(run):
             c = calibrate_aggregate(s, run, deployment=dep)

@@ -137,7 +137,7 @@ _SOURCE_TEXT = {"explicit": "given", "catalog": "catalog row", "default": "defau
 
 def deployment_kv_text(dep) -> str:
     """``2,588 blocks (vllm: total 23.52 GiB x 0.9 − weights … = 5.06 GiB)`` for a
-    :class:`~blis_simpy.build.resolve.Deployment`."""
+    :class:`~blis_simpy.deploy.resolve.Deployment`."""
     cap = dep.kv_capacity
     how = cap.summary() if cap is not None else _SOURCE_TEXT.get(dep.kv_source, dep.kv_source or "given")
     per = " per DP rank" if cap is not None and cap.dp > 1 else ""
@@ -146,7 +146,7 @@ def deployment_kv_text(dep) -> str:
 
 def run_header_line(plan) -> str:
     """``KV capacity: …`` for the run header: one deployment, or each pool's where they differ
-    (``plan``: a :class:`~blis_simpy.build.pools.PoolPlan`)."""
+    (``plan``: a :class:`~blis_simpy.deploy.pools.PoolLayout`)."""
     roles = list(dict.fromkeys(plan.roles))
     deps = {role: plan.deployments[role] for role in roles}
     texts = {role: deployment_kv_text(d) for role, d in deps.items()}

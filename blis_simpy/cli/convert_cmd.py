@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:   # the observed stack (numpy) loads only when a conversion runs
-    from blis_simpy.observed.run import ObservedRun
+    from blis_simpy.measured.run import MeasuredRun
 
 convert_app = typer.Typer(no_args_is_help=True, add_completion=False,
                           help="Convert presets, ServeGen, inference-perf, vLLM logs and vllm bench "
@@ -42,7 +42,7 @@ _OUTPUT_SPEC = typer.Option(None, "--output", metavar="FILE", help="write the YA
 
 
 def _emit_spec(spec, output: Path | None) -> None:
-    from blis_simpy.observed.converted import write_files
+    from blis_simpy.measured.converted import write_files
     from blis_simpy.workload.convert import spec_to_yaml
     text = spec_to_yaml(spec)
     if output is None:
@@ -53,12 +53,12 @@ def _emit_spec(spec, output: Path | None) -> None:
 
 
 def _check_prefix(output: Path) -> None:
-    from blis_simpy.observed.converted import paths
+    from blis_simpy.measured.converted import paths
     paths(output, field="--output")
 
 
-def _emit_run(run: ObservedRun, output: Path) -> None:
-    from blis_simpy.observed.converted import converted_files, write_files
+def _emit_run(run: MeasuredRun, output: Path) -> None:
+    from blis_simpy.measured.converted import converted_files, write_files
     written = write_files(converted_files(run, output))
     for note in run.notes:
         print(f"warning: {note}", file=sys.stderr)
@@ -123,7 +123,7 @@ def vllm_log_cmd(
 ) -> None:
     """Convert a real vLLM request log into TraceV2 (with the real prompt token IDs), a
     scenario with the run's settings, and its timeseries."""
-    from blis_simpy.observed.vllm_log import load_vllm_log
+    from blis_simpy.measured.vllm_log import load_vllm_log
     _check_prefix(output)
     _emit_run(load_vllm_log(run, workload), output)
 
@@ -136,7 +136,7 @@ def vllm_bench_cmd(
                                 help="writes PREFIX.header.yaml and PREFIX.csv"),
 ) -> None:
     """Convert a `vllm bench serve` result file into TraceV2 (mode real, no token IDs)."""
-    from blis_simpy.observed.vllm_bench import load_vllm_bench
+    from blis_simpy.measured.vllm_bench import load_vllm_bench
     _check_prefix(output)
     _emit_run(load_vllm_bench(result), output)
 

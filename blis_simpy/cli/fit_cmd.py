@@ -61,8 +61,8 @@ def _cell(summary: dict, key: str, sign: str = "") -> str:
 def _warn_if_starting_at_the_answer(cases) -> None:
     """A warning when the start set was fitted on one of the runs (its ``fit.runs`` names
     it): the fit then starts where it would end and returns that set."""
-    from blis_simpy.build.resolve import resolve
     from blis_simpy.calibrate.twin import fitted_on, latency_used
+    from blis_simpy.deploy.resolve import resolve
     for c in cases:
         dep = resolve(c.scenario, quiet=True)
         hit = next((n for n in c.run.names if n in fitted_on(dep)), None)
@@ -92,7 +92,7 @@ def run_fit(runs: list[str], scenario: str | None, given: dict, output: str, bud
             "--alpha-coeffs" in given or "--beta-coeffs" in given):
         # a model with no catalog row still fits: start from a generic point
         given = {**given, "--alpha-coeffs": "0,0,0", "--beta-coeffs": BLACKBOX_START}
-    cases = [case_for(r, plan.scenario) for r, plan in prepare_runs(runs, given, scenario, "fit")]
+    cases = [case_for(r, inv.scenario) for r, inv in prepare_runs(runs, given, scenario, "fit")]
     first = cases[0].scenario
     for c in cases[1:]:
         s = c.scenario

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from blis_simpy.build import policy as P
 from blis_simpy.cli.flags import BY_NAME, DIST_FLAGS, Flag, flags_for
 from blis_simpy.config.loader import mapping_at
 from blis_simpy.config.scenario import DistributionWorkload
+from blis_simpy.deploy import policy as P
 from blis_simpy.errors import ConfigError
 
 log = logging.getLogger("blis_simpy.cli")

@@ -135,7 +135,7 @@ def decider_text(value: str) -> str:
 
 
 def decider_rule(v) -> str | None:
-    from blis_simpy.build.pools import check_decider
+    from blis_simpy.deploy.pools import check_decider
     try:
         check_decider(v)
     except ConfigError as exc:

@@ -49,7 +49,7 @@ class ApiFormat(str, enum.Enum):
 
 
 @dataclass
-class ObservedWorkload:
+class MeasuredWorkload:
     """The requests to send (sorted by arrival) and where they came from."""
 
     requests: list
@@ -62,7 +62,7 @@ class ObservedWorkload:
 # ---------------------------------------------------------------------------- workload
 def observe_workload(given: dict[str, str], scenario_path: str | None = None,
                      input_trace: tuple[str, str] | None = None, *,
-                     before_build: Callable[[str], None] | None = None) -> ObservedWorkload:
+                     before_build: Callable[[str], None] | None = None) -> MeasuredWorkload:
     """Build the requests as ``run`` (or, for a trace, ``replay``) would.
 
     ``given`` maps the :data:`WORKLOAD_FLAGS` the user passed to their text. A trace (the
@@ -89,8 +89,8 @@ def observe_workload(given: dict[str, str], scenario_path: str | None = None,
     is_trace = isinstance(w, dict) and w.get("kind") == "trace" and not any(n in given for n in _SOURCE_FLAGS)
     trace_limit = flag_rules.parse_flag(F.BY_NAME["--num-requests"], given.pop("--num-requests")) \
         if is_trace and "--num-requests" in given else None
-    plan = runner.prepare_data(F.RUN, given, data, src, components=False)
-    s = plan.scenario
+    inv = runner.prepare_data(F.RUN, given, data, src, components=False)
+    s = inv.scenario
     w = s.workload
     expected = None
     if isinstance(w, DistributionWorkload):
@@ -98,12 +98,12 @@ def observe_workload(given: dict[str, str], scenario_path: str | None = None,
     elif isinstance(w, SpecWorkload):
         expected = w.num_requests
     if expected is not None and expected > MAX_REQUESTS:
-        raise plan.attribute(ConfigError(f"{expected:,.0f} requests is more than observe sends "
+        raise inv.attribute(ConfigError(f"{expected:,.0f} requests is more than observe sends "
                                          f"({MAX_REQUESTS:,})", field="workload.num_requests"))
     model = data.get("model") if isinstance(data.get("model"), str) else ""
     if before_build is not None:
         before_build(model)
-    requests, _, sessions, seed = runner.build_workload(plan)
+    requests, _, sessions, seed = runner.build_workload(inv)
     if isinstance(w, TraceWorkload):
         if s.horizon_us is not None:
             requests = [r for r in requests if r.arrival_us < s.horizon_us]
@@ -113,7 +113,7 @@ def observe_workload(given: dict[str, str], scenario_path: str | None = None,
         raise ConfigError(f"{len(requests):,} requests is more than observe sends ({MAX_REQUESTS:,})",
                           field="--num-requests")
     spec_path = w.path if isinstance(w, SpecWorkload) else ""
-    return ObservedWorkload(requests, sessions, seed, spec_path, model)
+    return MeasuredWorkload(requests, sessions, seed, spec_path, model)
 
 
 def session_followups(sessions):

@@ -9,7 +9,7 @@ rate a deployment sustains (docs/planning.md, "Plans").
 
 Points run on the sweep's executor (:class:`blis_simpy.planner.executor.Executor`, a Dask
 LocalCluster by default) through :func:`blis_simpy.run.point.run_point`; ``--serial`` runs
-them in this process. The search itself lives in :mod:`blis_simpy.planner.plan`; this module
+them in this process. The search itself lives in :mod:`blis_simpy.planner.search`; this module
 injects the point runner and prints the result: a rich table (winner, runner-ups, Pareto
 fronts, runs used vs the cross product) or ``--format json`` (the document ``--out`` writes).
 """
@@ -61,7 +61,7 @@ def precheck(plan) -> None:
     candidate, not a bad plan; but when none can be built the first reason is the error."""
     from blis_simpy.cli.runner import check_point
     from blis_simpy.errors import ConfigError
-    from blis_simpy.planner.plan_points import families, fixed_deployment, point
+    from blis_simpy.planner.candidates import families, fixed_deployment, point
     spec = plan.spec
     modules = plan.base.get("plugins")
     if modules and isinstance(modules, list) and not plugin_optin.allowed():
@@ -110,7 +110,7 @@ def execute(plan, *, scheduler: str | None, workers: int | None, serial: bool,
     """Run the plan on the executor (or serially); the plan output document."""
     from functools import partial
 
-    from blis_simpy.planner.plan_run import DEFAULT_PARALLEL, quiet_simulator_logs, run_plan
+    from blis_simpy.planner.plan_runner import DEFAULT_PARALLEL, quiet_simulator_logs, run_plan
     from blis_simpy.run.point import run_point
     run_point = partial(run_point, allow_plugins=plugin_optin.allowed())   # (to the workers too)
     status = _Status(progress)
@@ -241,7 +241,7 @@ def render(doc: dict, console) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    from blis_simpy.planner import plan_run  # its --parallel default
+    from blis_simpy.planner import plan_runner  # its --parallel default
     @app.command("plan")
     def plan_cmd(
         path: Path = typer.Argument(..., metavar="PLAN.yaml", help="plan file (docs/planning.md)"),
@@ -255,7 +255,7 @@ def register(app: typer.Typer) -> None:
                                                           "(default: the machine's cores)"),
         serial: bool = typer.Option(False, "--serial", help="run points in this process, no Dask"),
         parallel: int = typer.Option(None, "--parallel", min=1, max=256,
-                                     help=f"families bisected side by side (default {plan_run.DEFAULT_PARALLEL}, "
+                                     help=f"families bisected side by side (default {plan_runner.DEFAULT_PARALLEL}, "
                                           "whatever the executor: the points run depend on it)"),
         brute_force: bool = typer.Option(False, "--brute-force",
                                          help="run the whole cross product instead of the search"),
@@ -265,7 +265,7 @@ def register(app: typer.Typer) -> None:
         pruned), and the highest rate a deployment sustains (bisection)."""
         from blis_simpy.cli.logs import setup_logging
         from blis_simpy.errors import ConfigError
-        from blis_simpy.planner.plan_spec import load_plan
+        from blis_simpy.planner.plan_file import load_plan
         setup_logging(None)
         plugin_optin.set_given(allow_plugins)
         if serial and scheduler:

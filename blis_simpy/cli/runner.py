@@ -1,6 +1,6 @@
 """The glue between the command line and the run layer (:mod:`blis_simpy.run`).
 
-``prepare`` turns (command, given flags, optional scenario file) into a :class:`Plan`: the
+``prepare`` turns (command, given flags, optional scenario file) into an :class:`Invocation`: the
 flags become overrides keyed by scenario paths (:func:`flag_overrides`) and the run layer
 validates them into a :class:`~blis_simpy.run.describe.RunDescription`; ``execute`` runs it
 and returns the run layer's :class:`~blis_simpy.run.execute.Outcome`::
@@ -10,7 +10,7 @@ and returns the run layer's :class:`~blis_simpy.run.execute.Outcome`::
     given flags ───┘ (→ overrides)
 
 Errors keep pointing at what the user wrote: a scenario key (``FILE:LINE: dotted.key``) or
-a flag (``--flag-name``), see :meth:`Plan.attribute`.
+a flag (``--flag-name``), see :meth:`Invocation.attribute`.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from blis_simpy.atomic import Batch
-from blis_simpy.build.resolve import build_latency_model
 from blis_simpy.cli import plugin_optin, startup_gc
 from blis_simpy.cli.flag_rules import apply_flags
 from blis_simpy.cli.flags import REPLAY, flag_for_path
 from blis_simpy.config.loader import Source, load_raw, undotted
 from blis_simpy.config.scenario import Scenario, TraceWorkload
+from blis_simpy.deploy.resolve import build_latency_model
 from blis_simpy.errors import ConfigError
 from blis_simpy.metrics.report import Report, planning_part, write_results
 from blis_simpy.metrics.summary import metrics_output, replay_results
@@ -47,7 +47,7 @@ from blis_simpy.run.execute import execute as run_execute
 from blis_simpy.run.outputs import ROWS_FIELD, TIMELINE_FIELD
 from blis_simpy.units import MAX_INT64
 
-__all__ = ["BLIS_DEFAULT_LATENCY_MODEL", "Outcome", "Plan", "execute", "flag_overrides", "prepare"]
+__all__ = ["BLIS_DEFAULT_LATENCY_MODEL", "Outcome", "Invocation", "execute", "flag_overrides", "prepare"]
 
 log = logging.getLogger("blis_simpy.cli")
 
@@ -71,7 +71,7 @@ def preset(name: str) -> dict | None:
 
 
 @dataclass
-class Plan:
+class Invocation:
     """A command's run description plus where each of its values came from."""
 
     command: str
@@ -169,15 +169,15 @@ def flag_outputs(command: str, ov) -> Outputs:
 
 def prepare(command: str, given: dict[str, str], scenario_path: str | None = None, *,
             data: dict | None = None, need_trace: bool = True, plugin_dirs: tuple[str, ...] = (),
-            allow_plugins: bool | None = None) -> Plan:
-    """Scenario file (optional) + given flags → a :class:`Plan`. ``data``: scenario keys to
+            allow_plugins: bool | None = None) -> Invocation:
+    """Scenario file (optional) + given flags → an :class:`Invocation`. ``data``: scenario keys to
     start from instead of a file, its plugin modules looked up in ``plugin_dirs`` first;
     ``need_trace=False``: a replay whose workload comes from elsewhere (calibrate/fit replay
     a measured run).
 
     A scenario's ``plugins:`` are imported only with ``allow_plugins`` (None: the command's
     opt-in, :mod:`blis_simpy.cli.plugin_optin`); without it the command ``validate`` imports
-    nothing and records them in :attr:`Plan.pending_plugins`, any other refuses them."""
+    nothing and records them in :attr:`Invocation.pending_plugins`, any other refuses them."""
     if data is not None:
         src = Source()
     elif scenario_path is not None:
@@ -191,14 +191,14 @@ def prepare(command: str, given: dict[str, str], scenario_path: str | None = Non
     try:
         pending = scenario_plugins(data, src, folders, allow=allow, defer=command == "validate")
     except PluginsRefused as exc:
-        raise Plan(command, src).attribute(exc) from None
-    plan = prepare_data(command, given, data, src, plugin_dirs=folders, pending_plugins=pending)
-    plan.unchecked = list(plan.description.unchecked)
-    if command == REPLAY and need_trace and not isinstance(plan.scenario.workload, TraceWorkload):
+        raise Invocation(command, src).attribute(exc) from None
+    inv = prepare_data(command, given, data, src, plugin_dirs=folders, pending_plugins=pending)
+    inv.unchecked = list(inv.description.unchecked)
+    if command == REPLAY and need_trace and not isinstance(inv.scenario.workload, TraceWorkload):
         raise ConfigError("replay needs a trace: pass --trace-header and --trace-data, or a "
                           "scenario whose workload has kind: trace", field="--trace-header")
     startup_gc.resume()     # start-up ends here (main() paused the collector)
-    return plan
+    return inv
 
 
 def _mode(command: str) -> str:
@@ -207,21 +207,21 @@ def _mode(command: str) -> str:
 
 def prepare_data(command: str, given: dict, data: dict, src: Source, *,
                  components: bool = True, unchecked: list[str] | None = None,
-                 plugin_dirs: tuple[str, ...] = (), pending_plugins: list[str] = ()) -> Plan:
-    """A :class:`Plan` of an already-loaded scenario dict (edited in place), its plugins
+                 plugin_dirs: tuple[str, ...] = (), pending_plugins: list[str] = ()) -> Invocation:
+    """A :class:`Invocation` of an already-loaded scenario dict (edited in place), its plugins
     already handled (:func:`prepare`: ``plugin_dirs``, ``pending_plugins``) or none: a
     variant of a prepared scenario, ``observe``'s workload (``components`` False: no backend
     or policy check; ``unchecked``: names the plugins may register)."""
     overrides, ov = flag_overrides(data, given, command)
-    plan = Plan(command, src, ov.origin, ov.values)
+    inv = Invocation(command, src, ov.origin, ov.values)
     try:
-        plan.description = describe(data, overrides, src=src, mode=_mode(command),
+        inv.description = describe(data, overrides, src=src, mode=_mode(command),
                                     outputs=flag_outputs(command, ov), components=components,
                                     unchecked=unchecked, plugin_dirs=plugin_dirs,
                                     pending_plugins=pending_plugins)
     except ConfigError as exc:
-        raise plan.attribute(exc) from None
-    return plan
+        raise inv.attribute(exc) from None
+    return inv
 
 
 def check_point(point: dict) -> None:
@@ -236,48 +236,48 @@ def check_point(point: dict) -> None:
 
 
 # ---------------------------------------------------------------------------- running
-def _located(plan: Plan, fn, *args, **kw):
+def _located(inv: Invocation, fn, *args, **kw):
     try:
-        return fn(plan.description, *args, **kw)
+        return fn(inv.description, *args, **kw)
     except ConfigError as exc:
-        raise plan.attribute(exc) from None
+        raise inv.attribute(exc) from None
 
 
-def load_trace(plan: Plan):
-    """Read the plan's trace (a :class:`~blis_simpy.workload.TraceV2`)."""
-    return _located(plan, W.load_trace)
+def load_trace(inv: Invocation):
+    """Read the invocation's trace (a :class:`~blis_simpy.workload.TraceV2`)."""
+    return _located(inv, W.load_trace)
 
 
-def build_workload(plan: Plan) -> tuple[list, int, object | None, int]:
-    """The requests, horizon (µs), session manager and workload seed of the plan's workload."""
-    return _located(plan, W.build_workload)
+def build_workload(inv: Invocation) -> tuple[list, int, object | None, int]:
+    """The requests, horizon (µs), session manager and workload seed of the invocation's workload."""
+    return _located(inv, W.build_workload)
 
 
-def build_requests(plan: Plan) -> tuple[list, int]:
-    """The requests of the plan's workload and the simulation horizon (µs)."""
-    return build_workload(plan)[:2]
+def build_requests(inv: Invocation) -> tuple[list, int]:
+    """The requests of the invocation's workload and the simulation horizon (µs)."""
+    return build_workload(inv)[:2]
 
 
-def spec_workload(plan: Plan, *, check_only: bool = False):
+def spec_workload(inv: Invocation, *, check_only: bool = False):
     """:func:`blis_simpy.run.workload.spec_workload` with the errors on the flags given."""
-    return _located(plan, W.spec_workload, check_only=check_only)
+    return _located(inv, W.spec_workload, check_only=check_only)
 
 
-def execute(plan: Plan, progress: Callable[[int, int], None] | None = None, *,
+def execute(inv: Invocation, progress: Callable[[int, int], None] | None = None, *,
             outputs: Batch | None = None, interruptible: bool = False) -> Outcome:
-    """Run the plan (:func:`blis_simpy.run.execute.execute`): the flags that cannot go
+    """Run the invocation (:func:`blis_simpy.run.execute.execute`): the flags that cannot go
     together are refused first, errors name the flag that set a key, and a replay stopped
     by its default horizon says so on stderr."""
-    s = plan.scenario
+    s = inv.scenario
     if s.metrics.streaming:
         for flag, why in _NEEDS_REQUESTS.items():
-            if plan.given.get(flag):
+            if inv.given.get(flag):
                 raise ConfigError(f"cannot be combined with --streaming-metrics: it {why}",
                                   field=flag)
-    if s.fitness_weights and not plan.description.outputs.fitness:
+    if s.fitness_weights and not inv.description.outputs.fitness:
         log.warning("--fitness-weights is ignored by replay")
-    out = _located(plan, run_execute, progress, outputs=outputs, interruptible=interruptible)
-    if plan.command == REPLAY and s.horizon_us is None and not out.interrupted:
+    out = _located(inv, run_execute, progress, outputs=outputs, interruptible=interruptible)
+    if inv.command == REPLAY and s.horizon_us is None and not out.interrupted:
         warn_unfinished(len(out.requests), out.report, out.horizon_us, W.last_arrival_us(out.requests))
     return out
 

@@ -58,14 +58,14 @@ def run_sweep(path: str, out: str, *, scheduler: str | None = None, workers: int
     an open :class:`~blis_simpy.planner.executor.Executor` to use (left open) instead of a new
     one; ``flush_s``: seconds between part files (default :data:`~blis_simpy.planner.dataset.FLUSH_S`)."""
     from blis_simpy.cli.runner import check_point
-    from blis_simpy.planner import dataset, points
+    from blis_simpy.planner import dataset, sweep_points
     from blis_simpy.planner.executor import Executor, check_options
-    from blis_simpy.planner.spec import axis_values
+    from blis_simpy.planner.sweep_file import axis_values
     from blis_simpy.run.point import run_point
     if executor is None:    # a bad option is the only line: before the sweep file is expanded
         check_options(scheduler, workers)
-    sweep = points.load(path)
-    pts = points.expand(sweep, check_point)
+    sweep = sweep_points.load(path)
+    pts = sweep_points.expand(sweep, check_point)
     kinds = dataset.axis_columns({k: axis_values(a) for k, a in sweep.spec.axes.items()})
     done = dataset.done_hashes(out)   # the directory is created once the cluster is up
     seen: set[str] = set()

@@ -44,12 +44,12 @@ FIXED_KEYS = ("seed", "workload", "horizon_us", "plugins", "variants")
 
 
 @dataclass
-class VariantPlan:
+class VariantInvocation:
     index: int
     name: str
     description: str
     overrides: dict
-    plan: runner.Plan
+    invocation: runner.Invocation
     file_src: Source      # the scenario file's own lines (the variant's keys included)
 
 
@@ -94,12 +94,12 @@ def _relocate(exc: BlisError, vp_index: int, name: str, src: Source) -> BlisErro
     return exc
 
 
-def plan_variants(base: runner.Plan, given: dict[str, str]) -> list[VariantPlan]:
-    """Validate every variant of ``base`` (the prepared plan of a scenario file); ``given``
+def variant_invocations(base: runner.Invocation, given: dict[str, str]) -> list[VariantInvocation]:
+    """Validate every variant of ``base`` (the prepared invocation of a scenario file); ``given``
     are the flags as typed (what :func:`runner.prepare` took), applied to every variant."""
     data, src = load_raw(base.src.path)
     data.pop("variants", None)
-    out: list[VariantPlan] = []
+    out: list[VariantInvocation] = []
     seen: dict[str, int] = {}
     for i, v in enumerate(base.scenario.variants):
         if v.name in seen:
@@ -114,16 +114,16 @@ def plan_variants(base: runner.Plan, given: dict[str, str]) -> list[VariantPlan]
         vsrc = _source(src, i)
         with _named(v.name):
             try:
-                plan = _prepare(base.command, given, merge_patch(data, v.overrides), vsrc,
+                inv = _prepare(base.command, given, merge_patch(data, v.overrides), vsrc,
                                 base.unchecked if base.pending_plugins else None)
             except BlisError as exc:
                 raise _relocate(exc, i, v.name, src) from None
-        out.append(VariantPlan(i, v.name, v.description, v.overrides, plan, src))
+        out.append(VariantInvocation(i, v.name, v.description, v.overrides, inv, src))
     return out
 
 
 def _prepare(command: str, given: dict, data: dict, src: Source,
-             unchecked: list[str] | None = None) -> runner.Plan:
+             unchecked: list[str] | None = None) -> runner.Invocation:
     """:func:`runner.prepare` for an already-loaded (merged) scenario dict (``unchecked``:
     as :func:`blis_simpy.run.describe.check_components`', while the plugins are not imported)."""
     return runner.prepare_data(command, dict(given), data, src, unchecked=unchecked)
@@ -148,13 +148,13 @@ def _named(name: str):
             h.removeFilter(tag)
 
 
-def execute(vps: list[VariantPlan], run: Callable = runner.execute) -> list[runner.Outcome]:
+def execute(vps: list[VariantInvocation], run: Callable = runner.execute) -> list[runner.Outcome]:
     """Run every variant; check they served the same requests."""
     outs = []
     for vp in vps:
         with _named(vp.name):
             try:
-                outs.append(run(vp.plan))
+                outs.append(run(vp.invocation))
             except BlisError as exc:
                 raise _relocate(exc, vp.index, vp.name, vp.file_src) from None
     sig = [_signature(o.requests) for o in outs]
@@ -185,14 +185,14 @@ def deployment(s: Scenario) -> str:
     return text
 
 
-def comparison_row(vp: VariantPlan, out: runner.Outcome) -> dict:
+def comparison_row(vp: VariantInvocation, out: runner.Outcome) -> dict:
     """The comparison-table values of one variant (times in ms; ``None`` where no request has
     the latency, as in the JSON document's scope objects)."""
     r = out.report
     c = scope_output(r.cluster)
     xfer = r.pd.transfer_duration.mean / 1000 if r.pd is not None and r.pd.transfer_duration.count else None
-    return {"variant": vp.name, "deployment": deployment(vp.plan.scenario),
-            "instances": vp.plan.scenario.cluster.num_instances, "gpus": out.result.gpus,
+    return {"variant": vp.name, "deployment": deployment(vp.invocation.scenario),
+            "instances": vp.invocation.scenario.cluster.num_instances, "gpus": out.result.gpus,
             "completed": c["completed_requests"], "injected": c["injected_requests"],
             "throughput_rps": c["responses_per_sec"], "tokens_per_sec": c["tokens_per_sec"],
             "ttft_mean_ms": c["ttft_mean_ms"], "ttft_p50_ms": c["ttft_p50_ms"], "ttft_p99_ms": c["ttft_p99_ms"],
@@ -201,7 +201,7 @@ def comparison_row(vp: VariantPlan, out: runner.Outcome) -> dict:
             "transfer_mean_ms": xfer, "cache_hit_rate": r.kv_rates[1]}
 
 
-def render(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome], fmt: str) -> str:
+def render(base: runner.Invocation, vps: list[VariantInvocation], outs: list[runner.Outcome], fmt: str) -> str:
     """The summary text of ``fmt`` (``table``: rich tables captured with stdout's console)."""
     if fmt == "blis":
         from blis_simpy.metrics.blis_text import render_blis
@@ -242,7 +242,7 @@ def cost_text(usd_per_hour: float | None, gpus: int) -> str:
     return f"${usd_per_hour:,.2f}/h" if usd_per_hour is not None else runner.count_text(gpus, "GPU")
 
 
-def verdict(vps: list[VariantPlan], outs: list[runner.Outcome]) -> str:
+def verdict(vps: list[VariantInvocation], outs: list[runner.Outcome]) -> str:
     """One line: the variant meeting the SLOs (every offered request met every target) at the
     lowest cost — USD/h when every variant is priced, else GPUs; ties: higher goodput, then
     the first listed — or, when none meets them, the one with the highest attainment."""
@@ -267,7 +267,7 @@ def verdict(vps: list[VariantPlan], outs: list[runner.Outcome]) -> str:
             f"{best[2]:,.2f} req/s, {cost(best)}{basis}")
 
 
-def _tables(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome]) -> str:
+def _tables(base: runner.Invocation, vps: list[VariantInvocation], outs: list[runner.Outcome]) -> str:
     from rich import box
     from rich.table import Table
 
@@ -334,9 +334,9 @@ def _tables(base: runner.Plan, vps: list[VariantPlan], outs: list[runner.Outcome
     return console.end_capture()
 
 
-def write_results_file(vps: list[VariantPlan], outs: list[runner.Outcome], path: str) -> None:
+def write_results_file(vps: list[VariantInvocation], outs: list[runner.Outcome], path: str) -> None:
     """``--results-path``: ``{variant name: the results of a plain run or replay}``."""
-    obj = {vp.name: (replay_results(o.report.cluster) if vp.plan.command == REPLAY
+    obj = {vp.name: (replay_results(o.report.cluster) if vp.invocation.command == REPLAY
                      else metrics_output(o.report.cluster, include_requests=True))
            for vp, o in zip(vps, outs, strict=True)}
     try:
@@ -346,7 +346,7 @@ def write_results_file(vps: list[VariantPlan], outs: list[runner.Outcome], path:
                           field="--results-path") from None
 
 
-def simulate(base: runner.Plan, given: dict[str, str], fmt: str,
+def simulate(base: runner.Invocation, given: dict[str, str], fmt: str,
              run: Callable = runner.execute) -> None:
     """``run``/``replay`` of a scenario with variants: validate all, run all, print."""
     if base.given.get("--trace-output"):
@@ -360,7 +360,7 @@ def simulate(base: runner.Plan, given: dict[str, str], fmt: str,
         raise base.attribute(ConfigError("not supported with scenario variants (each variant "
                                          "has its own timeline); drop the variants or the flag",
                                          field="output.timeline"))
-    vps = plan_variants(base, given)
+    vps = variant_invocations(base, given)
     outs = execute(vps, run)
     text = render(base, vps, outs, fmt)     # a summary that cannot be rendered: no file
     results_path = base.given.get("--results-path")
@@ -370,11 +370,11 @@ def simulate(base: runner.Plan, given: dict[str, str], fmt: str,
     sys.stdout.flush()
 
 
-def validate_lines(base: runner.Plan) -> list[str]:
+def validate_lines(base: runner.Invocation) -> list[str]:
     """``validate``: one line per variant (raises on the first invalid one)."""
     out = []
-    for vp in plan_variants(base, {}):
-        s = vp.plan.scenario
+    for vp in variant_invocations(base, {}):
+        s = vp.invocation.scenario
         out.append(f"  variant {vp.name}: {deployment(s)}, {s.latency.model} latency, "
                    f"{s.cluster.routing.policy} routing")
     return out

@@ -83,7 +83,7 @@ class Timeline:
 class Monitor:
     """Sample ``sim``'s instances every ``interval_us`` (see the module docstring).
 
-    ``sim``: a :class:`~blis_simpy.cluster.simulation.Simulation` not yet run; the monitor
+    ``sim``: a :class:`~blis_simpy.run.simulation.Simulation` not yet run; the monitor
     starts at once (first sample at the current time, 0 for a new simulation). ``max_samples``
     lowers the sample cap. Raises ValueError for an interval outside
     [:data:`MIN_INTERVAL_US`, :data:`MAX_INTERVAL_US`]."""
@@ -97,7 +97,7 @@ class Monitor:
         self.limit_us = sim.horizon_us
         self.insts = list(sim.instances)
         cluster = sim.cluster
-        self.fabric = getattr(cluster, "fabric", None) if sim.plan.enabled else None
+        self.fabric = getattr(cluster, "fabric", None) if sim.pools.enabled else None
         roles = list(getattr(cluster, "roles", [])) if self.fabric is not None else []
         roles += [""] * (len(self.insts) - len(roles))
         self.timeline = Timeline(interval_us, [i.id for i in self.insts], roles,

@@ -292,7 +292,7 @@ def _drop_hashes(req) -> None:
 def build_pd_cluster(env, instances, admission, router, plan, scenario, rng, block_size: int,
                      *, cluster_class: type[PDCluster] | None = None, fabric_class=None,
                      **kw) -> PDCluster:
-    """A :class:`PDCluster` for a resolved :class:`~blis_simpy.build.pools.PoolPlan`.
+    """A :class:`PDCluster` for a resolved :class:`~blis_simpy.deploy.pools.PoolLayout`.
 
     ``cluster_class`` (a :class:`PDCluster` subclass) and ``fabric_class`` (a
     :class:`~blis_simpy.disagg.fabric.KVTransferFabric` subclass) replace the built-in ones.

@@ -7,7 +7,7 @@ Built-in classes are never wrapped, so the simulation's hot paths cost what they
 
 from __future__ import annotations
 
-from blis_simpy.build.backends import whole_us
+from blis_simpy.deploy.backends import whole_us
 from blis_simpy.engine.instance import Instance
 from blis_simpy.errors import ConfigError, SimulationError
 from blis_simpy.metrics.records import InstanceMetrics

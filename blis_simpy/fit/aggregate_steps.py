@@ -30,9 +30,9 @@ Units: ``*_us`` µs, ``*_ms`` ms, token counts in tokens, rates in requests/s.
 
 from __future__ import annotations
 
-from blis_simpy.build.resolve import resolve
+from blis_simpy.deploy.resolve import resolve
 from blis_simpy.fit.prefit import StepObs, decode_steps
-from blis_simpy.observed.run import AggregateRun
+from blis_simpy.measured.run import AggregateRun
 
 #: a stage whose failures (client timeouts) exceed this share of its requests gives no
 #: observation: the requests that timed out decoded too, so the successes alone neither give

@@ -10,7 +10,7 @@ requests that met a long prefill or a burst (on the Mixtral-8x7B H100 run the me
 15.6 ms, the median 5.5 ms).
 
 :func:`fit_frontend` simulates, for every run measured at the client
-(:attr:`~blis_simpy.observed.run.AggregateRun.measured_at`), its lightest stage that lost no
+(:attr:`~blis_simpy.measured.run.AggregateRun.measured_at`), its lightest stage that lost no
 request (lowest rate; with the stages before it, as the run went) with the coefficient set's
 front end switched off, and takes the median of the runs' gaps. The set's front end then
 carries half of it as ``network_us`` (one way: it is paid on the way in and again on the
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from blis_simpy.calibrate.aggregate import calibrate_aggregate
 from blis_simpy.latency.coefficient_sets import PhysicsCoefficients
 from blis_simpy.latency.frontend import FrontendParams
-from blis_simpy.observed.run import AggregateRun
+from blis_simpy.measured.run import AggregateRun
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from blis_simpy.calibrate.compare import Comparison, compare, real_values, sim_v
 from blis_simpy.calibrate.twin import simulate
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.fit.space import Space
-from blis_simpy.observed.run import AggregateRun, ObservedRun
+from blis_simpy.measured.run import AggregateRun, MeasuredRun
 
 FIT_METRICS = ("ttft", "tpot", "e2e")
 MEAN_WEIGHT = 10.0
@@ -50,7 +50,7 @@ class EvaluationsExhausted(Exception):
 
 @dataclass
 class Case:
-    run: ObservedRun
+    run: MeasuredRun
     scenario: Scenario
 
     def __post_init__(self):
@@ -149,6 +149,6 @@ class Objective:
         return got if isinstance(case, AggregateCase) else compare(case.run, got)
 
 
-def case_for(run: ObservedRun | AggregateRun, scenario: Scenario) -> Case | AggregateCase:
+def case_for(run: MeasuredRun | AggregateRun, scenario: Scenario) -> Case | AggregateCase:
     """The fit case of a measured run of either kind."""
     return AggregateCase(run, scenario) if isinstance(run, AggregateRun) else Case(run, scenario)

@@ -28,7 +28,7 @@ from scipy.optimize import least_squares
 
 from blis_simpy.latency.base import BatchView
 from blis_simpy.latency.physics import PhysicsModel
-from blis_simpy.observed.run import ObservedRun
+from blis_simpy.measured.run import MeasuredRun
 
 MIN_TICKS = 5
 #: weight of the pull towards the start values: one parameter ``scale`` away from its start
@@ -59,7 +59,7 @@ class StepObs:
     max_batch: float = 0.0
 
 
-def decode_steps(run: ObservedRun) -> list[StepObs]:
+def decode_steps(run: MeasuredRun) -> list[StepObs]:
     """The pure-decode step observations of a run (empty without a timeseries)."""
     out = []
     ticks = run.ticks
@@ -177,7 +177,7 @@ def step_mape_pct(space, obs: list[StepObs], x) -> float | None:
     return float(np.mean(np.abs(model_steps(space, obs, x) / real - 1.0))) * 100
 
 
-def prefit_physics(space, runs: list[ObservedRun]) -> PrefitResult | None:
+def prefit_physics(space, runs: list[MeasuredRun]) -> PrefitResult | None:
     """Pre-fit ``space`` (a PhysicsSpace) to the runs' decode ticks; None if fewer than
     :data:`MIN_TICKS` usable ticks."""
     return prefit_steps(space, [o for run in runs for o in decode_steps(run)])

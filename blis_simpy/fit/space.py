@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import partial
 
-from blis_simpy.build.backends import backend_options, build_backend
-from blis_simpy.build.resolve import Deployment, resolve
 from blis_simpy.config.scenario import Scenario
+from blis_simpy.deploy.backends import backend_options, build_backend
+from blis_simpy.deploy.resolve import Deployment, resolve
 from blis_simpy.errors import ConfigError
 from blis_simpy.latency import physics_terms as P
 from blis_simpy.latency.coefficient_sets import AlphaBetaSet, CoefficientSet, PhysicsCoefficients

@@ -97,7 +97,7 @@ class LatencyModel(Pluggable, family="latency model"):
     a pydantic ``Params`` (its own keys, from the scenario's ``latency.params``) and is built
     by :meth:`build` — by default ``cls(params, model_config=..., gpu=..., tp=...)``; this
     base constructor keeps them as ``self.params``, ``self.model_config``, ``self.gpu`` and
-    ``self.tp``. The built-in backends have constructors of their own (build/backends.py).
+    ``self.tp``. The built-in backends have constructors of their own (deploy/backends.py).
     """
 
     #: True when the model needs the HF model architecture (analytical backends); a plugin

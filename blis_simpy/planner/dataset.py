@@ -36,7 +36,7 @@ from collections.abc import Iterable
 
 from blis_simpy.atomic import atomic_write
 from blis_simpy.errors import ConfigError
-from blis_simpy.planner.points import Point, canonical_json
+from blis_simpy.planner.sweep_points import Point, canonical_json
 
 __all__ = ["FLUSH_S", "DatasetWriter", "axis_columns", "dataset_row", "done_hashes",
            "promote_axis_columns", "read", "summarize"]

@@ -18,15 +18,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from blis_simpy.build.policy import policy_families
-from blis_simpy.build.pools import resolve_pools
-from blis_simpy.build.resolve import build_latency_model
-from blis_simpy.cluster.simulation import component_classes
 from blis_simpy.config.loader import Source, check_scenario, load_raw, set_dotted, undotted, validate
 from blis_simpy.config.scenario import Scenario, TraceWorkload
+from blis_simpy.deploy.policy import policy_families
+from blis_simpy.deploy.pools import resolve_pools
+from blis_simpy.deploy.resolve import build_latency_model
 from blis_simpy.engine.batching import BatchingPolicy
 from blis_simpy.errors import ConfigError, UnknownName
 from blis_simpy.plugins import load_plugins
+from blis_simpy.run.simulation import component_classes
 
 __all__ = ["DEFAULT_LATENCY_MODEL", "MODES", "Outputs", "PluginsRefused", "RunDescription",
            "apply_overrides", "check_components", "describe", "prepare",

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from blis_simpy.atomic import Batch
-from blis_simpy.cluster.simulation import Simulation, SimulationResult
 from blis_simpy.errors import ConfigError
 from blis_simpy.metrics.fitness import compute_fitness
 from blis_simpy.metrics.report import Report
@@ -25,6 +24,7 @@ from blis_simpy.plugins import load_plugins, running_plugin
 from blis_simpy.run import outputs as O
 from blis_simpy.run import slo_cost
 from blis_simpy.run.describe import PluginsRefused, RunDescription
+from blis_simpy.run.simulation import Simulation, SimulationResult
 from blis_simpy.run.workload import build_workload
 
 __all__ = ["Outcome", "execute", "simulate"]
@@ -35,7 +35,7 @@ log = logging.getLogger("blis_simpy.run")
 @dataclass
 class Outcome:
     """A finished run: its description, the simulation's result, the report and the
-    requests it offered. ``pools``: the run's :class:`~blis_simpy.build.pools.PoolPlan`
+    requests it offered. ``pools``: the run's :class:`~blis_simpy.deploy.pools.PoolLayout`
     (its deployments: KV capacity, GPUs)."""
 
     description: RunDescription
@@ -45,7 +45,7 @@ class Outcome:
     horizon_us: int
     sessions: object | None = None        # SessionManager of closed-loop sessions (docs/workloads.md)
     workload_seed: int | None = None      # seed the workload was generated with (None: scenario seed)
-    pools: object | None = None           # the PoolPlan the run was built from
+    pools: object | None = None           # the PoolLayout the run was built from
     interrupted: bool = False             # Ctrl-C ended the run: the report covers it so far
 
 
@@ -53,7 +53,7 @@ def simulate(scenario, requests, *, horizon_us: int | None = None, deployment=No
              attach: Callable[[Simulation], object] | None = None,
              progress: Callable[[int, int], None] | None = None):
     """Run ``requests`` through ``scenario`` (``deployment``: a resolved
-    :class:`~blis_simpy.build.resolve.Deployment` to use instead of resolving the scenario)
+    :class:`~blis_simpy.deploy.resolve.Deployment` to use instead of resolving the scenario)
     to ``horizon_us`` (None: the scenario's); ``attach(sim)`` is called before the run (a monitor). Returns
     ``(sim, result)``: the finished :class:`Simulation` and its :class:`SimulationResult`."""
     sim = Simulation(scenario, requests, horizon_us=horizon_us, sessions=sessions,
@@ -146,8 +146,8 @@ def _partial_result(sim: Simulation) -> SimulationResult:
     sessions = (sim.sessions.finalize(stopped_at_horizon=True, end_us=now)
                 if sim.sessions is not None else None)
     cluster = pd = None
-    if sim.plan.enabled:
-        cluster, pd = finish_pd(sim.cluster, metrics, sim.plan)
+    if sim.pools.enabled:
+        cluster, pd = finish_pd(sim.cluster, metrics, sim.pools)
     return SimulationResult(sim.scenario, metrics, sim.cluster.counters, now, 0, 0.0, sim.trace,
                             sessions, cluster=cluster, pd=pd, gpus=sim.gpus, tp=sim.tp,
                             end_states=sim.end_states(metrics, cluster))
@@ -180,13 +180,13 @@ def _run(d, sim, tap, requests, horizon, sessions, workload_seed, progress, batc
     offload = [kv.offload_stats() for kv in (inst.kv for inst in sim.instances)
                if hasattr(kv, "offload_stats")]
     report.kv_offload = offload or None
-    cap = sim.plan.global_deployment.kv_capacity
+    cap = sim.pools.global_deployment.kv_capacity
     report.kv_capacity = cap.to_dict() if cap is not None else None
     report.sessions = result.sessions    # how the closed-loop sessions ended (tables, JSON)
     if not interrupted:
         tap.commit(report, batch)
     return Outcome(d, result, report, requests, horizon, sessions, workload_seed,
-                   pools=sim.plan, interrupted=interrupted)
+                   pools=sim.pools, interrupted=interrupted)
 
 
 def add_optional_sections(d: RunDescription, result: SimulationResult, report: Report) -> None:

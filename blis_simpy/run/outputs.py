@@ -67,10 +67,10 @@ class RunTap:
 def start_rows(d, sim) -> RunTap:
     """Open the rows file (``d.outputs.requests_out``) and tap ``sim``'s instances (``d``: a
     :class:`~blis_simpy.run.describe.RunDescription`; ``sim``: its
-    :class:`~blis_simpy.cluster.simulation.Simulation`, not yet run)."""
+    :class:`~blis_simpy.run.simulation.Simulation`, not yet run)."""
     s = d.scenario
     streaming = s.metrics.streaming
-    pd = sim.plan.enabled
+    pd = sim.pools.enabled
     if streaming and pd:
         raise d.attribute(ConfigError(
             "is not supported with prefill/decode pools (parents are projected from their "

@@ -3,7 +3,7 @@
 :func:`run_point` lives at module level so Dask pickles it by reference: a worker imports
 this module and runs it. A point is ``{"command": "run" | "replay", "scenario": <scenario
 dict>}`` (paths in it absolute, or relative to the worker's directory), optionally with its
-``config_hash`` (computed here otherwise, :func:`blis_simpy.planner.points.config_hash`)
+``config_hash`` (computed here otherwise, :func:`blis_simpy.planner.sweep_points.config_hash`)
 and ``plugin_dirs`` (folders searched first for its plugin modules).
 
 The row it returns is flat (one value per key, ready for a Parquet column)::
@@ -80,7 +80,7 @@ def run_point(point: dict, allow_plugins: bool = False) -> dict:
     ``allow_plugins``: the caller's opt-in to the point's plugin modules, passed with the
     job to a Dask worker."""
     from blis_simpy.metrics.report import report_dict
-    from blis_simpy.planner.points import config_hash, resolved
+    from blis_simpy.planner.sweep_points import config_hash, resolved
     t0 = time.perf_counter()
     row: dict = {"status": "ok", "error": "", "config_hash": point.get("config_hash"), "wall_s": None}
     try:

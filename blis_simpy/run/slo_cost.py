@@ -17,11 +17,11 @@ __all__ = ["attach", "instance_gpus"]
 
 def instance_gpus(sim) -> list[tuple[int, float | None]]:
     """``(GPUs, catalog USD per GPU-hour or None)`` of every configured instance of ``sim``
-    (a :class:`~blis_simpy.cluster.simulation.Simulation`): TP (its pool's, if any) × DP."""
+    (a :class:`~blis_simpy.run.simulation.Simulation`): TP (its pool's, if any) × DP."""
     dp = sim.scenario.dp
     out = []
     for e in range(sim.scenario.cluster.num_instances):
-        d = sim.plan.deployment_for(e)
+        d = sim.pools.deployment_for(e)
         price = d.gpu.price_per_hour_usd if d.gpu is not None else None
         out.append((max(d.tp, 1) * dp, price))
     return out

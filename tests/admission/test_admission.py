@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from blis_simpy.admission import AdmissionPolicy, AlwaysAdmit, RejectAll, TierShed, TokenBucket
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.errors import ConfigError
+from blis_simpy.run.simulation import Simulation
 from tests.cluster.helpers import request, scenario, snap, state
 
 

@@ -263,8 +263,8 @@ def test_replay_of_a_distribution_scenario_is_refused(cli, small_scenario):
     ("bug", 1, "error: internal error: ZeroDivisionError: boom"),
 ])
 def test_simulation_failures_exit_1_without_results(cli, small_scenario, tmp_path, monkeypatch, exc, code, text):
-    from blis_simpy.cluster.simulation import Simulation
     from blis_simpy.errors import InvariantError
+    from blis_simpy.run.simulation import Simulation
 
     def broken_run(self, progress=None):
         if exc == "invariant":

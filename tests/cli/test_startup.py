@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 #: what `import blis_simpy.cli.app`, `--help` and `--version` must not load
 HEAVY = ("numpy", "scipy", "httpx", "matplotlib", "simpy", "pydantic", "pydantic_core", "yaml",
-         "blis_simpy.cli.runner", "blis_simpy.build", "blis_simpy.engine", "blis_simpy.cluster",
+         "blis_simpy.cli.runner", "blis_simpy.deploy", "blis_simpy.engine", "blis_simpy.cluster",
          "blis_simpy.kv", "blis_simpy.workload", "blis_simpy.config")
 
 _PROBE = """

@@ -20,7 +20,7 @@ from blis_simpy.cli.sweep_cmd import run_sweep
 from blis_simpy.metrics.report import report_dict
 from blis_simpy.planner import dataset
 from blis_simpy.planner.executor import Executor
-from blis_simpy.planner.points import config_hash, resolved
+from blis_simpy.planner.sweep_points import config_hash, resolved
 from blis_simpy.run.point import run_point
 
 from .support import LOCATED, SMALL_SCENARIO, trace_row, write_trace_files

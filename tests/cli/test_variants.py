@@ -83,9 +83,9 @@ def test_null_override_restores_the_default(tmp_path):
     p.write_text(BASE.replace("cluster: {num_instances: 4}",
                               "cluster: {num_instances: 4, routing: {policy: least-loaded}}")
                  + "variants:\n  - name: rr\n    overrides: {cluster: {routing: null}}\n")
-    (vp,) = V.plan_variants(prepare("run", {}, str(p)), {})
-    assert vp.plan.scenario.cluster.routing.policy == "round-robin"
-    assert vp.plan.scenario.cluster.num_instances == 4
+    (vp,) = V.variant_invocations(prepare("run", {}, str(p)), {})
+    assert vp.invocation.scenario.cluster.routing.policy == "round-robin"
+    assert vp.invocation.scenario.cluster.num_instances == 4
 
 
 # ---------------------------------------------------------------------------- runs
@@ -102,10 +102,10 @@ def test_every_variant_serves_the_identical_workload(cli, scenario, tmp_path):
 
 
 def test_workload_mismatch_is_an_error():
-    def fake(plan):
-        return SimpleNamespace(requests=[SimpleNamespace(id="r", arrival_us=plan, input_len=1,
+    def fake(inv):
+        return SimpleNamespace(requests=[SimpleNamespace(id="r", arrival_us=inv, input_len=1,
                                                          output_len=1, prefix_group="", prefix_length=0)])
-    vps = [SimpleNamespace(name=n, index=i, plan=i, file_src=None) for i, n in enumerate("ab")]
+    vps = [SimpleNamespace(name=n, index=i, invocation=i, file_src=None) for i, n in enumerate("ab")]
     with pytest.raises(SimulationError, match="variant 'b' served other requests than 'a'"):
         V.execute(vps, fake)
 
@@ -170,14 +170,14 @@ def test_output_is_deterministic(cli, scenario, fmt):
 # ---------------------------------------------------------------------------- flags
 def test_flags_override_every_variant(scenario):
     given = {"--num-instances": "5", "--max-num-running-reqs": "6"}
-    vps = V.plan_variants(prepare("run", given, str(scenario)), given)
+    vps = V.variant_invocations(prepare("run", given, str(scenario)), given)
     assert [vp.name for vp in vps] == NAMES
     for vp in vps:
-        s = vp.plan.scenario
+        s = vp.invocation.scenario
         assert s.cluster.num_instances == 5
         assert s.engine.max_num_running_reqs == 6          # beats the 1P1D override too
-        assert vp.plan.origin["engine.max_num_running_reqs"] == "--max-num-running-reqs"
-    assert [vp.plan.scenario.disaggregation.prefill_instances for vp in vps] == [0, 2, 1]
+        assert vp.invocation.origin["engine.max_num_running_reqs"] == "--max-num-running-reqs"
+    assert [vp.invocation.scenario.disaggregation.prefill_instances for vp in vps] == [0, 2, 1]
 
 
 def test_flag_conflicting_with_a_variant_names_the_variant(cli, tmp_path):

@@ -7,7 +7,7 @@ from collections import deque
 
 import pytest
 
-from blis_simpy.cluster.simulation import Simulation
+from blis_simpy.run.simulation import Simulation
 from blis_simpy.snapshot import SnapshotProvider
 from tests.cluster.helpers import request, scenario
 

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from blis_simpy.cli.app import _deployment_text, app
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.metrics.summary import metrics_output
 from blis_simpy.request import COMPLETED
+from blis_simpy.run.simulation import Simulation
 from tests.engine.helpers import MOE, build_dp, make_requests
 
 MOE_CLI = ("--model", "qwen/qwen3-30b-a3b", "--hardware", "H100", "--tp", "1",

@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 from blis_simpy.cli.app import app
 from blis_simpy.cluster.invariants import RequestEndStates, check_end_states
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import InvariantError
+from blis_simpy.run.simulation import Simulation
 from tests.cli.support import trace_row, write_trace_files
 from tests.cluster.helpers import BETA, request
 

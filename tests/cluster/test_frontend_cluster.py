@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blis_simpy.build.resolve import Deployment
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.config.loader import Source, validate
 from blis_simpy.config.scenario import Scenario
+from blis_simpy.deploy.resolve import Deployment
 from blis_simpy.errors import ConfigError
 from blis_simpy.latency.frontend import FrontendParams
 from blis_simpy.request import COMPLETED, Request
+from blis_simpy.run.simulation import Simulation
 from blis_simpy.workload import WorkloadSpecV2, generate_workload
 from tests.engine.helpers import DENSE, MOE, TinyLatency, make_requests, scenario
 

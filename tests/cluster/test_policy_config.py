@@ -9,9 +9,9 @@ import textwrap
 import pytest
 from typer.testing import CliRunner
 
-from blis_simpy.build.policy import load_policy_bundle
 from blis_simpy.cli.app import app
 from blis_simpy.cli.runner import prepare
+from blis_simpy.deploy.policy import load_policy_bundle
 from blis_simpy.errors import ConfigError
 from tests.cli.support import LOCATED, SMALL_SCENARIO, trace_row, write_trace_files
 

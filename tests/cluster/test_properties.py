@@ -19,8 +19,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.request import COMPLETED, DROPPED, QUEUED, RUNNING, TIMED_OUT, Request
+from blis_simpy.run.simulation import Simulation
 from tests.cluster.helpers import scenario
 
 SLO = ["", "critical", "standard", "sheddable", "batch", "background"]

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from blis_simpy.build.kv_capacity import DEFAULT_TOTAL_KV_BLOCKS
-from blis_simpy.build.resolve import resolve
 from blis_simpy.catalog.hardware import builtin_gpus
 from blis_simpy.catalog.models import builtin_models
 from blis_simpy.config.loader import load_scenario
 from blis_simpy.config.scenario import Scenario
+from blis_simpy.deploy.kv_capacity import DEFAULT_TOTAL_KV_BLOCKS
+from blis_simpy.deploy.resolve import resolve
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.capacity import kv_capacity_blocks
 from blis_simpy.kv.vllm_capacity import vllm_kv_capacity

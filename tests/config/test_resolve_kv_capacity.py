@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from blis_simpy.build.pools import resolve_pools
-from blis_simpy.build.resolve import resolve
 from blis_simpy.catalog.hardware import builtin_gpus
 from blis_simpy.catalog.models import builtin_models
 from blis_simpy.config.scenario import Scenario
+from blis_simpy.deploy.pools import resolve_pools
+from blis_simpy.deploy.resolve import resolve
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.vllm_capacity import vllm_kv_capacity
 

@@ -8,18 +8,18 @@ import logging
 
 import pytest
 
-from blis_simpy.build.pools import (
-    BLIS_KV_BYTES_PER_TOKEN,
-    check_topology,
-    kv_bytes_per_token,
-    resolve_pools,
-)
-from blis_simpy.build.resolve import resolve
 from blis_simpy.catalog.hardware import builtin_gpus
 from blis_simpy.catalog.hfconfig import parse_hf_config
 from blis_simpy.catalog.models import builtin_models
 from blis_simpy.catalog.types import ModelConfig
 from blis_simpy.config.scenario import Scenario
+from blis_simpy.deploy.pools import (
+    BLIS_KV_BYTES_PER_TOKEN,
+    check_topology,
+    kv_bytes_per_token,
+    resolve_pools,
+)
+from blis_simpy.deploy.resolve import resolve
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.vllm_capacity import vllm_kv_capacity
 from blis_simpy.latency import BlackboxModel, RooflineModel

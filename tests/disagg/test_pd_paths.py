@@ -22,12 +22,12 @@ import pytest
 from typer.testing import CliRunner
 
 from blis_simpy.cli.app import app
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.latency.base import BatchView
 from blis_simpy.metrics.blis_text import render_blis
 from blis_simpy.metrics.report import Report
 from blis_simpy.request import COMPLETED, DROPPED, QUEUED, TIMED_OUT, Request
+from blis_simpy.run.simulation import Simulation
 from blis_simpy.workload import WorkloadSpecV2, generate_workload
 from blis_simpy.workload.sessions import COMPLETED_SESSION, END_STATES
 from tests.cli.support import trace_row, write_trace_files
@@ -371,7 +371,7 @@ def test_decode_pool_gpu_override_changes_step_time_only_when_fixed(compat):
     dumped = sc.model_dump()
     sim, res = run(sc, reqs())
     assert sc.model_dump() == dumped and base_sc.model_dump() == before          # INV-P2-1
-    plan = sim.plan
+    plan = sim.pools
     dec = plan.deployments["decode"]
     assert dec.hardware == "A100-80" and plan.deployments["prefill"] is plan.global_deployment
     assert plan.global_deployment.hardware == "H100" and plan.global_deployment.total_kv_blocks == 2000
@@ -397,7 +397,7 @@ def test_decode_pool_gpu_override_changes_step_time_only_when_fixed(compat):
 def test_empty_pool_overrides_are_a_no_op():
     """INV-P2-1: no override ⇒ the pools use the global deployment itself."""
     sim, _ = run(pd_scenario(n=3), [req("r", 0, 20, 2)])
-    plan = sim.plan
+    plan = sim.pools
     assert plan.deployments["prefill"] is plan.deployments["decode"] is plan.global_deployment
     assert [i.kv.total_blocks for i in sim.instances] == [1000, 1000, 1000]
 

@@ -26,11 +26,11 @@ import numpy as np
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from blis_simpy.build.resolve import resolve
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.config.scenario import Scenario
+from blis_simpy.deploy.resolve import resolve
 from blis_simpy.latency.interference import InterferenceModel
 from blis_simpy.request import COMPLETED, DROPPED, QUEUED, RUNNING, TIMED_OUT, Request
+from blis_simpy.run.simulation import Simulation
 from blis_simpy.units import ceil_div, round_half_away
 
 STATES = (QUEUED, RUNNING, COMPLETED, TIMED_OUT, DROPPED)
@@ -304,7 +304,7 @@ def check_run(sc: Scenario, sim: Simulation, res, reqs, probe: Probe, horizon) -
     assert probe.membership == (tuple(["prefill"] * P + ["decode"] * D + [""] * (n - P - D)),
                                 tuple(ids[:P]), tuple(ids[P:P + D]))
     assert probe.changed == [] and probe._membership() == probe.membership
-    assert sim.plan.roles == tuple(["prefill"] * P + ["decode"] * D + ["unassigned"] * (n - P - D))
+    assert sim.pools.roles == tuple(["prefill"] * P + ["decode"] * D + ["unassigned"] * (n - P - D))
     assert not probe.kv_overflow
 
     # ---- the parents are exactly the requests the decider split

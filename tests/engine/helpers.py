@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from blis_simpy.build.resolve import Deployment
 from blis_simpy.catalog.types import ModelConfig
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.config.scenario import Scenario
+from blis_simpy.deploy.resolve import Deployment
 from blis_simpy.latency.base import BatchView, LatencyModel
 from blis_simpy.request import Request
+from blis_simpy.run.simulation import Simulation
 
 
 def scenario(*, alpha=(100.0, 1.0, 50.0), beta=(1000.0, 10.0, 5.0), implementation="fast",

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.engine import lazy_ledger
 from blis_simpy.request import COMPLETED, TIMED_OUT
+from blis_simpy.run.simulation import Simulation
 from tests.engine.helpers import make_requests, run, scenario
 
 FIELDS = ("completed_requests", "total_input_tokens", "total_output_tokens", "ttft_sum",
@@ -158,7 +158,7 @@ class _Recorder:
 @given(workloads())
 def test_batch_views_agree(w):
     """Both engines show latency models the same batch, request by request."""
-    from blis_simpy.cluster.simulation import Simulation
+    from blis_simpy.run.simulation import Simulation
     specs, groups, engine, seed, horizon = w
     logs = {}
     for impl in ("reference", "fast"):

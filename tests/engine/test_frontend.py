@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.latency.frontend import FrontendParams
 from blis_simpy.metrics.summary import request_rows
+from blis_simpy.run.simulation import Simulation
 from tests.engine.helpers import make_requests, scenario
 from tests.engine.test_fast_vs_reference import FIELDS, workloads
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.engine.fast import FastInstance
 from blis_simpy.engine.instance import Instance
+from blis_simpy.run.simulation import Simulation
 from tests.engine.helpers import make_requests, scenario
 from tests.engine.test_fast_vs_reference import FIELDS, preemption_heavy, workloads
 

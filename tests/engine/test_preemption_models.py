@@ -18,8 +18,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.engine.limits import EngineLimits
+from blis_simpy.run.simulation import Simulation
 from tests.engine.helpers import make_requests, scenario
 from tests.engine.test_fast_vs_reference import preemption_heavy
 

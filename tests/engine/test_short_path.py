@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import logging
 
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.engine.fast import FastInstance
+from blis_simpy.run.simulation import Simulation
 from tests.engine.helpers import make_requests, scenario
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from blis_simpy.cluster.simulation import Simulation
+from blis_simpy.run.simulation import Simulation
 from tests.engine.helpers import make_requests, scenario
 
 IMPLS = ["reference", "fast"]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from blis_simpy.build.resolve import Deployment
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.config.scenario import MAX_DELAY_US, Scenario
+from blis_simpy.deploy.resolve import Deployment
 from blis_simpy.engine.limits import MAX_STEP_US
 from blis_simpy.errors import ConfigError
 from blis_simpy.latency.base import BatchView, LatencyModel
+from blis_simpy.run.simulation import Simulation
 from tests.engine.helpers import DENSE, MOE, TinyLatency, build_dp, make_requests
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from blis_simpy.cluster.cluster import Cluster
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.engine.fast import FastInstance
+from blis_simpy.run.simulation import Simulation
 from tests.engine.helpers import make_requests, run, scenario
 from tests.engine.test_fast_vs_reference import FIELDS, _snapshot
 
@@ -225,7 +225,7 @@ class _OwnLoop(FastInstance, name="test-own-steps-loop"):
 def test_an_instance_overriding_the_loop_is_not_fused(monkeypatch):
     # (a plugin engine's step is also wrapped by the stall guard, which alone stops the
     # fusion: without the guard, the overridden loop must stop it)
-    import blis_simpy.cluster.simulation as simulation
+    import blis_simpy.run.simulation as simulation
     monkeypatch.setattr(simulation, "watch_for_stall", lambda *a, **kw: None)
     calls = []
     real = FastInstance._decode_tick

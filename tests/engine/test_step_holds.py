@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from blis_simpy.cluster.simulation import Simulation
+from blis_simpy.run.simulation import Simulation
 from tests.cli.support import trace_row, write_trace_files
 from tests.engine.helpers import make_requests, scenario
 

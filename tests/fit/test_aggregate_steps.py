@@ -8,7 +8,7 @@ import json
 import pytest
 
 from blis_simpy.fit.aggregate_steps import MAX_FAILED_SHARE, stage_steps
-from blis_simpy.observed.inference_perf import load_inference_perf
+from blis_simpy.measured.inference_perf import load_inference_perf
 from tests.workload.iperf_support import STAGE1, lifecycle, write_run
 
 

@@ -92,13 +92,13 @@ def test_time_budget_keeps_the_best_point_seen(measured):
     and stops at the next evaluation; the fit reports 'budget' and returns the start."""
     import time
 
-    from blis_simpy.cli.calibrate_cmd import run_plan
+    from blis_simpy.cli.calibrate_cmd import prepare_invocation
     from blis_simpy.fit import Case, space_for
     from blis_simpy.fit.fit import _search
-    from blis_simpy.observed.converted import load_observed
+    from blis_simpy.measured.converted import load_measured
     prefix, wrong = measured
-    run = load_observed(prefix)
-    case = Case(run, run_plan(run, {}, str(wrong)).scenario)
+    run = load_measured(prefix)
+    case = Case(run, prepare_invocation(run, {}, str(wrong)).scenario)
     space = space_for(case.scenario)
     obj, stopped, cost = _search(space, [case], time.monotonic() - 1.0, 100)
     assert stopped == "budget" and obj.evaluations == 1

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from blis_simpy.build.resolve import resolve
 from blis_simpy.config.scenario import LatencyConfig, Scenario
+from blis_simpy.deploy.resolve import resolve
 from blis_simpy.fit import prefit
 from blis_simpy.fit.prefit import StepObs, decode_steps, model_steps, prefit_steps
 from blis_simpy.fit.space import space_for
-from blis_simpy.observed.run import ObservedRun, RealRequest, Tick
+from blis_simpy.measured.run import MeasuredRun, RealRequest, Tick
 
 
 def _req(i: int, first_s: float, last_s: float, n_in: int, tpot_ms: float) -> RealRequest:
@@ -24,7 +24,7 @@ def test_decode_steps_by_hand():
     reqs = [_req(0, 1.0, 3.0, 100, 10.0),     # decoding at t = 1.5 s: 100 + 0.5 s / 10 ms = 150
             _req(1, 1.2, 1.4, 300, 5.0),      # finished before the midpoint: left out
             _req(2, 0.5, 2.0, 200, 20.0)]     # 200 + 1.0 s / 20 ms = 250
-    run = ObservedRun("t", None, reqs, None, None, ticks, 0.0)
+    run = MeasuredRun("t", None, reqs, None, None, ticks, 0.0)
     obs = decode_steps(run)
     assert obs == [StepObs(2.0, 10.0, 200.0, 20_000.0)]      # 10 requests / 500 tok/s = 20 ms
 

@@ -16,14 +16,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blis_simpy.build.resolve import Deployment, resolve
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.config.scenario import Scenario
+from blis_simpy.deploy.resolve import Deployment, resolve
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.cache import KVCache
 from blis_simpy.kv.offload import STORING, OffloadKVCache, offload_blocks
 from blis_simpy.latency.blackbox import BlackboxModel
 from blis_simpy.request import QUEUED, Request
+from blis_simpy.run.simulation import Simulation
 
 IMPLS = ["reference", "fast"]
 ALPHA, BETA = [100.0, 1.0, 50.0], [1000.0, 10.0, 5.0]

@@ -22,15 +22,15 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from blis_simpy.build.resolve import Deployment
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.config.scenario import Scenario
+from blis_simpy.deploy.resolve import Deployment
 from blis_simpy.kv.tiered import TieredKVCache
 from blis_simpy.latency.blackbox import BlackboxModel
 from blis_simpy.metrics.blis_text import render_blis
 from blis_simpy.metrics.report import Report
 from blis_simpy.metrics.summary import metrics_output, replay_results
 from blis_simpy.request import Request, hash_block, hash_chain
+from blis_simpy.run.simulation import Simulation
 from tests.conftest import conformance_case
 
 BS = 4

@@ -18,12 +18,12 @@ import math
 
 import pytest
 
-from blis_simpy.build.resolve import Deployment
 from blis_simpy.catalog.hfconfig import derive_max_model_len, parse_hf_config
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.config.scenario import Scenario
+from blis_simpy.deploy.resolve import Deployment
 from blis_simpy.latency import LatencyModel, RooflineModel
 from blis_simpy.metrics.summary import aggregate, metrics_output, replay_results
+from blis_simpy.run.simulation import Simulation
 from blis_simpy.workload import read_trace, trace_requests
 from tests.conftest import conformance_case
 from tests.latency.support import A100, H100

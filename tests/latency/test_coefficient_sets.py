@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from blis_simpy.build.resolve import resolve
 from blis_simpy.config.scenario import LatencyConfig, Scenario
+from blis_simpy.deploy.resolve import resolve
 from blis_simpy.errors import ConfigError
 from blis_simpy.latency.base import BatchView
 from blis_simpy.latency.coefficient_sets import (

@@ -19,9 +19,7 @@ from typer.testing import CliRunner
 
 from blis_simpy.cli.app import app
 from blis_simpy.errors import ConfigError
-from blis_simpy.planner.pareto import front
-from blis_simpy.planner.plan import brute_force, max_rate_search, search_cheapest
-from blis_simpy.planner.plan_points import (
+from blis_simpy.planner.candidates import (
     Family,
     deployment_count,
     families,
@@ -29,8 +27,10 @@ from blis_simpy.planner.plan_points import (
     judge_row,
     point,
 )
-from blis_simpy.planner.plan_run import run_plan
-from blis_simpy.planner.plan_spec import FixedDeployment, PlanSpec, load_plan
+from blis_simpy.planner.pareto import front
+from blis_simpy.planner.plan_file import FixedDeployment, PlanSpec, load_plan
+from blis_simpy.planner.plan_runner import run_plan
+from blis_simpy.planner.search import brute_force, max_rate_search, search_cheapest
 from blis_simpy.run.point import run_point
 
 BASE = """\
@@ -396,7 +396,7 @@ def test_a_plan_workload_takes_the_run_scenarios_distribution_keys(tmp_path):
     """`arrival: poisson` was an unknown key in a plan's workload though `run --scenario`
     takes it: the plan's keys are the scenario's DistributionWorkload schema, each optional."""
     from blis_simpy.config.scenario import DistributionWorkload
-    from blis_simpy.planner.plan_spec import DISTRIBUTION_KEYS
+    from blis_simpy.planner.plan_file import DISTRIBUTION_KEYS
 
     assert set(DISTRIBUTION_KEYS) == set(DistributionWorkload.model_fields) - {"kind"}
     text = PLAN.format(rate=5).replace("rate: 5}", "rate: 5, arrival: gamma, arrival_cv: 2.5}")

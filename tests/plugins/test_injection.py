@@ -360,8 +360,8 @@ def test_kv_cache_errors_are_one_located_line(cli, folder, engine, field, proble
 def test_simulation_takes_the_classes_directly():
     """``Simulation(..., instance_class=)``: an unregistered subclass, same four steps as the
     CLI test above (each ends 1000 µs after it starts)."""
-    from blis_simpy.cluster.simulation import Simulation
     from blis_simpy.engine.instance import Instance
+    from blis_simpy.run.simulation import Simulation
     from tests.engine.helpers import make_requests
     from tests.engine.helpers import scenario as engine_scenario
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.routing import RoutingDecision
+from blis_simpy.run.simulation import Simulation
 from blis_simpy.trace import (
     AdmissionRecord,
     Candidate,

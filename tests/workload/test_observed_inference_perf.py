@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.observed.converted import load_run
-from blis_simpy.observed.inference_perf import load_inference_perf, with_seed
-from blis_simpy.observed.inference_perf.rebuild import client_deadline_us
-from blis_simpy.observed.run import AggregateRun
+from blis_simpy.measured.converted import load_run
+from blis_simpy.measured.inference_perf import load_inference_perf, with_seed
+from blis_simpy.measured.inference_perf.rebuild import client_deadline_us
+from blis_simpy.measured.run import AggregateRun
 from blis_simpy.rng import derive_seed, numpy_rng
 from tests.workload.iperf_support import CONFIG, write_run
 

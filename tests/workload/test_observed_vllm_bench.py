@@ -1,4 +1,4 @@
-"""Reading a ``vllm bench serve`` result (blis_simpy.observed.vllm_bench) on the hand-made
+"""Reading a ``vllm bench serve`` result (blis_simpy.measured.vllm_bench) on the hand-made
 sample of tests/workload/data (its README gives the times)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.observed.vllm_bench import load_vllm_bench
+from blis_simpy.measured.vllm_bench import load_vllm_bench
 
 SAMPLE = Path(__file__).parent / "data" / "vllm_bench_result.json"
 

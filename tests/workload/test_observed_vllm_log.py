@@ -1,4 +1,4 @@
-"""Reading a vLLM run log and converting it (blis_simpy.observed): tiny hand-made folders
+"""Reading a vLLM run log and converting it (blis_simpy.measured): tiny hand-made folders
 with exact figures, and the real runs (the shipped excerpt, and the full runs when present:
 tests/data/README.md)."""
 
@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.observed.converted import (
+from blis_simpy.measured.converted import (
     converted_files,
     load_converted,
-    load_observed,
+    load_measured,
     write_files,
 )
-from blis_simpy.observed.vllm_log import load_vllm_log
+from blis_simpy.measured.vllm_log import load_vllm_log
 from blis_simpy.workload.replay import trace_requests
 from blis_simpy.workload.tracev2_read import read_trace
 from tests.conftest import REALDATA_FACTS, DataSource, data_sources
@@ -98,7 +98,7 @@ def test_converted_files_and_reading_back(tmp_path):
                  "  data: tiny.csv", "horizon_us: 9223372036854775807   # run every request to completion"):
         assert line in scen.splitlines()
     assert "  max_num_running_reqs: 8 " in scen and "  max_num_scheduled_tokens: 64 " in scen
-    back = load_observed(str(out) + ".scenario.yaml")
+    back = load_measured(str(out) + ".scenario.yaml")
     assert [(q.id, q.trace_id, q.arrival_us, q.ttft_ms, q.e2e_ms, q.tpot_ms) for q in back.requests] == [
         ("request_0", 0, 0, 500.0, 2500.0, 500.0), ("request_2", 2, 125_000, 250.0, 3000.0, 1375.0),
         ("request_1", 1, 250_000, 750.0, 750.0, None)]
@@ -109,7 +109,7 @@ def test_converted_files_and_reading_back(tmp_path):
             s.block_size, s.kv_blocks, s.gpu_memory_utilization, s.seed) == (
         t.model, t.hardware, t.tp, t.dp, t.max_num_seqs, t.max_num_batched_tokens, t.max_model_len,
         t.block_size, t.kv_blocks, t.gpu_memory_utilization, t.seed)
-    assert load_observed(tmp_path / "vllm-rtx4090-tiny").records == run.records   # a raw folder
+    assert load_measured(tmp_path / "vllm-rtx4090-tiny").records == run.records   # a raw folder
 
 
 def test_workload_found_in_the_run_folder_or_given(tmp_path):

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import InvariantError
 from blis_simpy.request import COMPLETED, DROPPED, QUEUED, TIMED_OUT
 from blis_simpy.rng import child_seed, numpy_rng
+from blis_simpy.run.simulation import Simulation
 from blis_simpy.workload import WorkloadSpecV2, generate_workload
 from blis_simpy.workload.samplers import RequestSampler
 from blis_simpy.workload.sessions import SessionBlueprint, SessionManager

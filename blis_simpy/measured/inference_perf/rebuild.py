@@ -44,9 +44,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.observed.files import MAX_TOKEN_IDS
-from blis_simpy.observed.inference_perf.config import IPConfig, IPLengths, IPStage
-from blis_simpy.observed.run import StageWindow
+from blis_simpy.measured.files import MAX_TOKEN_IDS
+from blis_simpy.measured.inference_perf.config import IPConfig, IPLengths, IPStage
+from blis_simpy.measured.run import StageWindow
 from blis_simpy.rng import derive_seed, numpy_rng
 from blis_simpy.workload.replay import VOCAB_SIZE
 from blis_simpy.workload.tracev2 import TraceRecord

@@ -1,6 +1,7 @@
-"""Deployments of a plan, the scenario each one runs, and whether its runs meet the SLOs.
+"""A plan's candidate deployments, the scenario each one runs, and whether its runs meet the SLOs.
 
-A **deployment** is (GPU, TP, DP, EP, instances) co-located, or (GPU, TP, DP, EP, P, D)
+A **candidate** (:class:`Candidate`; not to be confused with the resolved
+:class:`~blis_simpy.deploy.resolve.Deployment` a scenario builds) is (GPU, TP, DP, EP, instances) co-located, or (GPU, TP, DP, EP, P, D)
 with P prefill and D decode instances; it uses ``instances × TP × DP`` GPUs. A **family**
 is a deployment with every axis fixed but one instance count: co-located families vary the
 instances, disaggregated ones fix P and vary D. Within a family the cost grows with the
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: the plan types (blis_simpy.planner.plan_spec, which imports this module)
+#: the plan types (blis_simpy.planner.plan_file, which imports this module)
 PlanSpec = LoadedPlan = FixedDeployment = Any
 
 #: the latency backend when neither the plan nor the base scenario names one
@@ -27,7 +28,7 @@ DEFAULT_LATENCY = "physics"
 
 
 @dataclass(frozen=True, order=True)
-class Deployment:
+class Candidate:
     """GPU, parallelism and instance counts; ``prefill == decode == 0`` means co-located."""
 
     gpu: str
@@ -84,11 +85,11 @@ class Family:
         par = f"TP{self.tp}" + (f" DP{self.dp}" if self.dp > 1 else "") + (" EP" if self.ep else "")
         return f"{shape} x {self.gpu} {par}"
 
-    def deployment(self, count: int) -> Deployment:
+    def deployment(self, count: int) -> Candidate:
         if self.prefill:
-            return Deployment(self.gpu, self.tp, self.dp, self.ep, self.prefill + count,
+            return Candidate(self.gpu, self.tp, self.dp, self.ep, self.prefill + count,
                               self.prefill, count)
-        return Deployment(self.gpu, self.tp, self.dp, self.ep, count)
+        return Candidate(self.gpu, self.tp, self.dp, self.ep, count)
 
     def cost(self, count: int) -> float:
         return self.deployment(count).gpus * self.price
@@ -155,10 +156,10 @@ def deployment_count(spec: PlanSpec) -> int:
     return per * len(s.ep) * len(spec.gpus)
 
 
-def fixed_deployment(d: FixedDeployment) -> Deployment:
+def fixed_deployment(d: FixedDeployment) -> Candidate:
     if d.prefill:
-        return Deployment(d.gpu, d.tp, d.dp, d.ep, d.prefill + d.decode, d.prefill, d.decode)
-    return Deployment(d.gpu, d.tp, d.dp, d.ep, d.instances or 1)
+        return Candidate(d.gpu, d.tp, d.dp, d.ep, d.prefill + d.decode, d.prefill, d.decode)
+    return Candidate(d.gpu, d.tp, d.dp, d.ep, d.instances or 1)
 
 
 # ---------------------------------------------------------------------------- scenarios
@@ -171,7 +172,7 @@ def _put(data: dict, path: tuple, value) -> None:
     data[path[-1]] = value
 
 
-def point(plan: LoadedPlan, dep: Deployment, seed: int, rate: float | None = None) -> dict:
+def point(plan: LoadedPlan, dep: Candidate, seed: int, rate: float | None = None) -> dict:
     """The run of ``dep`` with ``seed`` (and ``rate`` replacing the plan's): a sweep point."""
     spec = plan.spec
     data = plan.base_scenario()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from blis_simpy.errors import ConfigError
 from blis_simpy.infile import json_loads, open_input, read_input_text
-from blis_simpy.observed.run import Tick
+from blis_simpy.measured.run import Tick
 from blis_simpy.workload.tracev2 import MAX_TOKEN_IDS_PER_FILE
 
 MAX_ROWS = 1_000_000                     # lines of one JSONL / CSV file

@@ -24,7 +24,7 @@ from typing import Any
 from blis_simpy.config.loader import Source, load_raw, resolve_paths, set_dotted, undotted, validate
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError, did_you_mean, known_keys
-from blis_simpy.planner.spec import SweepSpec, axis_values, base_path, load_sweep
+from blis_simpy.planner.sweep_file import SweepSpec, axis_values, base_path, load_sweep
 from blis_simpy.units import MAX_INT64
 
 

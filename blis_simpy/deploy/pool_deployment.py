@@ -1,23 +1,23 @@
 """One PD pool's deployment: the global one with the pool's overrides (docs/disaggregation.md,
 "Per-pool overrides"; divergences.md P5).
 
-:func:`resolve_pool_deployment` is called by :func:`~blis_simpy.build.pools.resolve_pools`
+:func:`resolve_pool_deployment` is called by :func:`~blis_simpy.deploy.pools.resolve_pools`
 for the prefill and the decode pool; it reuses the steps of the global resolution
-(:mod:`blis_simpy.build.resolve`) on a deep copy of the scenario.
+(:mod:`blis_simpy.deploy.resolve`) on a deep copy of the scenario.
 """
 
 from __future__ import annotations
 
 from functools import partial
 
-from blis_simpy.build.backends import ANALYTICAL, backend_options, build_backend, is_analytical
-from blis_simpy.build.kv_capacity import auto_kv_capacity
-from blis_simpy.build.resolution import Resolution, blackbox_coefficients, global_coefficients
-from blis_simpy.build.resolve import Deployment
 from blis_simpy.catalog.coefficients import CoefficientCatalog
 from blis_simpy.catalog.hardware import GPUCatalog
 from blis_simpy.catalog.hfconfig import derive_max_model_len
 from blis_simpy.config.scenario import PoolOverrides, Scenario
+from blis_simpy.deploy.backends import ANALYTICAL, backend_options, build_backend, is_analytical
+from blis_simpy.deploy.kv_capacity import auto_kv_capacity
+from blis_simpy.deploy.lookups import Lookups, blackbox_coefficients, global_coefficients
+from blis_simpy.deploy.resolve import Deployment
 from blis_simpy.errors import ConfigError
 from blis_simpy.latency.base import LatencyModel
 
@@ -54,7 +54,7 @@ def resolve_pool_deployment(s: Scenario, glob: Deployment, ov: PoolOverrides, ro
         ps.engine.max_model_len = ov.max_model_len
     if ov.total_kv_blocks is not None:
         ps.engine.total_kv_blocks = ov.total_kv_blocks
-    r = Resolution(ps, quiet, prefix=f"{role} pool: ")
+    r = Lookups(ps, quiet, prefix=f"{role} pool: ")
     for k, v in given.items():
         r.note(f"{k} {v}: pool override")
     eng = ps.engine
@@ -135,7 +135,7 @@ def resolve_pool_deployment(s: Scenario, glob: Deployment, ov: PoolOverrides, ro
                       kv_source=kv_source)
 
 
-def _pool_coefficients(r: Resolution, cat: CoefficientCatalog, backend: str, glob: Deployment,
+def _pool_coefficients(r: Lookups, cat: CoefficientCatalog, backend: str, glob: Deployment,
                        hw: str, tp: int, checkout: bool, changed: bool, key: str):
     """alpha/beta of a pool. Same backend: the global ones — except a blackbox pool whose TP or
     GPU differs and whose coefficients were not given explicitly, which takes the catalog row

@@ -11,8 +11,8 @@ For an output ``PREFIX``:
   kv_cache_pct, prompt_throughput, gen_throughput``.
 
 Every file is written to a temporary name first and renamed into place only when all are
-written (:func:`write_files`). :func:`load_observed` reads a raw vLLM run folder, a ``vllm
-bench`` result JSON or a converted ``PREFIX`` into an :class:`ObservedRun`; :func:`load_run`
+written (:func:`write_files`). :func:`load_measured` reads a raw vLLM run folder, a ``vllm
+bench`` result JSON or a converted ``PREFIX`` into a :class:`MeasuredRun`; :func:`load_run`
 also an inference-perf results folder (an :class:`AggregateRun`).
 """
 
@@ -27,11 +27,11 @@ import yaml
 from blis_simpy.atomic import Batch, atomic_write
 from blis_simpy.config.loader import load_scenario
 from blis_simpy.errors import ConfigError
-from blis_simpy.observed.files import read_ticks
-from blis_simpy.observed.inference_perf import is_inference_perf, load_inference_perf
-from blis_simpy.observed.run import AggregateRun, ObservedRun, RealRequest, Settings, Tick, latencies
-from blis_simpy.observed.vllm_bench import load_vllm_bench
-from blis_simpy.observed.vllm_log import load_vllm_log
+from blis_simpy.measured.files import read_ticks
+from blis_simpy.measured.inference_perf import is_inference_perf, load_inference_perf
+from blis_simpy.measured.run import AggregateRun, MeasuredRun, RealRequest, Settings, Tick, latencies
+from blis_simpy.measured.vllm_bench import load_vllm_bench
+from blis_simpy.measured.vllm_log import load_vllm_log
 from blis_simpy.units import MAX_INT64
 from blis_simpy.workload.tracev2_read import read_trace_header, read_trace_records
 from blis_simpy.workload.tracev2_write import header_to_yaml, trace_csv_text
@@ -70,7 +70,7 @@ def timeseries_csv(ticks: list[Tick]) -> str:
     return "\n".join(rows) + "\n"
 
 
-def scenario_yaml(run: ObservedRun, header_name: str, data_name: str) -> str:
+def scenario_yaml(run: MeasuredRun, header_name: str, data_name: str) -> str:
     """A scenario replaying ``run`` with its logged settings (``header_name``/``data_name``:
     the trace files, relative to the scenario file). ``horizon_us`` is MAX_INT64 so that
     every request runs to completion (replay's default, 2x the last arrival, can cut a real
@@ -112,7 +112,7 @@ def scenario_yaml(run: ObservedRun, header_name: str, data_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def converted_files(run: ObservedRun, prefix: str | os.PathLike) -> dict[Path, str]:
+def converted_files(run: MeasuredRun, prefix: str | os.PathLike) -> dict[Path, str]:
     """Every file of the conversion of ``run`` to ``prefix`` and its text (module docstring)."""
     p = paths(prefix)
     files = {p["header"]: header_to_yaml(run.header), p["data"]: trace_csv_text(run.records)}
@@ -152,7 +152,7 @@ def _settings(path: Path, s) -> Settings:
         gpu_memory_utilization=e.gpu_memory_utilization, prefix_caching=True, seed=s.seed)
 
 
-def load_converted(prefix: str | os.PathLike) -> ObservedRun:
+def load_converted(prefix: str | os.PathLike) -> MeasuredRun:
     """Read ``PREFIX.header.yaml`` + ``PREFIX.csv`` (and ``PREFIX.scenario.yaml``,
     ``PREFIX.timeseries.csv`` when present). ``requests`` are the rows with status ``ok``,
     at least one output token and chunk times (latencies from ``send_time_us``), named
@@ -183,20 +183,20 @@ def load_converted(prefix: str | os.PathLike) -> ObservedRun:
     settings = _settings(p["scenario"], scenario) if scenario is not None else None
     ticks = read_ticks(p["timeseries"]) if p["timeseries"].is_file() else []
     has_ids = any(x is not None for x in prompts)
-    return ObservedRun(Path(prefix).name, settings, reqs, prompts if has_ids else None, None, ticks,
+    return MeasuredRun(Path(prefix).name, settings, reqs, prompts if has_ids else None, None, ticks,
                        0.0, [], header, records, source=str(prefix),
                        logged_as=scenario.name if scenario is not None else "")
 
 
-def load_run(path: str | os.PathLike, workload: str | os.PathLike | None = None) -> ObservedRun | AggregateRun:
-    """Any measured run :func:`load_observed` reads, or an inference-perf results folder
+def load_run(path: str | os.PathLike, workload: str | os.PathLike | None = None) -> MeasuredRun | AggregateRun:
+    """Any measured run :func:`load_measured` reads, or an inference-perf results folder
     (an :class:`AggregateRun`: aggregate metrics only, the workload rebuilt)."""
     if is_inference_perf(path):
         return load_inference_perf(path)
-    return load_observed(path, workload)
+    return load_measured(path, workload)
 
 
-def load_observed(path: str | os.PathLike, workload: str | os.PathLike | None = None) -> ObservedRun:
+def load_measured(path: str | os.PathLike, workload: str | os.PathLike | None = None) -> MeasuredRun:
     """Any measured run: a raw vLLM run folder (with ``meta.json``), a ``vllm bench`` result
     (``*.json``), or the ``PREFIX`` of converted files (``PREFIX.scenario.yaml`` or
     ``PREFIX.header.yaml`` also name it)."""

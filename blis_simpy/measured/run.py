@@ -1,8 +1,8 @@
-"""What a real serving run was measured to do: :class:`ObservedRun` and its parts.
+"""What a real serving run was measured to do: :class:`MeasuredRun` and its parts.
 
-A run comes from a raw vLLM log (:mod:`blis_simpy.observed.vllm_log`), from the result file of
-``vllm bench serve`` (:mod:`blis_simpy.observed.vllm_bench`) or from the files ``blis-simpy
-convert`` wrote (:mod:`blis_simpy.observed.converted`). Every time is on one origin: the
+A run comes from a raw vLLM log (:mod:`blis_simpy.measured.vllm_log`), from the result file of
+``vllm bench serve`` (:mod:`blis_simpy.measured.vllm_bench`) or from the files ``blis-simpy
+convert`` wrote (:mod:`blis_simpy.measured.converted`). Every time is on one origin: the
 earliest arrival of the run is 0.
 
 Units: ``*_us`` integer µs, ``*_ms`` milliseconds, ``*_s`` seconds, token counts in tokens.
@@ -76,7 +76,7 @@ class Settings:
 
 
 @dataclass
-class ObservedRun:
+class MeasuredRun:
     """A measured run, ready to compare with a replay.
 
     Fields:
@@ -203,5 +203,5 @@ class AggregateRun:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The names the run goes by (:attr:`ObservedRun.names`)."""
+        """The names the run goes by (:attr:`MeasuredRun.names`)."""
         return (self.name,)

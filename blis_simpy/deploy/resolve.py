@@ -3,7 +3,7 @@
 A :class:`~blis_simpy.config.scenario.Scenario` says what the user asked for; the rest comes
 from the offline catalogs (:mod:`blis_simpy.catalog`). :func:`resolve` applies BLIS's order
 (docs/latency-models.md, "Catalogs and resolution") and returns a :class:`Deployment`, the only thing
-:class:`~blis_simpy.cluster.simulation.Simulation` reads:
+:class:`~blis_simpy.run.simulation.Simulation` reads:
 
 1. backend: ``latency.model``; roofline with coefficients is an error;
 2. deployment: ``hardware`` / ``tp`` / ``vllm_version`` as given, else the model's catalog
@@ -29,12 +29,12 @@ from the offline catalogs (:mod:`blis_simpy.catalog`). :func:`resolve` applies B
 ``Deployment.notes`` records where each value came from.
 
 The steps live in their own modules: the backends and how one is built in
-:mod:`blis_simpy.build.backends`; the catalogs, the deployment identity and the coefficients
-in :mod:`blis_simpy.build.resolution`; KV blocks and MaxModelLen in
-:mod:`blis_simpy.build.kv_capacity`. This module holds :class:`Deployment`, the KV-store step
+:mod:`blis_simpy.deploy.backends`; the catalogs, the deployment identity and the coefficients
+in :mod:`blis_simpy.deploy.lookups`; KV blocks and MaxModelLen in
+:mod:`blis_simpy.deploy.kv_capacity`. This module holds :class:`Deployment`, the KV-store step
 and :func:`resolve`, which runs them in order.
 
-Prefill/decode pools are resolved on top of this by :mod:`blis_simpy.build.pools`.
+Prefill/decode pools are resolved on top of this by :mod:`blis_simpy.deploy.pools`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from blis_simpy.build.backends import (
+from blis_simpy.catalog.models import builtin_models
+from blis_simpy.catalog.types import GPUSpec, ModelConfig
+from blis_simpy.config.scenario import Scenario
+from blis_simpy.deploy.backends import (
     BUILTIN_BACKENDS,
     NO_COEFFICIENTS,
     backend_options,
@@ -51,16 +54,13 @@ from blis_simpy.build.backends import (
     is_analytical,
     with_coefficient_set,
 )
-from blis_simpy.build.kv_capacity import default_tp, resolve_kv_blocks, resolve_max_model_len
-from blis_simpy.build.resolution import (
-    Resolution,
+from blis_simpy.deploy.kv_capacity import default_tp, resolve_kv_blocks, resolve_max_model_len
+from blis_simpy.deploy.lookups import (
+    Lookups,
     blackbox_coefficients,
     deployment_identity,
     global_coefficients,
 )
-from blis_simpy.catalog.models import builtin_models
-from blis_simpy.catalog.types import GPUSpec, ModelConfig
-from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError, did_you_mean
 from blis_simpy.kv.cache import KVCache
 from blis_simpy.kv.offload import OffloadKVCache, offload_blocks
@@ -110,7 +110,7 @@ _TIER_KEYS = {"cpu_blocks": "kv_cpu_blocks", "transfer_bandwidth": "kv_transfer_
               "offload_threshold": "kv_offload_threshold"}
 
 
-def _offload_params(r: Resolution, model: ModelConfig | None, gpu: GPUSpec | None, tp: int) -> dict:
+def _offload_params(r: Lookups, model: ModelConfig | None, gpu: GPUSpec | None, tp: int) -> dict:
     """The offload tier's parameters from ``engine.kv_cpu_gib`` (docs/kv-cache.md, "CPU offload
     (vLLM OffloadingConnector)"): CPU blocks = int(G · 2^30) // (one block's bytes on one GPU ×
     TP), the bytes as vLLM's KV page (``kv_cache_dtype``); the GPU's ``host_link_gbps``."""
@@ -142,7 +142,7 @@ def _offload_params(r: Resolution, model: ModelConfig | None, gpu: GPUSpec | Non
             "link_latency_us": eng.kv_cpu_latency_us}
 
 
-def _kv_factory(r: Resolution, model: ModelConfig | None = None, gpu: GPUSpec | None = None,
+def _kv_factory(r: Lookups, model: ModelConfig | None = None, gpu: GPUSpec | None = None,
                 tp: int = 1) -> Callable[[int, int], KVCache]:
     """The registered KV cache (``engine.kv_cache``; unset: ``offload`` when
     ``engine.kv_cpu_gib > 0``, ``tiered`` when ``engine.kv_cpu_blocks > 0``, else ``gpu``) with
@@ -198,7 +198,7 @@ def _build_kv_plugin(cls: type[KVCache], factory, total_blocks: int, block_size:
                            field="engine.kv_cache")
 
 
-def _model_config(r: Resolution, backend: str) -> ModelConfig:
+def _model_config(r: Lookups, backend: str) -> ModelConfig:
     """The architecture an analytical backend needs; a model found nowhere is "unknown
     model" with the catalog's closest names."""
     s = r.s
@@ -221,7 +221,7 @@ def resolve(scenario: Scenario, *, quiet: bool = False) -> Deployment:
     lat, set_note = with_coefficient_set(scenario.latency, backend)
     if lat is not scenario.latency:
         scenario = scenario.model_copy(update={"latency": lat})
-    r = Resolution(scenario, quiet)
+    r = Lookups(scenario, quiet)
     if set_note:
         r.note(set_note)
     s, eng, cfg = scenario, scenario.engine, scenario.latency

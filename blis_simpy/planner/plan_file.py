@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field, create_model, field_validator, model_vali
 from blis_simpy.config.loader import Source, load_raw, read_yaml, validate, validation_problem
 from blis_simpy.config.scenario import MAX_DP, DistributionWorkload, Strict
 from blis_simpy.errors import ConfigError
-from blis_simpy.planner.plan_points import deployment_count
+from blis_simpy.planner.candidates import deployment_count
 from blis_simpy.units import MAX_INT64
 
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]

@@ -12,11 +12,11 @@ hold, with a warning.
 
 from __future__ import annotations
 
-from blis_simpy.build.backends import check_heads_split, is_analytical
-from blis_simpy.build.resolution import Resolution
 from blis_simpy.catalog.hfconfig import cap_max_model_len, derive_max_model_len
 from blis_simpy.catalog.types import GPUSpec, ModelConfig
 from blis_simpy.config.scenario import MAX_KV_BLOCKS
+from blis_simpy.deploy.backends import check_heads_split, is_analytical
+from blis_simpy.deploy.lookups import Lookups
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.capacity import KVCapacityError
 from blis_simpy.kv.sizing import kv_capacity
@@ -25,7 +25,7 @@ from blis_simpy.kv.vllm_capacity import KVCapacity
 DEFAULT_TOTAL_KV_BLOCKS = 1_000_000
 
 
-def resolve_kv_blocks(r: Resolution, cat, backend, hw, tp, vllm, model_cfg, gpu) -> int:
+def resolve_kv_blocks(r: Lookups, cat, backend, hw, tp, vllm, model_cfg, gpu) -> int:
     """KV blocks per instance (``r.kv_source`` says where they came from)."""
     s = r.s
     eng = s.engine
@@ -50,7 +50,7 @@ def resolve_kv_blocks(r: Resolution, cat, backend, hw, tp, vllm, model_cfg, gpu)
     return DEFAULT_TOTAL_KV_BLOCKS
 
 
-def auto_kv_capacity(r: Resolution, model_cfg: ModelConfig, gpu: GPUSpec, tp: int, *,
+def auto_kv_capacity(r: Lookups, model_cfg: ModelConfig, gpu: GPUSpec, tp: int, *,
                      field: str, what: str = "") -> KVCapacity:
     """KV blocks of ``r.s`` auto-calculated by ``engine.kv_capacity_model`` (noted, and kept in
     ``r.kv_capacity``). A deployment it refuses is a :class:`ConfigError` on ``field``, one
@@ -88,7 +88,7 @@ def auto_kv_capacity(r: Resolution, model_cfg: ModelConfig, gpu: GPUSpec, tp: in
 DEFAULT_TP_CHOICES = (1, 2, 4, 8)
 
 
-def default_tp(r: Resolution, model_cfg: ModelConfig, gpu: GPUSpec) -> int:
+def default_tp(r: Lookups, model_cfg: ModelConfig, gpu: GPUSpec) -> int:
     """The TP of an analytical run that gives none, the same rule for every model: the
     smallest of :data:`DEFAULT_TP_CHOICES` that divides the attention heads and whose
     weights leave room for a KV cache under ``engine.kv_capacity_model`` (noted). None
@@ -114,7 +114,7 @@ def default_tp(r: Resolution, model_cfg: ModelConfig, gpu: GPUSpec) -> int:
                       "at any TP of 1, 2, 4, 8: pass --tp", field="tp")
 
 
-def resolve_max_model_len(r: Resolution, backend: str, model_cfg, total_blocks: int) -> int:
+def resolve_max_model_len(r: Lookups, backend: str, model_cfg, total_blocks: int) -> int:
     """MaxModelLen in tokens (0 = unlimited) for ``total_blocks`` KV blocks."""
     eng = r.s.engine
     m = eng.max_model_len

@@ -26,8 +26,6 @@ from typing import TYPE_CHECKING
 
 import blis_simpy.admission  # noqa: F401  (registers the built-in admission policies)
 import blis_simpy.routing  # noqa: F401  (registers the built-in routers and scorers)
-from blis_simpy.build.pools import resolve_pools
-from blis_simpy.build.resolve import Deployment, resolve
 from blis_simpy.cluster.cluster import Cluster, ControlPlaneCounters
 from blis_simpy.cluster.invariants import (
     RequestEndStates,
@@ -46,6 +44,8 @@ from blis_simpy.cluster.plugin_checks import (
 )
 from blis_simpy.cluster.policies import build_admission, build_router
 from blis_simpy.config.scenario import FRONTEND_CHECKOUT, Scenario
+from blis_simpy.deploy.pools import resolve_pools
+from blis_simpy.deploy.resolve import Deployment, resolve
 from blis_simpy.des import SimEnv
 from blis_simpy.disagg.fabric import KVTransferFabric
 from blis_simpy.engine import tally
@@ -167,19 +167,19 @@ class Simulation:
         self.horizon_us = horizon_us if horizon_us is not None else scenario.horizon
         self.env = SimEnv(self.horizon_us)
         eng = scenario.engine
-        self.plan = plan = resolve_pools(scenario, deployment=dep)
+        self.pools = layout = resolve_pools(scenario, deployment=dep)
         sched_cls = Scheduler.lookup(eng.scheduler, field="engine.scheduler")
         prio_cls = PriorityPolicy.lookup(eng.priority_policy, field="engine.priority_policy")
         batching_cls = BatchingPolicy.lookup(eng.batching, field="engine.batching")
         batching_params = batching_cls.parse_params(eng.batching_params, field="engine.batching_params")
         new_batching = guarded(batching_cls, "engine.batching")
         inst_cls, cluster_cls, fabric_cls = component_classes(
-            scenario, plan.enabled, instance_class=instance_class, cluster_class=cluster_class,
+            scenario, layout.enabled, instance_class=instance_class, cluster_class=cluster_class,
             fabric_class=fabric_class)
         self.instance_class, self.cluster_class, self.fabric_class = inst_cls, cluster_cls, fabric_cls
         new_instance = guarded(inst_cls, "engine.implementation")
         dp = scenario.dp
-        if dp > 1 and plan.enabled:
+        if dp > 1 and layout.enabled:
             raise ConfigError("data parallelism (dp > 1) is not supported with prefill/decode "
                               "pools; use dp 1 or more instances", field="dp")
         self.instances: list[Instance] = []
@@ -188,7 +188,7 @@ class Simulation:
         self.gpus = 0                      # instances x TP x DP
         tps = set()
         for e in range(scenario.cluster.num_instances):
-            d = plan.deployment_for(e)
+            d = layout.deployment_for(e)
             tps.add(max(d.tp, 1))
             self.gpus += max(d.tp, 1) * dp
             ranks = []
@@ -200,9 +200,9 @@ class Simulation:
                     max_model_len=d.max_model_len, preemption_model=eng.preemption_model,
                     async_scheduling=eng.async_scheduling, step_model=eng.step_model)
                 latency = d.new_latency_model()
-                if plan.interference:          # every instance, pools or not (disaggregation.md)
-                    latency = InterferenceModel(latency, plan.interference_prefill,
-                                                plan.interference_decode)
+                if layout.interference:          # every instance, pools or not (disaggregation.md)
+                    latency = InterferenceModel(latency, layout.interference_prefill,
+                                                layout.interference_decode)
                 kv = d.new_kv_cache()          # per rank: each DP rank has its own KV pool
                 try:
                     inst = new_instance(self.env, k, limits, latency, kv, sched_cls(), prio_cls(),
@@ -241,9 +241,9 @@ class Simulation:
                       snapshot_refresh_interval_us=cl.snapshot_refresh_interval_us,
                       trace=self.trace)
         new_cluster = guarded(cluster_cls, "cluster.implementation")
-        if plan.enabled:
+        if layout.enabled:
             self.cluster = build_pd_cluster(
-                self.env, self.instances, self.admission, self.router, plan, scenario, self.rng,
+                self.env, self.instances, self.admission, self.router, layout, scenario, self.rng,
                 dep.block_size, cluster_class=new_cluster,
                 fabric_class=guarded(fabric_cls, "disaggregation.transfer.fabric"), **common)
         else:
@@ -331,10 +331,10 @@ class Simulation:
         self._check_invariants()
         self._check_inflight(metrics)
         cluster_metrics = pd = None
-        if self.plan.enabled:
+        if self.pools.enabled:
             client = frozenset(inst.id for inst in self.instances
                                if inst.frontend is not None and inst.frontend.client)
-            cluster_metrics, pd = finish_pd(self.cluster, metrics, self.plan, client_instances=client)
+            cluster_metrics, pd = finish_pd(self.cluster, metrics, self.pools, client_instances=client)
         end = self.end_states(metrics, cluster_metrics)
         check_end_states(end)
         return SimulationResult(self.scenario, metrics, self.cluster.counters, limit, n,

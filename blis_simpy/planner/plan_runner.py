@@ -15,18 +15,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from blis_simpy.planner.pareto import front
-from blis_simpy.planner.plan import (
-    Found,
-    SearchResult,
-    brute_force,
-    cross_product_size,
-    max_rate_search,
-    search_cheapest,
-)
-from blis_simpy.planner.plan_points import (
+from blis_simpy.planner.candidates import (
     KEPT_METRICS,
-    Deployment,
+    Candidate,
     Family,
     families,
     fixed_deployment,
@@ -35,6 +26,15 @@ from blis_simpy.planner.plan_points import (
     offered_requests,
     point,
     price_of,
+)
+from blis_simpy.planner.pareto import front
+from blis_simpy.planner.search import (
+    Found,
+    SearchResult,
+    brute_force,
+    cross_product_size,
+    max_rate_search,
+    search_cheapest,
 )
 
 RunPoints = Callable[[list[dict]], list[dict]]
@@ -64,7 +64,7 @@ class Verdict:
     """A deployment at a rate, judged over every seed: ``meets`` when every seed's run meets
     the SLOs; ``metrics`` are the worst over the seeds (highest latency, lowest throughput)."""
 
-    deployment: Deployment
+    deployment: Candidate
     rate: float | None
     meets: bool
     why: str
@@ -111,13 +111,13 @@ class PlanRunner:
         self.seeds = self.spec.search.seeds if self.spec.search is not None else [42]
         self.slo_targets = scenario_slo(self.spec.slo.thresholds_ms)
 
-    def _point(self, dep: Deployment, seed: int, rate: float | None) -> dict:
+    def _point(self, dep: Candidate, seed: int, rate: float | None) -> dict:
         pt = point(self.plan, dep, seed, rate)
         if self.slo_targets:
             pt["scenario"]["slo"] = dict(self.slo_targets)
         return pt
 
-    def judge(self, items: Sequence[tuple[Deployment, float | None]], phase: str) -> list[Verdict]:
+    def judge(self, items: Sequence[tuple[Candidate, float | None]], phase: str) -> list[Verdict]:
         todo = list(dict.fromkeys(k for k in items if k not in self.cache))
         pts, owners = [], []
         for key in todo:
@@ -168,7 +168,7 @@ class PlanRunner:
             return self.judge([(f.deployment(c), None) for f, c in items], phase)
         return judge
 
-    def rate_judge(self, dep: Deployment):
+    def rate_judge(self, dep: Candidate):
         def judge(rate: float) -> Verdict:
             return self.judge([(dep, rate)], "max_rate")[0]
         return judge
@@ -194,7 +194,7 @@ def run_plan(plan, run_points: RunPoints, *, parallel: int = 1, brute: bool = Fa
     t0 = time.perf_counter()
     doc: dict = {"format": "blis-simpy-plan", "version": FORMAT_VERSION, "plan": _plan_summary(plan),
                  "cheapest": None, "max_rate": None}
-    winner: Deployment | None = None
+    winner: Candidate | None = None
     if spec.search is not None:
         fams = families(spec)
         keep = 1 + spec.search.runner_ups

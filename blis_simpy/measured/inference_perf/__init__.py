@@ -1,5 +1,5 @@
 """An inference-perf results folder read into an
-:class:`~blis_simpy.observed.run.AggregateRun` (docs/workloads.md, "inference-perf results").
+:class:`~blis_simpy.measured.run.AggregateRun` (docs/workloads.md, "inference-perf results").
 
 The folder is a run folder holding ``results/`` (and optionally ``exp-config.yaml`` and
 ``model_config/config.json``) or the ``results`` folder itself. ``results/config.yaml`` is the
@@ -10,7 +10,7 @@ the workload is rebuilt from the configuration (:mod:`.rebuild`).
 
 ``exp-config.yaml`` (the harness's record of the server: ``model``, ``tensor_parallelism``,
 ``max_model_len``, ``max_num_batched_tokens``, ``max_num_seqs``; other keys ignored) gives
-the :class:`~blis_simpy.observed.run.Settings`; its absence leaves them None (calibrate then
+the :class:`~blis_simpy.measured.run.Settings`; its absence leaves them None (calibrate then
 needs ``--scenario`` or ``--model``). It never names the GPU or the KV blocks: ``--hardware``
 and ``--total-kv-blocks`` give them. A ``model_config/config.json`` beside it is the model's
 shape.
@@ -26,11 +26,11 @@ from pathlib import Path
 from blis_simpy.config.loader import read_mapping
 from blis_simpy.config.scenario import EngineConfig
 from blis_simpy.errors import ConfigError
-from blis_simpy.observed.inference_perf.config import IPConfig, read_config
-from blis_simpy.observed.inference_perf.lifecycle import read_lifecycle
-from blis_simpy.observed.inference_perf.rebuild import pause_us, rebuild, timeout_us_of
-from blis_simpy.observed.run import AggregateRun, AggregateStats, Settings
-from blis_simpy.observed.vllm_meta import MAX_SETTING
+from blis_simpy.measured.inference_perf.config import IPConfig, read_config
+from blis_simpy.measured.inference_perf.lifecycle import read_lifecycle
+from blis_simpy.measured.inference_perf.rebuild import pause_us, rebuild, timeout_us_of
+from blis_simpy.measured.run import AggregateRun, AggregateStats, Settings
+from blis_simpy.measured.vllm_meta import MAX_SETTING
 from blis_simpy.workload.tracev2 import TraceHeader, TraceServer
 
 __all__ = ["DEFAULT_SEED", "is_inference_perf", "load_inference_perf", "with_seed"]

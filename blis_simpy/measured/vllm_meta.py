@@ -16,8 +16,8 @@ from pathlib import Path
 from blis_simpy.catalog.hardware import builtin_gpus
 from blis_simpy.catalog.models import builtin_models
 from blis_simpy.errors import ConfigError
-from blis_simpy.observed.files import MAX_META_BYTES, is_number, read_json_object
-from blis_simpy.observed.run import Settings
+from blis_simpy.measured.files import MAX_META_BYTES, is_number, read_json_object
+from blis_simpy.measured.run import Settings
 
 #: the largest count meta.json may give (max_num_seqs, max_num_batched_tokens, KV blocks, ...)
 MAX_SETTING = (1 << 31) - 1

@@ -1,5 +1,5 @@
 """inference-perf's ``stage_N_lifecycle_metrics.json`` and ``summary_lifecycle_metrics.json``
-read into :class:`~blis_simpy.observed.run.AggregateStats` (docs/workloads.md,
+read into :class:`~blis_simpy.measured.run.AggregateStats` (docs/workloads.md,
 "inference-perf results").
 
 Each file is one JSON object (inference-perf ``reportgen/base.py``, ``summarize_requests``):
@@ -16,8 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.observed.files import is_number, json_line, read_json_text
-from blis_simpy.observed.run import AggregateStats
+from blis_simpy.measured.files import is_number, json_line, read_json_text
+from blis_simpy.measured.run import AggregateStats
 
 MAX_LIFECYCLE_BYTES = 16 << 20
 #: our metric name -> inference-perf's key under successes.latency

@@ -1,5 +1,5 @@
 """Scheduling delay of measured runs: a vLLM log's ``scheduled_ts`` → ``RealRequest.sched_ms``
-→ TraceV2 ``scheduled_time_us`` → back (blis_simpy.observed), on a tiny hand-made folder."""
+→ TraceV2 ``scheduled_time_us`` → back (blis_simpy.measured), on a tiny hand-made folder."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.observed.converted import converted_files, load_converted, write_files
-from blis_simpy.observed.vllm_bench import load_vllm_bench
-from blis_simpy.observed.vllm_log import load_vllm_log
+from blis_simpy.measured.converted import converted_files, load_converted, write_files
+from blis_simpy.measured.vllm_bench import load_vllm_bench
+from blis_simpy.measured.vllm_log import load_vllm_log
 
 from .test_observed_vllm_log import write_run
 

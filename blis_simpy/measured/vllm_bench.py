@@ -25,8 +25,8 @@ import os
 from pathlib import Path
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.observed.files import read_json_object
-from blis_simpy.observed.run import ObservedRun, RealRequest, latencies
+from blis_simpy.measured.files import read_json_object
+from blis_simpy.measured.run import MeasuredRun, RealRequest, latencies
 from blis_simpy.workload.tracev2 import TraceHeader, TraceRecord, TraceServer
 
 MAX_REQUESTS = 1_000_000
@@ -68,8 +68,8 @@ def _array(data: dict, key: str, file: str, n: int | None, *, required: bool = T
     return v
 
 
-def load_vllm_bench(path: str | os.PathLike) -> ObservedRun:
-    """Read a ``vllm bench serve`` result into an :class:`ObservedRun` (``settings`` None,
+def load_vllm_bench(path: str | os.PathLike) -> MeasuredRun:
+    """Read a ``vllm bench serve`` result into a :class:`MeasuredRun` (``settings`` None,
     no prompts or outputs, no ticks; ``header``/``records`` the TraceV2 of the run).
 
     Per request ``i`` (``request_id`` ``i``; rows sorted by send time): ``arrival_time_us`` =
@@ -169,4 +169,4 @@ def load_vllm_bench(path: str | os.PathLike) -> ObservedRun:
     failed = sum(1 for e in errors if e)
     if failed:
         notes.append(f"{failed} of {n} requests failed (status error)")
-    return ObservedRun(path.stem, None, reqs, None, None, [], 0.0, notes, header, records, source=f)
+    return MeasuredRun(path.stem, None, reqs, None, None, [], 0.0, notes, header, records, source=f)

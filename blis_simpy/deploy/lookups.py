@@ -1,7 +1,7 @@
-"""One resolution pass over a scenario and its catalog look-ups (docs/latency-models.md,
+"""The catalog look-ups of one resolution pass over a scenario (docs/latency-models.md,
 "Catalogs and resolution").
 
-:class:`Resolution` carries the scenario, the notes and warnings of the pass, and finds the
+:class:`Lookups` carries the scenario, the notes and warnings of the pass, and finds the
 coefficient catalog (``--defaults-filepath`` over the built-in one), the GPUs (built-in +
 ``hardware_config`` + the scenario's ``gpus:``) and the model's architecture (never
 downloaded). The functions below resolve the deployment identity (hardware, TP, vLLM version)
@@ -25,7 +25,7 @@ from blis_simpy.kv.vllm_capacity import KVCapacity
 log = logging.getLogger("blis_simpy")
 
 
-class Resolution:
+class Lookups:
     """One pass over a scenario; collects notes and warnings as it goes."""
 
     def __init__(self, s: Scenario, quiet: bool, prefix: str = ""):
@@ -94,11 +94,11 @@ class Resolution:
         return None, tried
 
 
-def deployment_identity(r: Resolution, cat: CoefficientCatalog, *,
+def deployment_identity(r: Lookups, cat: CoefficientCatalog, *,
                         catalog_tp: bool = True) -> tuple[str, int, str]:
     """``(hardware, tp, vllm_version)``: as given, else the model's catalog defaults (noted).
     ``catalog_tp=False`` leaves an unset TP 0 (analytical backends choose it by one rule
-    for every model, :func:`blis_simpy.build.kv_capacity.default_tp`)."""
+    for every model, :func:`blis_simpy.deploy.kv_capacity.default_tp`)."""
     s = r.s
     d = cat.deployment_defaults(s.model) if s.model else None
     hardware, tp, vllm = s.hardware, s.tp, s.vllm_version
@@ -115,7 +115,7 @@ def deployment_identity(r: Resolution, cat: CoefficientCatalog, *,
     return hardware, tp, vllm
 
 
-def blackbox_coefficients(r: Resolution, cat: CoefficientCatalog, hw: str, tp: int, vllm: str):
+def blackbox_coefficients(r: Lookups, cat: CoefficientCatalog, hw: str, tp: int, vllm: str):
     """``(alpha, beta)`` of ``blackbox``: the given lists, else the catalog row of (model, GPU,
     TP, vLLM version); all-zero given lists are an error."""
     cfg = r.s.latency
@@ -134,7 +134,7 @@ def blackbox_coefficients(r: Resolution, cat: CoefficientCatalog, hw: str, tp: i
     return alpha, beta
 
 
-def global_coefficients(r: Resolution, cat: CoefficientCatalog, backend: str):
+def global_coefficients(r: Lookups, cat: CoefficientCatalog, backend: str):
     """``(alpha, beta)`` of ``crossmodel`` / ``trained-roofline``: the given lists, else the
     catalog's global set."""
     cfg = r.s.latency

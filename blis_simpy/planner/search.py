@@ -1,7 +1,7 @@
 """``plan``: the cheapest deployment that meets the SLOs, and the highest rate one sustains.
 
 **(a) Cheapest deployment** (:func:`search_cheapest`). The space is a set of families
-(:class:`~blis_simpy.planner.plan_points.Family`: GPU × TP × DP × EP × split shape, one
+(:class:`~blis_simpy.planner.candidates.Family`: GPU × TP × DP × EP × split shape, one
 instance count free). Assumption: within a family, meeting the SLOs is **monotone in the
 count** — at a fixed arrival rate, one more instance never turns a passing deployment into a
 failing one. Then each family's cheapest passing count is found by bisection (a lower-bound
@@ -37,7 +37,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from blis_simpy.planner.plan_points import Deployment, Family
+from blis_simpy.planner.candidates import Candidate, Family
 
 Judge = Callable[[list[tuple[Family, int]]], list]
 
@@ -51,7 +51,7 @@ class Found:
     verdict: object
 
     @property
-    def deployment(self) -> Deployment:
+    def deployment(self) -> Candidate:
         return self.family.deployment(self.count)
 
     @property

@@ -23,10 +23,10 @@ The public LLMServingSim repository's runs are read as they are laid out there
 ancestor. ``DIR`` may be the ``vllm/`` folder or the ``<hw>/<model>/`` one above it; the run
 is named ``vllm-<hw>-<model>``, lower-cased (``vllm-rtx4090-llama-3.1-8b``).
 
-:func:`load_vllm_log` returns an :class:`~blis_simpy.observed.run.ObservedRun`. Every
+:func:`load_vllm_log` returns a :class:`~blis_simpy.measured.run.MeasuredRun`. Every
 malformed input is a :class:`ConfigError` naming the file, line and field. Inputs are capped
-(:mod:`blis_simpy.observed.files`: lines, token IDs and bytes a file). meta.json is read into
-the simulator's settings by :mod:`blis_simpy.observed.vllm_meta`. Times in the log are
+(:mod:`blis_simpy.measured.files`: lines, token IDs and bytes a file). meta.json is read into
+the simulator's settings by :mod:`blis_simpy.measured.vllm_meta`. Times in the log are
 seconds; the trace built from it is in integer µs.
 """
 
@@ -40,10 +40,10 @@ from pathlib import Path
 import numpy as np
 
 from blis_simpy.errors import ConfigError
-from blis_simpy.observed.files import is_number, read_jsonl, read_ticks
-from blis_simpy.observed.run import ObservedRun, RealRequest, latencies
-from blis_simpy.observed.vllm_bench import MAX_SECONDS
-from blis_simpy.observed.vllm_meta import engine_settings, read_meta
+from blis_simpy.measured.files import is_number, read_jsonl, read_ticks
+from blis_simpy.measured.run import MeasuredRun, RealRequest, latencies
+from blis_simpy.measured.vllm_bench import MAX_SECONDS
+from blis_simpy.measured.vllm_meta import engine_settings, read_meta
 from blis_simpy.rng import numpy_rng
 from blis_simpy.workload.replay import VOCAB_SIZE
 from blis_simpy.workload.tracev2 import TraceHeader, TraceRecord, TraceServer
@@ -170,10 +170,10 @@ def read_workload(path: Path) -> list[dict]:
 
 
 def load_vllm_log(run_dir: str | os.PathLike, workload: str | os.PathLike | None = None, *,
-                  require_ticks: bool = False) -> ObservedRun:
+                  require_ticks: bool = False) -> MeasuredRun:
     """Read and check one raw vLLM run folder and its workload (module docstring).
 
-    Returns an :class:`ObservedRun` whose ``requests`` follow requests.jsonl, ``prompts`` are
+    Returns a :class:`MeasuredRun` whose ``requests`` follow requests.jsonl, ``prompts`` are
     the workload's ``input_tok_ids``, ``outputs`` its ``output_tok_ids`` (drawn uniformly
     from the run's seed where missing, with a note), ``ticks`` the timeseries (empty when
     there is none, an error with ``require_ticks``), and ``header``/``records`` the run as
@@ -218,12 +218,12 @@ def load_vllm_log(run_dir: str | os.PathLike, workload: str | os.PathLike | None
     tpath = folder / "timeseries.csv"
     ticks = read_ticks(tpath) if require_ticks or tpath.exists() else []
     q0 = min(float(r["queued_ts"]) for r in rows)
-    run = ObservedRun(name, st, reqs, prompts, outputs, ticks, q0, notes, source=str(folder))
+    run = MeasuredRun(name, st, reqs, prompts, outputs, ticks, q0, notes, source=str(folder))
     run.header, run.records = trace_of(run, meta)
     return run
 
 
-def trace_of(run: ObservedRun, meta: dict) -> tuple[TraceHeader, list[TraceRecord]]:
+def trace_of(run: MeasuredRun, meta: dict) -> tuple[TraceHeader, list[TraceRecord]]:
     """The run as TraceV2, mode ``real``: per request ``arrival_time_us`` = ``send_time_us`` =
     queued_ts − the earliest queued_ts, ``first_chunk_time_us`` / ``last_chunk_time_us`` its
     first / last token and ``scheduled_time_us`` its scheduled_ts on the same origin (all

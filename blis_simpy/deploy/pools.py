@@ -1,10 +1,10 @@
 """Prefill/decode pools resolved from a scenario (docs/disaggregation.md, "PD in the simulator").
 
 :func:`resolve_pools` adds prefill/decode disaggregation to the global resolution
-(:func:`~blis_simpy.build.resolve.resolve`): it validates the pool topology and the PD
-settings and returns a :class:`PoolPlan` — the role of every instance, one
-:class:`~blis_simpy.build.resolve.Deployment` per role (pool overrides applied to a copy of
-the scenario, :mod:`blis_simpy.build.pool_deployment`), the KV-transfer parameters, the
+(:func:`~blis_simpy.deploy.resolve.resolve`): it validates the pool topology and the PD
+settings and returns a :class:`PoolLayout` — the role of every instance, one
+:class:`~blis_simpy.deploy.resolve.Deployment` per role (pool overrides applied to a copy of
+the scenario, :mod:`blis_simpy.deploy.pool_deployment`), the KV-transfer parameters, the
 decider, the interference factors, the per-pool routers and the compatibility mode.
 """
 
@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from blis_simpy.build.pool_deployment import OVERRIDE_FIELDS, resolve_pool_deployment
-from blis_simpy.build.resolution import Resolution
-from blis_simpy.build.resolve import Deployment, resolve
 from blis_simpy.catalog.types import ModelConfig
 from blis_simpy.config.scenario import PoolOverrides, RoutingConfig, Scenario
+from blis_simpy.deploy.lookups import Lookups
+from blis_simpy.deploy.pool_deployment import OVERRIDE_FIELDS, resolve_pool_deployment
+from blis_simpy.deploy.resolve import Deployment, resolve
 from blis_simpy.disagg.deciders import DisaggregationDecider, make_decider
 from blis_simpy.errors import ConfigError
 from blis_simpy.routing.base import Router
@@ -32,7 +32,7 @@ BLIS_KV_BYTES_PER_TOKEN = 512
 
 
 @dataclass(frozen=True)
-class PoolPlan:
+class PoolLayout:
     """The prefill/decode split of a scenario's instances, fully resolved (docs/disaggregation.md).
 
     Built by :func:`resolve_pools`; the cluster reads only this (and never the scenario's
@@ -201,11 +201,11 @@ def _given_overrides(ov: PoolOverrides) -> list[str]:
 
 
 def resolve_pools(scenario: Scenario, *, quiet: bool = False,
-                  deployment: Deployment | None = None) -> PoolPlan:
+                  deployment: Deployment | None = None) -> PoolLayout:
     """Validate the scenario's PD settings and resolve its pools (docs/disaggregation.md).
 
     ``deployment``: the already resolved global deployment (else :func:`resolve` is called).
-    ``quiet``: log nothing (warnings are still in ``PoolPlan.warnings``). Raises
+    ``quiet``: log nothing (warnings are still in ``PoolLayout.warnings``). Raises
     :class:`ConfigError` naming the scenario key (the CLI maps it to the flag that set it).
     """
     s, d = scenario, scenario.disaggregation
@@ -213,7 +213,7 @@ def resolve_pools(scenario: Scenario, *, quiet: bool = False,
     P, D = d.prefill_instances, d.decode_instances
     enabled = check_topology(P, D, n)
     checkout = d.compat == "checkout"
-    r = Resolution(s, quiet, prefix="PD: ")
+    r = Lookups(s, quiet, prefix="PD: ")
     glob = deployment if deployment is not None else resolve(s, quiet=quiet)
 
     decider = check_decider(d.decider.policy, d.decider.params)
@@ -245,7 +245,7 @@ def resolve_pools(scenario: Scenario, *, quiet: bool = False,
             if keys:
                 r.warn(f"{role} pool overrides ({', '.join(keys)}) have no effect: PD disaggregation "
                        "is disabled (--prefill-instances and --decode-instances are 0)")
-        return PoolPlan(enabled=False, roles=(UNASSIGNED,) * n,
+        return PoolLayout(enabled=False, roles=(UNASSIGNED,) * n,
                         deployments=MappingProxyType({UNASSIGNED: glob}),
                         kv_bytes_per_token=t.kv_bytes_per_token or BLIS_KV_BYTES_PER_TOKEN,
                         bandwidth_gbps=t.bandwidth_gbps, base_latency_ms=t.base_latency_ms,
@@ -274,7 +274,7 @@ def resolve_pools(scenario: Scenario, *, quiet: bool = False,
     routing = {role: _pool_routing(s, ov.routing, f"disaggregation.{role}_pool.routing")
                for role, ov in ((PREFILL, d.prefill_pool), (DECODE, d.decode_pool))}
     roles = tuple(PREFILL if i < P else DECODE if i < P + D else UNASSIGNED for i in range(n))
-    return PoolPlan(enabled=True, roles=roles, deployments=MappingProxyType(deployments),
+    return PoolLayout(enabled=True, roles=roles, deployments=MappingProxyType(deployments),
                     kv_bytes_per_token=kvb, bandwidth_gbps=t.bandwidth_gbps,
                     base_latency_ms=t.base_latency_ms, contention=contention, decider=decider,
                     decider_params=MappingProxyType(dict(d.decider.params)),
@@ -283,7 +283,7 @@ def resolve_pools(scenario: Scenario, *, quiet: bool = False,
                     notes=tuple(notes))
 
 
-def _kv_bytes(r: Resolution, s: Scenario, glob: Deployment, checkout: bool) -> int:
+def _kv_bytes(r: Lookups, s: Scenario, glob: Deployment, checkout: bool) -> int:
     """Given > compat checkout's 512 > derived from the model shape > 512 with a warning."""
     given = s.disaggregation.transfer.kv_bytes_per_token
     if given is not None:
