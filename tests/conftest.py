@@ -19,6 +19,12 @@ settings.register_profile("ci", derandomize=True, max_examples=100, deadline=Non
 settings.register_profile("dev", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+#: Table widths follow ``$COLUMNS`` (docs/cli.md, "Tables and the terminal width"); the tests
+#: expect the width of piped output unless they set one themselves, whatever the shell that
+#: runs them exported (pytest-xdist's workers get COLUMNS=80).
+for _var in ("COLUMNS", "LINES"):
+    os.environ.pop(_var, None)
+
 REPO = Path(__file__).resolve().parents[1]
 #: the sibling folder of real vLLM runs and BLIS's reference files beside a development checkout;
 #: ``BLIS_SIMPY_SHARED_DIR`` points the tests elsewhere (an empty folder: a user's fresh clone)
