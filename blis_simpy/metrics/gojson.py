@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from collections.abc import Mapping
 
 __all__ = ["dumps", "format_float", "quote"]
@@ -60,6 +61,11 @@ def _shortest_digits(f: float) -> tuple[str, int]:
 def format_float(f: float) -> str:
     """A float64 as Go's ``encoding/json`` writes it."""
     f = float(f)
+    r = repr(f)
+    if "e" not in r and "n" not in r:
+        # repr's fixed notation (1e-4 <= |f| < 1e16, or zero): the shortest round-trip
+        # digits, as Go's; Go leaves out a fractional part of zero (1.0 -> 1, -0.0 -> -0)
+        return r[:-2] if r.endswith(".0") else r
     if math.isnan(f) or math.isinf(f):
         raise ValueError(f"json: unsupported value: {f!r}")
     if f == 0.0:
@@ -104,20 +110,27 @@ def _escape_char(c: str, escape_html: bool) -> str:
     return c
 
 
-def _needs_escape(c: str, escape_html: bool) -> bool:
-    o = ord(c)
-    return (o < 0x20 or c == '"' or c == "\\" or (escape_html and c in "<>&")
-            or o in (0x2028, 0x2029) or 0xD800 <= o <= 0xDFFF)
+#: the characters :func:`_escape_char` changes, with and without HTML escaping
+_ESCAPED = {True: re.compile('[\x00-\x1f"\\\\<>&\u2028\u2029\ud800-\udfff]'),
+            False: re.compile('[\x00-\x1f"\\\\\u2028\u2029\ud800-\udfff]')}
 
 
 def quote(s: str, *, escape_html: bool = True) -> str:
     """A string as a Go JSON string literal (quotes included)."""
-    if not any(_needs_escape(c, escape_html) for c in s):
+    pattern = _ESCAPED[escape_html]
+    if pattern.search(s) is None:
         return '"' + s + '"'
-    return '"' + "".join(_escape_char(c, escape_html) for c in s) + '"'
+    return '"' + pattern.sub(lambda m: _escape_char(m.group(), escape_html), s) + '"'
 
 
 def _scalar(v, escape_html: bool) -> str | None:
+    t = type(v)
+    if t is str:
+        return quote(v, escape_html=escape_html)
+    if t is int:
+        return str(v)
+    if t is float:
+        return format_float(v)
     if v is None:
         return "null"
     if v is True:
@@ -141,47 +154,73 @@ def dumps(obj, *, indent: str | None = "  ", prefix: str = "", escape_html: bool
     ``indent=None`` encodes like ``json.Marshal`` (no whitespace).
     """
     parts: list[str] = []
-    _encode(obj, parts, indent, prefix, 0, escape_html)
+    _Encoder(indent, prefix, escape_html).encode(obj, parts, 0)
     return "".join(parts)
 
 
-def _encode(v, out: list, indent, prefix: str, depth: int, escape_html: bool) -> None:
-    s = _scalar(v, escape_html)
-    if s is not None:
-        out.append(s)
-        return
-    if isinstance(v, Mapping):
-        items = list(v.items())
-        if not items:
-            out.append("{}")
+class _Encoder:
+    """One :func:`dumps` call: the line breaks of each depth and the quoted keys, each
+    made once (a results file repeats the same keys for every request)."""
+
+    def __init__(self, indent: str | None, prefix: str, escape_html: bool) -> None:
+        self.indent, self.prefix, self.escape_html = indent, prefix, escape_html
+        self.colon = ": " if indent is not None else ":"
+        self._breaks: list[str] = []
+        self._keys: dict[str, str] = {}
+
+    def brk(self, depth: int) -> str:
+        """``","``-less line break before a member at ``depth`` ("" when compact)."""
+        if self.indent is None:
+            return ""
+        while len(self._breaks) <= depth:
+            self._breaks.append("\n" + self.prefix + self.indent * len(self._breaks))
+        return self._breaks[depth]
+
+    def key(self, k) -> str:
+        """A member's quoted key and colon (keys that are not strings are converted with
+        ``str`` and not cached: ``1``, ``1.0`` and ``True`` are one dict key but three texts)."""
+        if type(k) is not str:
+            return quote(str(k), escape_html=self.escape_html) + self.colon
+        q = self._keys.get(k)
+        if q is None:
+            q = self._keys[k] = quote(k, escape_html=self.escape_html) + self.colon
+        return q
+
+    def encode(self, v, out: list, depth: int) -> None:
+        s = _scalar(v, self.escape_html)
+        if s is not None:
+            out.append(s)
             return
-        out.append("{")
-        for i, (k, val) in enumerate(items):
-            if i:
-                out.append(",")
-            if indent is not None:
-                out.append("\n" + prefix + indent * (depth + 1))
-            key = k if isinstance(k, str) else str(k)
-            out.append(quote(key, escape_html=escape_html))
-            out.append(": " if indent is not None else ":")
-            _encode(val, out, indent, prefix, depth + 1, escape_html)
-        if indent is not None:
-            out.append("\n" + prefix + indent * depth)
-        out.append("}")
-        return
-    if isinstance(v, (list, tuple)):
-        if not v:
-            out.append("[]")
+        if isinstance(v, Mapping):
+            if not v:
+                out.append("{}")
+                return
+            inner, key, esc = self.brk(depth + 1), self.key, self.escape_html
+            sep = "{"
+            for k, val in v.items():
+                out.append(sep + inner + key(k))
+                sep = ","
+                s = _scalar(val, esc)
+                if s is not None:
+                    out.append(s)
+                else:
+                    self.encode(val, out, depth + 1)
+            out.append(self.brk(depth) + "}")
             return
-        out.append("[")
-        for i, val in enumerate(v):
-            if i:
-                out.append(",")
-            if indent is not None:
-                out.append("\n" + prefix + indent * (depth + 1))
-            _encode(val, out, indent, prefix, depth + 1, escape_html)
-        if indent is not None:
-            out.append("\n" + prefix + indent * depth)
-        out.append("]")
-        return
-    raise TypeError(f"json: unsupported type: {type(v).__name__}")
+        if isinstance(v, (list, tuple)):
+            if not v:
+                out.append("[]")
+                return
+            inner, esc = self.brk(depth + 1), self.escape_html
+            sep = "["
+            for val in v:
+                out.append(sep + inner)
+                sep = ","
+                s = _scalar(val, esc)
+                if s is not None:
+                    out.append(s)
+                else:
+                    self.encode(val, out, depth + 1)
+            out.append(self.brk(depth) + "]")
+            return
+        raise TypeError(f"json: unsupported type: {type(v).__name__}")

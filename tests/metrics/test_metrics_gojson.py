@@ -115,3 +115,93 @@ def test_every_printed_block_byte_identical(name):
     blocks = ["=== Simulation Metrics ===\n" + dumps(b) + "\n" for b in expected["stdout_metrics"]]
     # blocks come first, consecutively, in this order
     assert stdout.startswith("".join(blocks))
+
+
+# --- the fast paths against the definition, character by character --------------------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def _reference_quote(s: str, escape_html: bool) -> str:
+    """Go's string escaping, one character at a time (the module docstring's rules)."""
+    out = []
+    for c in s:
+        o = ord(c)
+        if c in '"\\':
+            out.append("\\" + c)
+        elif c in "\b\f\n\r\t":
+            out.append({"\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}[c])
+        elif o < 0x20 or (escape_html and c in "<>&"):
+            out.append(f"\\u{o:04x}")
+        elif o in (0x2028, 0x2029):
+            out.append(f"\\u{o:04x}")
+        elif 0xD800 <= o <= 0xDFFF:
+            out.append("\\ufffd")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+def _reference_float(f: float) -> str:
+    """Go's float encoding from its definition: shortest round-trip digits via Decimal."""
+    from decimal import Decimal
+    if f == 0:
+        return "-0" if math.copysign(1, f) < 0 else "0"
+    a = abs(f)
+    if a < 1e-6 or a >= 1e21:
+        digits = repr(a).split("e")[0].replace(".", "").lstrip("0").rstrip("0") or "0"
+        exp = int(Decimal(repr(a)).adjusted())
+        mant = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        ed = str(abs(exp))
+        ed = ed if exp < 0 or len(ed) >= 2 else "0" + ed
+        return ("-" if f < 0 else "") + f"{mant}e{'-' if exp < 0 else '+'}{ed}"
+    text = format(Decimal(repr(f)), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+_text = st.text(st.characters(codec=None, exclude_categories=()), max_size=12)
+_floats = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(
+    [1e-7, 1e-6, 9.99e-7, 1e21, 9.99e20, 1e16, 1e-4, 1e-5, 0.1, 1.0, -0.0, 123456789.0])
+
+
+@given(_floats)
+def test_format_float_matches_the_definition(f):
+    assert format_float(f) == _reference_float(f)
+
+
+@given(_text, st.booleans())
+def test_quote_matches_the_definition(s, html):
+    assert quote(s, escape_html=html) == _reference_quote(s, html)
+
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | _floats | _text,
+    lambda kids: st.lists(kids, max_size=4)
+    | st.dictionaries(_text | st.integers() | st.booleans(), kids, max_size=4),
+    max_leaves=20)
+
+
+@given(_values, st.sampled_from(["  ", None, "\t"]))
+def test_nested_values_match_a_plain_recursive_encoding(v, indent):
+    """Cached keys and line breaks give what one member at a time would: keys that are not
+    strings go through ``str`` (``True`` and ``1`` are different texts)."""
+    def ref(x, depth):
+        if x is None or isinstance(x, bool):
+            return {None: "null", True: "true", False: "false"}[x]
+        if isinstance(x, int):
+            return str(x)
+        if isinstance(x, float):
+            return _reference_float(x)
+        if isinstance(x, str):
+            return _reference_quote(x, True)
+        opening, closing, items = ("{", "}", [_reference_quote(str(k), True) + (": " if indent is not None else ":")
+                                   + ref(val, depth + 1) for k, val in x.items()]) if isinstance(x, dict) \
+            else ("[", "]", [ref(val, depth + 1) for val in x])
+        if not items:
+            return opening + closing
+        if indent is None:
+            return opening + ",".join(items) + closing
+        inner = "\n" + indent * (depth + 1)
+        return opening + ",".join(inner + it for it in items) + "\n" + indent * depth + closing
+    assert dumps(v, indent=indent) == ref(v, 0)
