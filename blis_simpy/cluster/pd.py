@@ -123,7 +123,7 @@ class PDCluster(Cluster, name="pd"):
                           prefix_group=req.prefix_group, prefix_length=req.prefix_length)
             _share_hashes(req, sub)
             parent.prefill_sub = sub
-            self.prefill_inbox.put_at(now_us + lat, parent)
+            self.prefill_inbox.hand_on(now_us + lat, parent)
 
     def _on_local_routing(self, req) -> None:
         if self.local_routing == "all":
