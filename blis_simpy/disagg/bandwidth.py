@@ -273,7 +273,7 @@ class BandwidthLink(BaseResource):
                 ps.reset()
             ps.add((now_us - self._epoch) + self.latency_us, tr.seq, tr.nbytes, tr)
         process_now(tr)
-        self._arm()
+        self._arm(self.next_completion_us())
         return True
 
     def _do_get(self, rel: Release) -> bool:
@@ -307,9 +307,9 @@ class BandwidthLink(BaseResource):
             tr.due_us = tick
             heapq.heappush(self._due, (tick, tr.seq, tr))
 
-    def _arm(self) -> None:
-        """Arm a timer for the next completion if it is earlier than the live one."""
-        nxt = self.next_completion_us()
+    def _arm(self, nxt: int | None) -> None:
+        """Arm a timer for the next completion ``nxt`` (µs, :meth:`next_completion_us`,
+        computed once per change of the holders) if it is earlier than the live one."""
         if nxt is None or (self._armed is not None and nxt >= self._armed):
             return
         env = self._env
@@ -342,7 +342,7 @@ class BandwidthLink(BaseResource):
             # everything due now was just fired: a completion at or before now would make
             # the timer spin in place (a bookkeeping bug, never expected)
             raise RuntimeError(f"bandwidth link: next completion {nxt} us is not after {now_us} us")
-        self._arm()
+        self._arm(nxt)
 
 
 __all__ = ["BandwidthLink", "CONTENTION_MODES", "Contention", "Release", "SharedBandwidth",
