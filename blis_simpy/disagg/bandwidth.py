@@ -26,9 +26,14 @@ per-transfer delay):
 ``finished`` fires at ``ceil`` of the exact (float) finish instant, at least 1 µs after
 the start, as an event at the link's heap ``key`` (:mod:`blis_simpy.des`); transfers
 finishing in the same µs fire in acquisition order (BLIS pops equal-time completions in
-push order). Internally one keyed timer event is armed for the next finish tick; an
-acquisition that moves that tick earlier arms an earlier one (the superseded timer fires
-and does nothing). Times on the SimPy clock are integer µs.
+push order). Acquisitions and releases are granted and processed at once
+(:func:`blis_simpy.des.process_now`: SimPy would process them as NORMAL events now, ahead of
+every model event), so ``yield tr`` goes on without an event. Under none/snapshot the finish
+tick is known at the acquisition and ``finished`` is scheduled then. Under fair-share one
+keyed timer event is armed for the next finish tick (computed once per change of the holders);
+an acquisition that moves that tick earlier arms an earlier one (the superseded timer fires
+and does nothing); the timer processes the due ``finished`` events itself when nothing else is
+queued before their place. Times on the SimPy clock are integer µs.
 """
 
 from __future__ import annotations
