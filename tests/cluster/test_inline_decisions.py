@@ -72,3 +72,14 @@ def test_pd_hand_offs_and_transfers_take_fewer_events_in_the_same_order(monkeypa
     assert [t.complete_us for t in sim.cluster.fabric.transfers] == \
         [t.complete_us for t in sim_k.cluster.fabric.transfers]
     assert keyed.events_processed - fast.events_processed == saved * 4
+
+
+def test_pd_local_routing_runs_in_the_decision_process(monkeypatch):
+    """Requests the decider keeps local (``never``) are routed to the decode pool by the
+    decision process itself: admission and local routing, 2 events fewer per request."""
+    sc = pd_scenario(decider="never")
+    sim, fast, rows, _ = _run(sc, _pd_reqs(4), monkeypatch, keyed=False)
+    _, keyed, rows_k, _ = _run(sc, _pd_reqs(4), monkeypatch, keyed=True)
+    assert rows == rows_k and not sim.cluster.parents
+    assert [r[1] for r in rows] == ["instance_1"] * 4          # the decode pool
+    assert keyed.events_processed - fast.events_processed == 2 * 4
