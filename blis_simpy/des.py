@@ -23,7 +23,7 @@ and :class:`simpy.events.Timeout` always uses NORMAL too. BLIS's deterministic o
 events at an explicit time *and* key, so this module triggers events itself, exactly as
 SimPy's own ``Timeout`` and ``Environment.run`` do internally: set ``_ok``/``_value``, then
 :meth:`~simpy.core.Environment.schedule` (public) with the key as the priority. That
-happens in :class:`Call`, :class:`Wake` and :func:`succeed_at` only (and the clock itself
+happens in :class:`Call`, :class:`Wake`, :func:`succeed_at` and :func:`process_now` only (and the clock itself
 moves outside :meth:`~simpy.core.Environment.step` only in :meth:`SimEnv.advance_to`); every other module
 goes through :meth:`SimEnv.call_at`, :meth:`SimEnv.wake_at`, :func:`succeed_at` and
 :class:`Mailbox` (a :class:`simpy.Store`), and never writes an event's private fields.
@@ -115,6 +115,27 @@ def succeed_at(event: Event, time_us: int, key: int, value=None) -> Event:
     return event
 
 
+def process_now(event: Event, value=None) -> Event:
+    """Trigger the pending ``event`` with ``value`` and process it at once (run its callbacks
+    now), without a heap entry; returns the event.
+
+    For a request that a resource grants at once and that nobody is waiting on yet (the
+    bandwidth link's acquisitions and releases, :mod:`blis_simpy.disagg.bandwidth`): SimPy
+    would process it as a NORMAL-priority event *now*, ahead of every model event at this
+    time, so processing it here changes no order; a process that then yields it goes
+    on at once, as SimPy does for any processed event. Raises RuntimeError if the event was
+    already triggered.
+    """
+    if event.triggered:
+        raise RuntimeError(f"{event} has already been triggered")
+    event._ok = True
+    event._value = value
+    callbacks, event.callbacks = event.callbacks, None
+    for cb in callbacks:
+        cb(event)
+    return event
+
+
 class Call(Event):
     """An event that calls ``fn(arg)`` when it is processed (a plain timed callback).
 
@@ -181,6 +202,19 @@ class SimEnv(simpy.Environment):
         to the clock when it pops an event, without the event."""
         self._now = time_us
 
+    def quiet_through(self, key: int) -> bool:
+        """Is nothing queued at the current time with a heap key at or below ``key`` (and
+        nothing earlier)? Then work that a keyed event at ``(now, key)`` would do may be done
+        *inline*, by the event being processed: no other event could run in between, so every
+        event keeps its order (the caller must not schedule, after the inline work, anything
+        at the same time and key as what that work schedules). SimPy's URGENT/NORMAL events
+        (keys 0/1) at the current time make it False."""
+        q = self._queue
+        if not q:
+            return True
+        head = q[0]
+        return head[0] > self._now or head[1] > key
+
     def latest_due_us(self, limit_us: int) -> int | None:
         """The latest time (µs) of an event now queued at or before ``limit_us``; None when
         no queued event is. Read-only (an observer uses it to never outlive the run:
@@ -241,9 +275,33 @@ class Mailbox(simpy.Store):
         """Put ``item`` at a later time (a keyed timed event at ``(time_us, key)`` that
         delivers it, see :meth:`deliver`)."""
         env = self._env
-        ev = Call(env, self.deliver, item)
+        ev = Call(env, self._deliver_timed, item)
         env.schedule(ev, self.key, time_us - env.now)
         return ev
+
+    def _deliver_timed(self, item) -> None:
+        """:meth:`put_at`'s event: deliver ``item``. When a reader waits (so no item is
+        queued) and nothing is queued at or before ``(now, key)`` (:meth:`SimEnv.quiet_through`),
+        its get would be the very next event: it is processed here instead (the
+        longest-waiting reader resumes now, as :meth:`_do_get` would have served it), the
+        same order with one event fewer."""
+        waiting = self.get_queue
+        if waiting and self._env.quiet_through(self.key):
+            process_now(waiting.pop(0), item)
+        else:
+            self.deliver(item)
+
+    def hand_on(self, time_us: int, item) -> Call | None:
+        """:meth:`put_at`, but at the current time with nothing queued at or before ``(now,
+        key)`` (:meth:`SimEnv.quiet_through`) the item is delivered at once (None is
+        returned): the same order with one event fewer. The caller must not itself schedule
+        anything at ``(time_us, key)`` after this call (a decision process hands a request
+        on and goes back to its inbox)."""
+        env = self._env
+        if time_us == env._now and env.quiet_through(self.key):
+            self.deliver(item)
+            return None
+        return self.put_at(time_us, item)
 
     def __len__(self) -> int:
         return len(self.items)

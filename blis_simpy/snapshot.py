@@ -17,7 +17,7 @@ fresh (the cluster owns them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,42 @@ class RouterState:
 
     snapshots: tuple[InstanceSnapshot, ...]
     clock_us: int
+
+
+def _snapshot_maker():
+    """``make(id, index, queue_depth, batch_size, kv_utilization, free_kv_blocks,
+    cache_hit_rate, in_flight_requests, model)`` → an :class:`InstanceSnapshot` equal to the
+    one its constructor returns, built by its slot descriptors: the frozen dataclass's own
+    ``__init__`` assigns each field through ``object.__setattr__`` and costs about twice as
+    much, on a path that builds one snapshot per candidate instance per decision."""
+    names = ("id", "index", "queue_depth", "batch_size", "kv_utilization", "free_kv_blocks",
+             "cache_hit_rate", "in_flight_requests", "model")
+    if tuple(f.name for f in fields(InstanceSnapshot)) != names:    # a field added: add it here
+        raise TypeError("snapshot maker out of date with InstanceSnapshot's fields")
+    d = InstanceSnapshot.__dict__
+    (s_id, s_index, s_queue, s_batch, s_util, s_free, s_hit, s_inflight,
+     s_model) = (d[f].__set__ for f in names)
+    new = object.__new__
+    cls = InstanceSnapshot
+
+    def make(id_, index, queue_depth, batch_size, kv_utilization, free_kv_blocks,
+             cache_hit_rate, in_flight_requests, model) -> InstanceSnapshot:
+        snap = new(cls)
+        s_id(snap, id_)
+        s_index(snap, index)
+        s_queue(snap, queue_depth)
+        s_batch(snap, batch_size)
+        s_util(snap, kv_utilization)
+        s_free(snap, free_kv_blocks)
+        s_hit(snap, cache_hit_rate)
+        s_inflight(snap, in_flight_requests)
+        s_model(snap, model)
+        return snap
+
+    return make
+
+
+make_snapshot = _snapshot_maker()
 
 
 class SnapshotProvider:
@@ -80,13 +116,13 @@ class SnapshotProvider:
             kv = inst.kv
             total = kv.total_blocks
             used = kv.used
-            return InstanceSnapshot(inst.id, k, len(inst.waitq), len(inst.running),
-                                    used / total if total > 0 else 0.0, total - used,
-                                    kv.cache_hit_rate(), in_flight, inst.model)
+            return make_snapshot(inst.id, k, len(inst.waitq), len(inst.running),
+                                 used / total if total > 0 else 0.0, total - used,
+                                 kv.cache_hit_rate(), in_flight, inst.model)
         if clock_us - self._last[k] >= self.interval:
             fields = self._cache[k] = self.read(inst)
             self._last[k] = clock_us
         else:
             fields = self._cache[k]
         q, b, util, free, hit = fields
-        return InstanceSnapshot(inst.id, k, q, b, util, free, hit, in_flight, inst.model)
+        return make_snapshot(inst.id, k, q, b, util, free, hit, in_flight, inst.model)

@@ -20,6 +20,7 @@ from blis_simpy.des import (
     Mailbox,
     SimEnv,
     instance_key,
+    process_now,
     succeed_at,
 )
 from tests.des_support import run_through_horizon
@@ -190,6 +191,76 @@ def test_succeed_at_refuses_a_triggered_event_and_the_past():
     env.run(until=10)
     with pytest.raises(ValueError):
         succeed_at(env.event(), 9, ROUTING)
+
+
+# ---------------------------------------------------------------------------- fewer events
+def _count(env) -> int:
+    n = 0
+    while env.peek() <= env.horizon_us:
+        env.step()
+        n += 1
+    return n
+
+
+def test_quiet_through_looks_at_the_head_of_the_queue():
+    env = SimEnv(100)
+    assert env.quiet_through(ROUTING)                       # nothing queued
+    env.call_at(0, PREFILL_ROUTING, lambda _: None)
+    assert env.quiet_through(ROUTING) and not env.quiet_through(PREFILL_ROUTING)
+    env.call_at(0, ROUTING, lambda _: None)
+    assert env.quiet_through(ROUTING - 1)
+    assert not env.quiet_through(ROUTING)
+    env2 = SimEnv(100)
+    env2.call_at(3, ROUTING, lambda _: None)                 # later time: any key is quiet now
+    assert env2.quiet_through(1 << 40)
+    env2.event().succeed()                                   # SimPy's NORMAL (1) at now
+    assert not env2.quiet_through(ROUTING)
+
+
+def test_process_now_lets_a_process_go_on_without_an_event():
+    env = SimEnv(100)
+    log = []
+
+    def proc():
+        ev = env.event()
+        value = yield process_now(ev, "v")                   # processed: no wait
+        log.append((env.now, value, ev.processed))
+
+    env.process(proc())
+    assert _count(env) == 2                                  # the start and the end, no more
+    assert log == [(0, "v", True)]
+    with pytest.raises(RuntimeError):
+        process_now(process_now(env.event()))
+
+
+def test_put_at_serves_a_waiting_reader_in_its_own_event():
+    """A timed delivery with nothing queued before its place takes one event (not two);
+    with an equal-key event queued first, the reader is served behind it, as before."""
+    env = SimEnv(100)
+    box = Mailbox(env, PREFILL_ROUTING)
+    log = []
+    env.process(_reader(env, box, "r", log, 2))
+    box.put_at(12, "a")
+    env.call_at(20, PREFILL_ROUTING, log.append, "queued first")
+    box.put_at(20, "b")
+    assert _count(env) == 1 + 1 + 2 + 1         # start, a's put, the other event and b's put, end
+    assert log == [(12, "r", "a"), "queued first", (20, "r", "b")]
+
+
+def test_hand_on_delivers_now_when_nothing_comes_in_between():
+    env = SimEnv(100)
+    box = Mailbox(env, PREFILL_ROUTING)
+    log = []
+    env.process(_reader(env, box, "r", log, 3))
+    results = []
+    env.call_at(5, ROUTING, lambda _: results.append(box.hand_on(5, "now")))
+    # at 7 an equal-key event is queued first: the hand-off keeps its keyed event behind it
+    env.call_at(7, PREFILL_ROUTING, log.append, "first at 7")
+    env.call_at(7, ROUTING, lambda _: results.append(box.hand_on(7, "keyed")))
+    env.call_at(8, ROUTING, lambda _: results.append(box.hand_on(9, "later")))
+    _count(env)
+    assert log == [(5, "r", "now"), "first at 7", (7, "r", "keyed"), (9, "r", "later")]
+    assert results[0] is None and results[1] is not None and results[2] is not None
 
 
 # ---------------------------------------------------------------------------- the rule

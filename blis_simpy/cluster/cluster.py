@@ -89,22 +89,38 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         self.env.process(self._arrivals(requests))
 
     def _arrivals(self, requests):
+        """The arrival process: each ClusterArrival at its time, and, when no other event
+        could come in between, the request's AdmissionDecision and RoutingDecision in the
+        same process (:meth:`_on_arrival`). The next request is read before this one is
+        handled (as the loop would right after) to know whether it arrives in the same µs."""
         env = self.env
-        for req in requests:
+        it = iter(requests)
+        req = next(it, None)
+        while req is not None:
             yield env.wake_at(req.arrival_us, CLUSTER_ARRIVAL)
-            self._on_arrival(req)
+            nxt = next(it, None)
+            self._on_arrival(req, nxt is None or nxt.arrival_us != req.arrival_us)
+            req = nxt
 
     def submit_followup(self, req) -> None:
         """A session follow-up: a ClusterArrival pushed after every pre-generated one."""
         self.counters.offered += 1
         self.env.call_at(req.arrival_us, FOLLOWUP_ARRIVAL, self._on_arrival, req)
 
-    def _on_arrival(self, req) -> None:
+    def _on_arrival(self, req, alone: bool = True) -> None:
+        """ClusterArrival, then admission after the admission latency: in this event when
+        that latency is 0, ``alone`` (no other pre-generated arrival in this µs) and nothing
+        is queued before the AdmissionDecision's place (``SimEnv.quiet_through``: BLIS's
+        order, with one event fewer); otherwise as the keyed AdmissionDecision event."""
         c = self.counters
         c.arrived += 1
         by_class = c.arrived_by_class
         by_class[req.slo_class] = by_class.get(req.slo_class, 0) + 1
-        self.env.call_at(self.env.now + self.admission_latency_us, ADMISSION, self._on_admission, req)
+        env = self.env
+        if alone and not self.admission_latency_us and env.quiet_through(ADMISSION):
+            self._on_admission(req)
+        else:
+            env.call_at(env.now + self.admission_latency_us, ADMISSION, self._on_admission, req)
 
     # ------------------------------------------------------------------ router state
     def router_state(self, req=None, among=None) -> RouterState:
@@ -170,8 +186,14 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         return bool(res[0]), res[1]
 
     def _after_admission(self, req) -> None:
-        """An admitted request goes to routing after the routing latency."""
-        self.env.call_at(self.env.now + self.routing_latency_us, ROUTING, self._on_routing, req)
+        """An admitted request goes to routing after the routing latency: at once when that
+        latency is 0 and nothing is queued before the RoutingDecision's place (as in
+        :meth:`_on_arrival`), else as the keyed RoutingDecision event."""
+        env = self.env
+        if not self.routing_latency_us and env.quiet_through(ROUTING):
+            self._on_routing(req)
+        else:
+            env.call_at(env.now + self.routing_latency_us, ROUTING, self._on_routing, req)
 
     # ------------------------------------------------------------------ routing
     def _on_routing(self, req) -> None:

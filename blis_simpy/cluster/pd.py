@@ -111,7 +111,11 @@ class PDCluster(Cluster, name="pd"):
                 self.trace.record_disaggregation(req, now_us, split)
             lat = self.routing_latency_us
             if not split:
-                env.call_at(now_us + lat, ROUTING, self._on_local_routing, req)
+                # local routing here when nothing could come before it (as Cluster's routing)
+                if not lat and env.quiet_through(ROUTING):
+                    self._on_local_routing(req)
+                else:
+                    env.call_at(now_us + lat, ROUTING, self._on_local_routing, req)
                 continue
             parent = ParentRequest(req.id, req, num_kv_blocks=ceil_div(req.input_len, self.block_size),
                                    arrival_us=req.arrival_us)
@@ -123,7 +127,7 @@ class PDCluster(Cluster, name="pd"):
                           prefix_group=req.prefix_group, prefix_length=req.prefix_length)
             _share_hashes(req, sub)
             parent.prefill_sub = sub
-            self.prefill_inbox.put_at(now_us + lat, parent)
+            self.prefill_inbox.hand_on(now_us + lat, parent)
 
     def _on_local_routing(self, req) -> None:
         if self.local_routing == "all":

@@ -26,9 +26,14 @@ per-transfer delay):
 ``finished`` fires at ``ceil`` of the exact (float) finish instant, at least 1 µs after
 the start, as an event at the link's heap ``key`` (:mod:`blis_simpy.des`); transfers
 finishing in the same µs fire in acquisition order (BLIS pops equal-time completions in
-push order). Internally one keyed timer event is armed for the next finish tick; an
-acquisition that moves that tick earlier arms an earlier one (the superseded timer fires
-and does nothing). Times on the SimPy clock are integer µs.
+push order). Acquisitions and releases are granted and processed at once
+(:func:`blis_simpy.des.process_now`: SimPy would process them as NORMAL events now, ahead of
+every model event), so ``yield tr`` goes on without an event. Under none/snapshot the finish
+tick is known at the acquisition and ``finished`` is scheduled then. Under fair-share one
+keyed timer event is armed for the next finish tick (computed once per change of the holders);
+an acquisition that moves that tick earlier arms an earlier one (the superseded timer fires
+and does nothing); the timer processes the due ``finished`` events itself when nothing else is
+queued before their place. Times on the SimPy clock are integer µs.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from simpy.core import BoundClass
 from simpy.events import Event
 from simpy.resources.base import BaseResource, Get, Put
 
-from blis_simpy.des import SimEnv, succeed_at
+from blis_simpy.des import SimEnv, process_now, succeed_at
 from blis_simpy.units import to_int64
 
 Contention = Literal["none", "snapshot", "fair-share"]
@@ -174,6 +179,8 @@ class Transfer(Put):
         self.share: float | None = None
         self.finish_exact_us: float | None = None
         self.complete_us: int | None = None
+        #: the completion tick (µs) once known for good (None before)
+        self.due_us: int | None = None
         self.finished = Event(env)
         super().__init__(link)
 
@@ -258,21 +265,26 @@ class BandwidthLink(BaseResource):
             exact = self.latency_us + tr.nbytes / share
             tr.finish_exact_us = now_us + exact
             dur = to_int64(math.ceil(exact))
-            heapq.heappush(self._due, (now_us + (dur if dur > 1 else 1), tr.seq, tr))
+            # known for good now: the completion is scheduled at once, no timer (same-tick
+            # completions fire in acquisition order, the order they are scheduled in)
+            tr.due_us = now_us + (dur if dur > 1 else 1)
+            succeed_at(tr.finished, tr.due_us, self.key, tr)
+            process_now(tr)
+            return True
         else:
             self._settle(now_us)
             if ps.idle:                   # a new busy period: restart the time axis here
                 self._epoch = now_us
                 ps.reset()
             ps.add((now_us - self._epoch) + self.latency_us, tr.seq, tr.nbytes, tr)
-        tr.succeed()
-        self._arm()
+        process_now(tr)
+        self._arm(self.next_completion_us())
         return True
 
     def _do_get(self, rel: Release) -> bool:
         """Release: the transfer stops holding the link."""
         self.users.remove(rel.transfer)
-        rel.succeed()
+        process_now(rel)
         return True
 
     # ------------------------------------------------------------------ timing
@@ -280,7 +292,7 @@ class BandwidthLink(BaseResource):
         """The tick of the next completion as currently known (None if nothing in flight)."""
         ps = self._ps
         if ps is None:
-            return self._due[0][0] if self._due else None
+            return min((tr.due_us for tr in self.users if not tr.finished.processed), default=None)
         self._settle(self._env.now)
         nxt = self._due[0][0] if self._due else None
         ahead = ps.next_finish()
@@ -297,11 +309,12 @@ class BandwidthLink(BaseResource):
         for f, tr in self._ps.advance(now_us - epoch):
             tr.finish_exact_us = epoch + f
             tick = max(tr.start_us + 1, epoch + math.ceil(f))
+            tr.due_us = tick
             heapq.heappush(self._due, (tick, tr.seq, tr))
 
-    def _arm(self) -> None:
-        """Arm a timer for the next completion if it is earlier than the live one."""
-        nxt = self.next_completion_us()
+    def _arm(self, nxt: int | None) -> None:
+        """Arm a timer for the next completion ``nxt`` (µs, :meth:`next_completion_us`,
+        computed once per change of the holders) if it is earlier than the live one."""
         if nxt is None or (self._armed is not None and nxt >= self._armed):
             return
         env = self._env
@@ -314,19 +327,27 @@ class BandwidthLink(BaseResource):
         if timer != self._timer:
             return                        # superseded by an earlier timer
         self._armed = None
-        now_us = self._env.now
+        env = self._env
+        key = self.key
+        now_us = env.now
         if self._ps is not None:
             self._settle(now_us)
         due = self._due
         while due and due[0][0] <= now_us:
+            # processed here rather than as an event right behind this one at (now, key)
+            # when nothing is queued before that place (SimEnv.quiet_through): the waiting
+            # transfer process resumes in the same order with one event fewer
             tr = heapq.heappop(due)[2]
-            succeed_at(tr.finished, now_us, self.key, tr)
+            if env.quiet_through(key):
+                process_now(tr.finished, tr)
+            else:
+                succeed_at(tr.finished, now_us, key, tr)
         nxt = self.next_completion_us()
         if nxt is not None and nxt <= now_us:
             # everything due now was just fired: a completion at or before now would make
             # the timer spin in place (a bookkeeping bug, never expected)
             raise RuntimeError(f"bandwidth link: next completion {nxt} us is not after {now_us} us")
-        self._arm()
+        self._arm(nxt)
 
 
 __all__ = ["BandwidthLink", "CONTENTION_MODES", "Contention", "Release", "SharedBandwidth",

@@ -95,17 +95,13 @@ class Weighted(Router, name="weighted"):
 
     def composite(self, req, snaps) -> list[float]:
         """The weighted composite score of each snapshot (in order)."""
-        n = len(snaps)
-        comp = [0.0] * n
+        comp = [0.0] * len(snaps)
         for scorer, w in zip(self.scorers, self.weights, strict=True):
             vals = scorer.score(req, snaps) if scorer._blis_builtin else self._checked(scorer, req, snaps)
-            for j in range(n):
-                v = vals[j]
-                if v < 0.0:
-                    v = 0.0
-                elif v > 1.0:
-                    v = 1.0
-                comp[j] += v * w
+            # each value clamped to [0, 1] (NaN and -0.0 kept as they are), times the weight,
+            # added in scorer order
+            comp = [c + (0.0 if v < 0.0 else 1.0 if v > 1.0 else v) * w
+                    for c, v in zip(comp, vals, strict=True)]
         return comp
 
     def _field(self, scorer: Scorer) -> str:
