@@ -293,7 +293,7 @@ def _drop_hashes(req) -> None:
 
 
 # ---------------------------------------------------------------------------- building
-def build_pd_cluster(env, instances, admission, router, plan, scenario, rng, block_size: int,
+def build_pd_cluster(env, instances, admission, router, layout, scenario, rng, block_size: int,
                      *, cluster_class: type[PDCluster] | None = None, fabric_class=None,
                      **kw) -> PDCluster:
     """A :class:`PDCluster` for a resolved :class:`~blis_simpy.deploy.pools.PoolLayout`.
@@ -308,31 +308,31 @@ def build_pd_cluster(env, instances, admission, router, plan, scenario, rng, blo
     """
 
     def pool_router(role: str):
-        cfg = plan.routing_for(role)
+        cfg = layout.routing_for(role)
         if cfg is not None:
             return build_router(scenario, rng, block_size, stream=f"{role}-router", cfg=cfg,
                                 field=f"disaggregation.{role}_pool.routing")
-        if plan.shares_main_router:
+        if layout.shares_main_router:
             return router
         return build_router(scenario, rng, block_size, stream=f"{role}-router")
 
-    decider = make_decider(plan.decider, dict(plan.decider_params), block_size=block_size,
+    decider = make_decider(layout.decider, dict(layout.decider_params), block_size=block_size,
                            field="disaggregation.decider")
     fabric_class = fabric_class or KVTransferFabric
-    fabric = fabric_class(env, bandwidth_gbps=plan.bandwidth_gbps, base_latency_ms=plan.base_latency_ms,
-                          contention=plan.contention, on_complete=None)
-    roles = ["" if r not in ("prefill", "decode") else r for r in plan.roles]
+    fabric = fabric_class(env, bandwidth_gbps=layout.bandwidth_gbps, base_latency_ms=layout.base_latency_ms,
+                          contention=layout.contention, on_complete=None)
+    roles = ["" if r not in ("prefill", "decode") else r for r in layout.roles]
     cluster_class = cluster_class or PDCluster
     cluster = cluster_class(env, instances, admission, router, roles=roles, decider=decider,
-                            fabric=fabric, kv_bytes_per_token=plan.kv_bytes_per_token,
+                            fabric=fabric, kv_bytes_per_token=layout.kv_bytes_per_token,
                             block_size=block_size, prefill_router=pool_router("prefill"),
-                            decode_router=pool_router("decode"), local_routing=plan.local_routing,
-                            transfer_at_step_end=not plan.checkout, **kw)
+                            decode_router=pool_router("decode"), local_routing=layout.local_routing,
+                            transfer_at_step_end=not layout.checkout, **kw)
     cluster.on_parent_done = cluster.session_done
     return cluster
 
 
-def finish_pd(cluster: PDCluster, metrics, plan, *, client_instances=frozenset()):
+def finish_pd(cluster: PDCluster, metrics, layout, *, client_instances=frozenset()):
     """End of a PD run: check the PD invariants, then the corrected, parent-projected
     cluster record and the PD metrics (docs/disaggregation.md, "End-of-run accounting").
     ``client_instances``: the IDs of the instances whose front end measured at the client."""
@@ -345,14 +345,14 @@ def finish_pd(cluster: PDCluster, metrics, plan, *, client_instances=frozenset()
         decode_completed=cluster.decode_completed,
         dropped_at_decode_kv=cluster.dropped_at_decode_kv,
         pending_decode=len(cluster.pending_decode),
-        compat="checkout" if plan.checkout_parent_timing else "fixed",
+        compat="checkout" if layout.checkout_parent_timing else "fixed",
         client_instances=client_instances)
     done = {role: sum(m.completed_requests for m, r in zip(metrics, cluster.roles, strict=True)
                       if r == role) for role in ("prefill", "decode")}
     fabric = cluster.fabric
     pd = pd_metrics(parents, ttfts, prefill_done=done["prefill"], decode_done=done["decode"],
                     sim_ended_us=agg.sim_ended_time, fabric=fabric,
-                    contention=plan.contention != "none")
+                    contention=layout.contention != "none")
     if fabric.corrupted:
         raise InvariantError("KV-transfer contention bookkeeping corrupted (active count went negative)")
     if fabric.active:

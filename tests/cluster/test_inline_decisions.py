@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blis_simpy.cluster.simulation import Simulation
 from blis_simpy.des import SimEnv
 from blis_simpy.request import Request
+from blis_simpy.run.simulation import Simulation
 from tests.cluster.helpers import request, scenario
 from tests.disagg.test_pd_paths import pd_scenario
 
