@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from collections.abc import Mapping
 
 __all__ = ["dumps", "format_float", "quote"]
@@ -64,6 +65,11 @@ def format_float(f: float) -> str:
         raise ValueError(f"json: unsupported value: {f!r}")
     if f == 0.0:
         return "-0" if math.copysign(1.0, f) < 0 else "0"
+    r = repr(f)
+    if "e" not in r:
+        # 1e-4 <= |f| < 1e16: Python's repr is already the shortest round-trip digits in
+        # fixed notation, as Go writes them, but for the ".0" of a whole number
+        return r[:-2] if r.endswith(".0") else r
     sign = "-" if f < 0 else ""
     digits, point = _shortest_digits(f)
     a = abs(f)
@@ -104,20 +110,28 @@ def _escape_char(c: str, escape_html: bool) -> str:
     return c
 
 
-def _needs_escape(c: str, escape_html: bool) -> bool:
-    o = ord(c)
-    return (o < 0x20 or c == '"' or c == "\\" or (escape_html and c in "<>&")
-            or o in (0x2028, 0x2029) or 0xD800 <= o <= 0xDFFF)
+#: the characters :func:`_escape_char` changes (control characters, ``"``, ``\\``,
+#: U+2028/U+2029, lone surrogates; and ``< > &`` with HTML escaping): one regex search
+#: per string instead of a Python call per character
+_NEEDS_ESCAPE = re.compile('[\x00-\x1f"\\\\\u2028\u2029\ud800-\udfff]')
+_NEEDS_ESCAPE_HTML = re.compile('[\x00-\x1f"\\\\<>&\u2028\u2029\ud800-\udfff]')
 
 
 def quote(s: str, *, escape_html: bool = True) -> str:
     """A string as a Go JSON string literal (quotes included)."""
-    if not any(_needs_escape(c, escape_html) for c in s):
+    if (_NEEDS_ESCAPE_HTML if escape_html else _NEEDS_ESCAPE).search(s) is None:
         return '"' + s + '"'
     return '"' + "".join(_escape_char(c, escape_html) for c in s) + '"'
 
 
 def _scalar(v, escape_html: bool) -> str | None:
+    t = type(v)
+    if t is str:
+        return quote(v, escape_html=escape_html)
+    if t is int:
+        return str(v)
+    if t is float:
+        return format_float(v)
     if v is None:
         return "null"
     if v is True:
