@@ -110,6 +110,18 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
             return b
         return self._lru.popitem(last=False)[0]
 
+    def _take_block(self) -> int:
+        """Take the LRU head for a request (the caller has checked that a block is free):
+        reference count 1, its old hash's index entry deleted (unconditionally, as in BLIS:
+        docs/kv-cache.md). Returns its ID; ``used`` and the counters are the caller's."""
+        b = self._take_head()
+        h = self._block_hash[b]
+        if h:
+            self.hash_to_block.pop(h, None)
+            self._block_hash[b] = b""
+        self._ref[b] = 1
+        return b
+
     def utilization(self) -> float:
         return self.used / self.total_blocks
 
@@ -306,7 +318,6 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
         total = self.total_blocks
         block_hash = self._block_hash
         h2b = self.hash_to_block
-        ref = self._ref
         plain = self._plain_hash
         taken = 0                         # blocks taken by this call
         free = total - self.used
@@ -337,18 +348,7 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
                 failed = req
                 break
             taken += 1
-            b = self._next
-            if b < total:                 # a fresh block (the LRU head while any is left)
-                self._next = b + 1
-                ref.append(1)
-                block_hash.append(b"")
-            else:
-                b = self._lru.popitem(last=False)[0]
-                h = block_hash[b]
-                if h:
-                    h2b.pop(h, None)
-                    block_hash[b] = b""
-                ref[b] = 1
+            b = self._take_block()
             if not n:
                 req.kv_base = pos
             blocks.append(b)
