@@ -23,7 +23,17 @@ TIMED_OUT = 3
 DROPPED = 4   # refused by an enqueue guard, or can never fit in the KV cache
 STATE_NAMES = ("queued", "running", "completed", "timed_out", "dropped")
 
-_sha256 = hashlib.sha256
+try:
+    # CPython's own SHA-256 (``_sha256`` up to 3.11, ``_sha2`` since 3.12): the same digests
+    # as ``hashlib.sha256``, which goes through OpenSSL and sets up a context on every call;
+    # on a block's 64-96 bytes that set-up is much of the cost (docs/performance.md,
+    # "Block hashing and bulk KV slots")
+    from _sha256 import sha256 as _sha256
+except ImportError:  # pragma: no cover - depends on the Python version and build
+    try:
+        from _sha2 import sha256 as _sha256
+    except ImportError:
+        _sha256 = hashlib.sha256
 
 
 def hash_block(prev_hash: bytes, tokens: np.ndarray) -> bytes:

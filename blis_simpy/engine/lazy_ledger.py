@@ -166,18 +166,29 @@ class LazyLedger(Ledger):
             items.extend(self.prefilling)
         if len(items) > 1:
             items.sort(key=_by_pos)
-        append = kv.append_token
+        slots = []                    # decoders' KV slots, their lazy positions made true
         for r in items:
-            if r.res_class < 0:       # prefilling
+            if r.res_class < 0:       # prefilling: the decoders before it first
+                if slots:
+                    self._append(slots)
+                    slots = []
                 n = r.num_new_tokens
                 if not kv.allocate(r, r.pi, r.pi + n):  # pragma: no cover - guarded above
                     raise AssertionError(f"uniform step could not allocate {n} slots for {r.id}")
                 r.computed_tokens += n
-            else:                     # a decoder's KV slot, its lazy position made true
+            else:
                 d = T - r.g0
-                if not append(r, r.pi + d, r.kv_len + d):  # pragma: no cover - guarded above
-                    raise AssertionError(f"uniform step found no free block for {r.id}")
+                slots.append((r, r.pi + d, r.kv_len + d))
+        if slots:
+            self._append(slots)
         return budget_tokens - demand
+
+    def _append(self, slots: list) -> None:
+        """The KV slots of decoders served in a uniform step (``(req, pos, kv_len)``, in
+        batch order), taken in one call; the step was checked to have room for them."""
+        r = self.kv.append_tokens(slots)
+        if r is not None:             # pragma: no cover - uniform_ready / serve_all checked
+            raise AssertionError(f"uniform step found no free block for {r.id}")
 
     # ================================================================= pure-decode ticks
     def uniform_ready(self) -> bool:
@@ -206,11 +217,8 @@ class LazyLedger(Ledger):
         items = self._boundary(T)
         if len(items) > 1:
             items.sort(key=_by_pos)
-        append = self.kv.append_token
-        for r in items:
-            d = T - r.g0
-            if not append(r, r.pi + d, r.kv_len + d):  # pragma: no cover - uniform_ready
-                raise AssertionError(f"uniform step found no free block for {r.id}")
+        if items:
+            self._append([(r, r.pi + T - r.g0, r.kv_len + T - r.g0) for r in items])
         return self.u_pi_off + self.u_count * T
 
     def advance_uniform(self, now_us: int, step_us: int) -> None:

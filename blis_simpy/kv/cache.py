@@ -110,6 +110,18 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
             return b
         return self._lru.popitem(last=False)[0]
 
+    def _take_block(self) -> int:
+        """Take the LRU head for a request (the caller has checked that a block is free):
+        reference count 1, its old hash's index entry deleted (unconditionally, as in BLIS:
+        docs/kv-cache.md). Returns its ID; ``used`` and the counters are the caller's."""
+        b = self._take_head()
+        h = self._block_hash[b]
+        if h:
+            self.hash_to_block.pop(h, None)
+            self._block_hash[b] = b""
+        self._ref[b] = 1
+        return b
+
     def utilization(self) -> float:
         return self.used / self.total_blocks
 
@@ -284,47 +296,65 @@ class KVCache(Pluggable, family="kv cache", name="gpu"):
         hashes it; otherwise one fresh block is taken from the LRU head (never hashed here).
         Returns False, with nothing changed, when no block is free.
         """
-        blocks = req.kv_blocks
-        room = len(blocks) * self.block_size - kv_len
-        if room > 0:
-            if room == 1:                 # this token fills the last block: hash it
-                j = len(blocks) - 1
-                bs = self.block_size
-                base = req.kv_base
-                if self._plain_hash and (base or (j + 1) * bs > req.input_len):
-                    # an output block (the common case), hashed inline
-                    view = req.kv_view
-                    if view is None:
-                        view = req.kv_view = memoryview(np.ascontiguousarray(req.tokens))
-                    a = base + j * bs
-                    h = _sha256((self._block_hash[blocks[j - 1]] if j else b"")
-                                + view[a:a + bs]).digest()
-                else:
-                    h = self._block_hash_for(req, j)
-                b = blocks[j]
-                self._block_hash[b] = h
-                self.hash_to_block[h] = b
-            return True
-        if self.used >= self.total_blocks:
-            return False
-        b = self._next
-        if b < self.total_blocks:         # a fresh block (the LRU head while any is left)
-            self._next = b + 1
-            self._ref.append(1)
-            self._block_hash.append(b"")
-        else:
-            b = self._lru.popitem(last=False)[0]
-            h = self._block_hash[b]
-            if h:
-                self.hash_to_block.pop(h, None)
-                self._block_hash[b] = b""
-            self._ref[b] = 1
-        self.used += 1
-        self.cache_misses += 1
-        if not blocks:
-            req.kv_base = pos
-        blocks.append(b)
-        return True
+        return self._append_slots(((req, pos, kv_len),)) is None
+
+    def append_tokens(self, slots) -> object | None:
+        """:meth:`append_token` for each ``(req, pos, kv_len)`` of ``slots``, in order; returns
+        the first request that got no slot (those after it are not tried), or None.
+
+        One call for the decoders of a step whose slot opens or fills a block. A subclass
+        that overrides :meth:`append_token` has it called for every slot."""
+        if type(self).append_token is not KVCache.append_token:
+            append = self.append_token
+            for req, pos, kv_len in slots:
+                if not append(req, pos, kv_len):
+                    return req
+            return None
+        return self._append_slots(slots)
+
+    def _append_slots(self, slots) -> object | None:
+        """The GPU tier's :meth:`append_tokens` (never dispatches to an override)."""
+        bs = self.block_size
+        total = self.total_blocks
+        block_hash = self._block_hash
+        h2b = self.hash_to_block
+        plain = self._plain_hash
+        taken = 0                         # blocks taken by this call
+        free = total - self.used
+        failed = None
+        for req, pos, kv_len in slots:
+            blocks = req.kv_blocks
+            n = len(blocks)
+            room = n * bs - kv_len
+            if room > 0:
+                if room == 1:             # this token fills the last block: hash it
+                    j = n - 1
+                    base = req.kv_base
+                    if plain and (base or n * bs > req.input_len):
+                        # an output block (the common case), hashed inline
+                        view = req.kv_view
+                        if view is None:
+                            view = req.kv_view = memoryview(np.ascontiguousarray(req.tokens))
+                        a = base + j * bs
+                        h = _sha256((block_hash[blocks[j - 1]] if j else b"")
+                                    + view[a:a + bs]).digest()
+                    else:
+                        h = self._block_hash_for(req, j)
+                    b = blocks[j]
+                    block_hash[b] = h
+                    h2b[h] = b
+                continue
+            if taken == free:
+                failed = req
+                break
+            taken += 1
+            b = self._take_block()
+            if not n:
+                req.kv_base = pos
+            blocks.append(b)
+        self.used += taken
+        self.cache_misses += taken
+        return failed
 
     def _commit_blocks(self, req, blocks: list[int]) -> None:
         """Append cached blocks to the request's map: ref+1, off the free list if they were

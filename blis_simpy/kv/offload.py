@@ -178,15 +178,8 @@ class OffloadKVCache(KVCache, name="offload"):
             return False
         self._commit_blocks(req, cached)
         blocks = req.kv_blocks
-        block_hash, h2b = self._block_hash, self.hash_to_block
         for _ in range(n_ext):
-            b = self._take_head()
-            h = block_hash[b]
-            if h:                       # as allocate: the old hash entry goes
-                h2b.pop(h, None)
-                block_hash[b] = b""
-            ref[b] = 1
-            blocks.append(b)
+            blocks.append(self._take_block())   # as allocate: the old hash entry goes
         self.used += n_ext
         n_gpu = len(cached)
         req.kv_len = (n_gpu + n_ext) * self.block_size

@@ -427,6 +427,60 @@ def test_decode_allocation_failure_changes_nothing():
     assert snapshot(c, a) == before
 
 
+def test_append_tokens_takes_a_steps_slots_in_order_like_append_token():
+    """One call for the slots of a step: the same blocks, hashes and counts as one
+    :meth:`append_token` per slot, in the order given. Three requests of 4 prompt tokens
+    each hold blocks 0, 1, 2 (a fresh cache of 5 blocks, bs 4). The slot of ``a`` (position
+    4, kv_len 4) opens block 3; ``b``'s (kv_len 3: one free slot in block 1) fills block 1
+    and hashes it; ``c``'s opens block 4; a second slot for ``a`` finds no free block: the
+    call returns ``a`` (nothing after it is tried) with everything else done."""
+    def setup():
+        c = KVCache(5, BS)
+        rs = [req("a", toks(100, 4), toks(900, 3)), req("b", toks(200, 3), toks(800, 3)),
+              req("c", toks(300, 4), toks(700, 3))]
+        for r in rs:
+            assert c.allocate(r, 0, r.input_len)
+        return c, rs
+    c1, (a, b, c) = setup()
+    slots = [(a, 4, 4), (b, 3, 3), (c, 4, 4)]
+    assert c1.append_tokens(slots) is None
+    c2, (a2, b2, c2r) = setup()
+    for r, pos, kv_len in [(a2, 4, 4), (b2, 3, 3), (c2r, 4, 4)]:
+        assert c2.append_token(r, pos, kv_len)
+    assert snapshot(c1, a, b, c) == snapshot(c2, a2, b2, c2r)
+    assert a.kv_blocks == [0, 3] and b.kv_blocks == [1] and c.kv_blocks == [2, 4]
+    assert c1.block_hash[1] == H(b.tokens, 0) and c1.hash_to_block[H(b.tokens, 0)] == 1
+    assert c1.used == 5 and c1.cache_misses == 5
+    before = snapshot(c1, a, b, c)
+    assert c1.append_tokens([(a, 8, 8), (c, 8, 8)]) is a      # no block left for a
+    assert snapshot(c1, a, b, c) == before
+
+
+class _SpyAppend(KVCache, name="spy-append"):
+    """Records every append_token call."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen = []
+
+    def append_token(self, req, pos, kv_len):
+        self.seen.append((req.id, pos, kv_len))
+        return super().append_token(req, pos, kv_len)
+
+
+def test_append_tokens_calls_an_overridden_append_token_for_every_slot():
+    """A subclass that overrides append_token sees each slot of a bulk call, in order."""
+    c = _SpyAppend(4, BS)
+    seen = c.seen
+    a, b = req("a", toks(100, 4), toks(900, 2)), req("b", toks(200, 4), toks(800, 2))
+    for r in (a, b):
+        assert c.allocate(r, 0, 4)
+    assert c.append_tokens([(b, 4, 4), (a, 4, 4)]) is None
+    assert seen == [("b", 4, 4), ("a", 4, 4)] and b.kv_blocks == [1, 2] and a.kv_blocks == [0, 3]
+    assert c.append_tokens([(a, 8, 8), (b, 8, 8)]) is a and seen[-1] == ("a", 8, 8)
+    assert len(seen) == 3
+
+
 # ---------------------------------------------------------------------------- zero new tokens
 def test_zero_new_tokens_commits_nothing_quirk():
     """BLIS quirk: a fully cached prompt that is a multiple of bs allocates 0 new

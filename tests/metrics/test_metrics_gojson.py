@@ -44,6 +44,24 @@ def test_format_float(value, text):
     assert format_float(value) == text
 
 
+def test_format_float_fixed_notation_is_the_shortest_round_trip_digits():
+    """In Go's fixed-notation range (1e-6 <= |f| < 1e21) a float is its shortest round-trip
+    digits written out positionally, no trailing ``.0``: numpy's own Dragon4 positional
+    formatter says the same for floats of every magnitude, whole numbers among them."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    values = (rng.standard_normal(20000) * 10.0 ** rng.integers(-6, 21, 20000)).tolist()
+    values += [float(i) for i in range(-300, 300)] + [1e15, 1e16, 9999999999999998.0, 1e-4,
+                                                      0.0001000001, 123456789012345.6, 1e20]
+    checked = 0
+    for f in values:
+        if 1e-6 <= abs(f) < 1e21:
+            assert format_float(f) == np.format_float_positional(f, unique=True, trim="-"), repr(f)
+            checked += 1
+    assert checked > 19000
+
+
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_non_finite_floats_are_rejected(bad):
     with pytest.raises(ValueError):
@@ -66,6 +84,33 @@ def test_string_escaping_like_go():
     assert quote("\u2028\u2029") == r'"\u2028\u2029"'
     assert quote("\x7fé漢µ") == '"\x7fé漢µ"'
     assert quote("\ud800") == r'"\ufffd"'
+
+
+def test_quote_escapes_exactly_the_characters_go_escapes():
+    """``quote`` finds the characters to escape with one regex search: every code point,
+    alone and between plain text, is written as Go writes it (the named escapes, ``\\u00XX``
+    for other control characters and, with HTML escaping, ``< > &``, U+2028/U+2029, U+FFFD
+    for a lone surrogate), and nothing else is touched."""
+    named = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+    def go(c: str, html: bool) -> str:
+        o = ord(c)
+        if c in named:
+            return named[c]
+        if o < 0x20 or (html and c in "<>&"):
+            return f"\\u{o:04x}"
+        if o in (0x2028, 0x2029):
+            return f"\\u{o:04x}"
+        if 0xD800 <= o <= 0xDFFF:
+            return "\\ufffd"
+        return c
+
+    for o in range(0x110000):
+        c = chr(o)
+        for html in (True, False):
+            assert quote(c, escape_html=html) == '"' + go(c, html) + '"', hex(o)
+    assert quote("ab<c\n", escape_html=False) == '"ab<c\\n"'
+    assert quote("ab<c\n") == '"ab\\u003cc\\n"'
 
 
 def test_marshal_indent_layout():
