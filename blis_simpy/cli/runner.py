@@ -248,9 +248,10 @@ def load_trace(plan: Plan):
     return _located(plan, W.load_trace)
 
 
-def build_workload(plan: Plan) -> tuple[list, int, object | None, int]:
-    """The requests, horizon (µs), session manager and workload seed of the plan's workload."""
-    return _located(plan, W.build_workload)
+def build_workload(plan: Plan, *, lazy: bool = False) -> tuple[list, int, object | None, int]:
+    """The requests, horizon (µs), session manager and workload seed of the plan's workload
+    (``lazy``: a stream where the workload allows, :func:`blis_simpy.run.workload.build_workload`)."""
+    return _located(plan, W.build_workload, lazy=lazy)
 
 
 def build_requests(plan: Plan) -> tuple[list, int]:
