@@ -258,6 +258,8 @@ def read_trace_records(path: str | os.PathLike) -> list[TraceRecord]:
 
 #: rows parsed column-wise at a time (docs/performance.md, "Trace parsing")
 BLOCK_ROWS = 4096
+#: characters a block stops at (rows are not split): a file of long rows is not held whole
+BLOCK_CHARS = 1 << 24
 _FLOAT_COL, _BOOL_COL = 15, 8
 _TOKEN_IDX = tuple(TRACE_COLUMNS.index(c) for c in _TOKEN_COLS)
 _ID_IDX, _DEADLINE_IDX, _ARRIVAL_IDX = (TRACE_COLUMNS.index(c) for c in
@@ -312,12 +314,18 @@ def iter_trace_records(path: str | os.PathLike, *, unique_ids: bool = True) -> I
 
 
 def _read_block(f) -> tuple[list[str], UnicodeDecodeError | None]:
-    """The next :data:`BLOCK_ROWS` lines of ``f`` (fewer at the end of the file), and the
+    """The next :data:`BLOCK_ROWS` lines of ``f`` (fewer at the end of the file, or once they
+    pass :data:`BLOCK_CHARS` characters), and the
     decoding error that stopped the read, if one did (the row parser reaches it after the
     lines before it, on the same line as it would have)."""
     block: list[str] = []
+    size = 0
     try:
-        block.extend(islice(f, BLOCK_ROWS))
+        for line in islice(f, BLOCK_ROWS):
+            block.append(line)
+            size += len(line)
+            if size > BLOCK_CHARS:           # long rows: a smaller block
+                break
     except UnicodeDecodeError as exc:
         return block, exc
     return block, None
@@ -358,6 +366,8 @@ def _plain_split(block: list[str]) -> list[list[str]] | None:
     text = "".join(block)
     if '"' in text or "\0" in text:
         return None
+    if len(text) > MAX_FIELD_CHARS and max(map(len, block)) > MAX_FIELD_CHARS:
+        return None                          # the csv reader refuses a field this long
     lines = text.replace("\r\n", "\n").split("\n")
     if lines[-1] == "":
         lines.pop()

@@ -103,9 +103,9 @@ ROW = st.fixed_dictionaries({}, optional=CELL)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(st.one_of(ROW, st.just(None)), max_size=12),
        ids=st.sampled_from(["unique", "repeat"]), eol=st.sampled_from(["\n", "\r\n"]),
-       block=st.integers(1, 4))
+       block=st.integers(1, 4), chars=st.sampled_from([1 << 24, 150]))
 def test_column_parser_equals_row_parser_on_random_traces(tmp_path, monkeypatch, rows, ids, eol,
-                                                          block):
+                                                          block, chars):
     lines = [HEADER_ROW]
     for i, cells in enumerate(rows):          # None: a blank line
         lines.append("" if cells is None else _row(i if ids == "unique" else i % 3, **cells))
@@ -113,6 +113,7 @@ def test_column_parser_equals_row_parser_on_random_traces(tmp_path, monkeypatch,
     p.write_bytes((eol.join(lines) + eol).encode())
     with monkeypatch.context() as m:
         m.setattr(R, "BLOCK_ROWS", block)
+        m.setattr(R, "BLOCK_CHARS", chars)            # 150: a block ends after 2 rows
         by_columns = _outcome(p)
     with monkeypatch.context() as m:
         _row_parser_only(m)
