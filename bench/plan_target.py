@@ -19,8 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+from blis_simpy.planner import DEFAULT_PARALLEL
 from blis_simpy.planner.plan_file import load_plan
-from blis_simpy.planner.plan_runner import DEFAULT_PARALLEL, quiet_simulator_logs, run_plan
+from blis_simpy.planner.plan_runner import quiet_simulator_logs, run_plan
 from blis_simpy.run.point import run_point
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +37,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plan", default=str(ROOT / "scenarios" / "plans" / "qwen3_14b_h100.yaml"))
     ap.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes")
-    ap.add_argument("--parallel", type=int, default=None, help="families in flight (default: the CLI's, plan_runner.DEFAULT_PARALLEL)")
+    ap.add_argument("--parallel", type=int, default=None, help="families in flight (default: the CLI's, planner.DEFAULT_PARALLEL)")
     ap.add_argument("--serial", action="store_true", help="run points in this process, no Dask")
     args = ap.parse_args()
     plan = load_plan(args.plan)

@@ -12,10 +12,18 @@ keeps about 64 requests running per instance), then runs ::
 in a fresh child process and prints the wall time, requests per wall-second and the child's
 peak resident memory (``ru_maxrss`` from ``os.wait4``), in MB and KB per request.
 
+``--generated`` runs a generated workload instead, with nothing written first::
+
+    blis-simpy run --num-requests N --rate R --num-instances 8 --format json \\
+        --prompt-tokens 400 ... (100-700) --output-tokens 200 ... (50-350) [--streaming-metrics]
+
+(the requests are drawn as the run reaches them, docs/performance.md "Very long runs").
+
 Usage::
 
     python bench/scale.py --sizes 100000,1000000            # exact metrics
     python bench/scale.py --sizes 1000000 --streaming        # sketches + per-request file
+    python bench/scale.py --sizes 10000000 --streaming --generated
 
 Wall times depend on the machine and its load; run it on an idle machine.
 """
@@ -74,13 +82,27 @@ def write_stream(prefix: Path, n: int, rate: float, seed: int = 7) -> tuple[Path
     return header, data
 
 
-def command(header: Path, data: Path, streaming: bool, requests_out: Path | None) -> list[str]:
-    cmd = [sys.executable, "-m", "blis_simpy", "replay",
-           "--model", "meta-llama/llama-3.1-8b-instruct", "--latency-model", "blackbox",
-           "--alpha-coeffs", ALPHA, "--beta-coeffs", BETA,
-           "--total-kv-blocks", str(KV_BLOCKS), "--num-instances", str(INSTANCES),
-           "--trace-header", str(header), "--trace-data", str(data),
-           "--horizon", str(2**62), "--format", "json"]
+#: ``--generated``: the request shape of bench/compare.py's ``run`` workloads
+SHAPE = ["--prompt-tokens", "400", "--prompt-tokens-stdev", "150", "--prompt-tokens-min", "100",
+         "--prompt-tokens-max", "700", "--output-tokens", "200", "--output-tokens-stdev", "90",
+         "--output-tokens-min", "50", "--output-tokens-max", "350"]
+
+
+def command(header: Path | None, data: Path | None, streaming: bool, requests_out: Path | None,
+            generated: tuple[int, float] | None = None) -> list[str]:
+    """The child's command: a replay of (header, data), or with ``generated`` = (requests,
+    rate in req/s) a ``run`` of a generated workload."""
+    common = ["--model", "meta-llama/llama-3.1-8b-instruct", "--latency-model", "blackbox",
+              "--alpha-coeffs", ALPHA, "--beta-coeffs", BETA,
+              "--total-kv-blocks", str(KV_BLOCKS), "--num-instances", str(INSTANCES)]
+    if generated is not None:
+        n, rate = generated
+        cmd = [sys.executable, "-m", "blis_simpy", "run", *common, *SHAPE,
+               "--num-requests", str(n), "--rate", str(rate), "--format", "json"]
+    else:
+        cmd = [sys.executable, "-m", "blis_simpy", "replay", *common,
+               "--trace-header", str(header), "--trace-data", str(data),
+               "--horizon", str(2**62), "--format", "json"]
     if streaming:
         cmd.append("--streaming-metrics")
     if requests_out is not None:
@@ -111,6 +133,8 @@ def main() -> None:
     ap.add_argument("--requests-out", choices=("none", "jsonl", "parquet"), default="none",
                     help="also write per-request rows (default none)")
     ap.add_argument("--tmp", default=None, help="directory for the traces (default: system temp)")
+    ap.add_argument("--generated", action="store_true",
+                    help="run a generated workload of each size instead of replaying a trace")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     mode = "streaming" if args.streaming else "exact"
@@ -118,14 +142,18 @@ def main() -> None:
           f"{'completed':>10}", flush=True)
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         for n in (int(s) for s in args.sizes.split(",")):
-            header, data = write_stream(Path(tmp) / f"scale{n}", n, args.rate)
+            header = data = None
+            if not args.generated:
+                header, data = write_stream(Path(tmp) / f"scale{n}", n, args.rate)
             rows = None if args.requests_out == "none" else Path(tmp) / f"rows{n}.{args.requests_out}"
-            r = measure(command(header, data, args.streaming, rows))
+            r = measure(command(header, data, args.streaming, rows,
+                                (n, args.rate) if args.generated else None))
             done = r["report"]["cluster"]["completed_requests"]
             print(f"{n:>10} {mode:>9} {r['wall_s']:>9.1f} {n / r['wall_s']:>7.0f} "
                   f"{r['peak_rss_mb']:>8.0f} {r['peak_rss_mb'] * 1024 / n:>7.2f} {done:>10}",
                   flush=True)
-            data.unlink()
+            if data is not None:
+                data.unlink()
 
 
 if __name__ == "__main__":

@@ -103,7 +103,8 @@ def observe_workload(given: dict[str, str], scenario_path: str | None = None,
     model = data.get("model") if isinstance(data.get("model"), str) else ""
     if before_build is not None:
         before_build(model)
-    requests, _, sessions, seed = runner.build_workload(inv)
+    # a generated workload streams: each request is drawn when the sender reaches it
+    requests, _, sessions, seed = runner.build_workload(inv, lazy=not isinstance(w, TraceWorkload))
     if isinstance(w, TraceWorkload):
         if s.horizon_us is not None:
             requests = [r for r in requests if r.arrival_us < s.horizon_us]

@@ -110,7 +110,8 @@ def execute(plan, *, scheduler: str | None, workers: int | None, serial: bool,
     """Run the plan on the executor (or serially); the plan output document."""
     from functools import partial
 
-    from blis_simpy.planner.plan_runner import DEFAULT_PARALLEL, quiet_simulator_logs, run_plan
+    from blis_simpy.planner import DEFAULT_PARALLEL
+    from blis_simpy.planner.plan_runner import quiet_simulator_logs, run_plan
     from blis_simpy.run.point import run_point
     run_point = partial(run_point, allow_plugins=plugin_optin.allowed())   # (to the workers too)
     status = _Status(progress)
@@ -241,7 +242,7 @@ def render(doc: dict, console) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    from blis_simpy.planner import plan_runner  # its --parallel default
+    from blis_simpy.planner import DEFAULT_PARALLEL  # (the package only: no planner module)
     @app.command("plan")
     def plan_cmd(
         path: Path = typer.Argument(..., metavar="PLAN.yaml", help="plan file (docs/planning.md)"),
@@ -255,7 +256,7 @@ def register(app: typer.Typer) -> None:
                                                           "(default: the machine's cores)"),
         serial: bool = typer.Option(False, "--serial", help="run points in this process, no Dask"),
         parallel: int = typer.Option(None, "--parallel", min=1, max=256,
-                                     help=f"families bisected side by side (default {plan_runner.DEFAULT_PARALLEL}, "
+                                     help=f"families bisected side by side (default {DEFAULT_PARALLEL}, "
                                           "whatever the executor: the points run depend on it)"),
         brute_force: bool = typer.Option(False, "--brute-force",
                                          help="run the whole cross product instead of the search"),

@@ -248,9 +248,10 @@ def load_trace(inv: Invocation):
     return _located(inv, W.load_trace)
 
 
-def build_workload(inv: Invocation) -> tuple[list, int, object | None, int]:
-    """The requests, horizon (µs), session manager and workload seed of the invocation's workload."""
-    return _located(inv, W.build_workload)
+def build_workload(inv: Invocation, *, lazy: bool = False) -> tuple[list, int, object | None, int]:
+    """The requests, horizon (µs), session manager and workload seed of the invocation's workload
+    (``lazy``: a stream where the workload allows, :func:`blis_simpy.run.workload.build_workload`)."""
+    return _located(inv, W.build_workload, lazy=lazy)
 
 
 def build_requests(inv: Invocation) -> tuple[list, int]:

@@ -34,7 +34,7 @@ import heapq
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -42,8 +42,9 @@ import httpx
 
 from blis_simpy.bounds import MAX_REQUESTS, MAX_TOKENS
 from blis_simpy.errors import ConfigError
-from blis_simpy.observe.body import API_FORMATS, CHAT, endpoint_url, request_body
+from blis_simpy.observe.body import API_FORMATS, CHAT, COMPLETIONS, endpoint_url, request_body
 from blis_simpy.observe.records import ERROR, OK, TIMEOUT, Observation
+from blis_simpy.workload.tracev2 import MAX_TOKEN_IDS_PER_FILE
 
 MAX_CONCURRENCY = 10_000
 MAX_LINE_BYTES = 1 << 20
@@ -98,17 +99,18 @@ class _BadStream(Exception):
     """The response is not what an OpenAI-compatible server sends."""
 
 
-def observe(requests: Sequence, config: ObserveConfig, *,
+def observe(requests: Collection, config: ObserveConfig, *,
             progress: Callable[[int, int], None] | None = None,
             on_done: Callable[[Observation], list] | None = None) -> ObserveRun:
     """Send ``requests`` (sorted by ``arrival_us``; each with ``input_tokens``,
-    ``max_output_len`` and ``id``) and record what happened; see the module docstring.
+    ``max_output_len`` and ``id``; a list or a lazy stream with ``len()``, iterated once, each
+    request taken when its turn comes) and record what happened; see the module docstring.
     ``progress(done, total)`` is called once at the start and after each response."""
     config.check()
     if len(requests) > MAX_REQUESTS:
         raise ConfigError(f"{len(requests)} requests is more than observe sends "
                           f"({MAX_REQUESTS:,})", field="--num-requests")
-    return asyncio.run(_Runner(config, progress, on_done).run(list(requests)))
+    return asyncio.run(_Runner(config, progress, on_done).run(requests))
 
 
 def check_server(config: ObserveConfig) -> None:
@@ -134,11 +136,15 @@ class _Runner:
         self.followups: list = []           # heap of (arrival_us, seq, request)
         self.seq = 0
         self.wake = asyncio.Event()
+        self.observations: list[Observation] = []
+        #: prompt token IDs sent so far; past what a trace may carry, sent prompts are dropped
+        self.ids_sent = 0
+        self.keep_ids = cfg.api_format == COMPLETIONS and on_done is None
 
     def now_us(self) -> int:
         return (time.perf_counter_ns() - self.t0_ns) // 1000
 
-    async def run(self, requests: list) -> ObserveRun:
+    async def run(self, requests: Collection) -> ObserveRun:
         cfg = self.cfg
         headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
         limits = httpx.Limits(max_connections=cfg.max_concurrency,
@@ -155,20 +161,22 @@ class _Runner:
                               field="--server-url")
         return ObserveRun(observations, started_at, duration, self.t0_ns)
 
-    async def _dispatch(self, requests: list) -> list[Observation]:
-        """Send in arrival order (initial requests merged with session follow-ups)."""
+    async def _dispatch(self, requests: Collection) -> list[Observation]:
+        """Send in arrival order (initial requests merged with session follow-ups); the
+        initial requests are taken from ``requests`` one at a time, as their turn comes."""
         sem = asyncio.Semaphore(self.cfg.max_concurrency)
         tasks: set[asyncio.Task] = set()
-        observations: list[Observation] = []
+        observations = self.observations
         self.total = len(requests)
         if self.progress is not None:
             self.progress(0, self.total)
         waits = self.on_done is not None     # a running request may add a follow-up
-        i = 0
+        pending = iter(requests)
+        head = next(pending, None)           # the next initial request, not yet sent
         while True:
             heap = self.followups
-            from_list = i < len(requests) and (not heap or requests[i].arrival_us <= heap[0][0])
-            nxt = requests[i] if from_list else heap[0][2] if heap else None
+            from_list = head is not None and (not heap or head.arrival_us <= heap[0][0])
+            nxt = head if from_list else heap[0][2] if heap else None
             if nxt is None and not (waits and tasks):
                 break
             delay_ns = (self.t0_ns + nxt.arrival_us * 1000 - time.perf_counter_ns()
@@ -184,7 +192,7 @@ class _Runner:
                 await asyncio.sleep(delay_ns / 1e9)
                 delay_ns = self.t0_ns + nxt.arrival_us * 1000 - time.perf_counter_ns()
             if from_list:
-                i += 1
+                head = next(pending, None)
             else:
                 heapq.heappop(heap)
             await sem.acquire()
@@ -206,6 +214,7 @@ class _Runner:
                                 server_type=cfg.server_type,
                                 unconstrained_output=cfg.unconstrained_output)
             o.send_us = self.now_us()
+            self._sent(r)
             try:
                 await asyncio.wait_for(self._exchange(body, o), cfg.timeout_s)
             except asyncio.TimeoutError:
@@ -221,6 +230,22 @@ class _Runner:
         self.wake.set()
         if self.progress is not None:
             self.progress(self.done, self.total)
+
+    def _sent(self, r) -> None:
+        """After ``r``'s body is built: once the prompts sent pass what a trace may carry
+        (:data:`~blis_simpy.workload.tracev2.MAX_TOKEN_IDS_PER_FILE`; at once for a chat
+        API, whose trace never carries them), the token IDs of the sent requests are dropped
+        (the records keep their counts), so memory does not grow with the prompts. Not with
+        closed-loop sessions: a follow-up round is built from its predecessor."""
+        if self.on_done is not None:
+            return
+        self.ids_sent += r.input_len
+        if self.keep_ids and self.ids_sent > MAX_TOKEN_IDS_PER_FILE:
+            self.keep_ids = False
+            for o in self.observations:
+                o.request.tokens = None
+        if not self.keep_ids:
+            r.tokens = None
 
     async def _exchange(self, body: dict, o: Observation) -> None:
         """One request/response; every failure is recorded on ``o``, none escapes."""

@@ -20,3 +20,10 @@ Plans (``blis-simpy plan``), the cheapest deployment that meets the SLOs:
 The planner never imports the command line: the function that runs one point is injected
 (:func:`blis_simpy.run.point.run_point`).
 """
+
+#: ``plan --parallel`` when not given (here, not in plan_runner, so that the CLI's help text
+#: does not import the planner). A constant, not the executor's workers: the families searched
+#: side by side decide which points the search runs (the bound prunes what a family started
+#: earlier already ran), so a default tied to the workers made the plan document differ
+#: between --serial, --workers 1 and --workers 2 (docs/determinism.md, INV-6)
+DEFAULT_PARALLEL = 2

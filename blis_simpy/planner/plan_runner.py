@@ -43,11 +43,6 @@ FORMAT_VERSION = 1
 #: per-request targets of the scenario ``slo:`` keys, from the plan's percentile thresholds
 _STAT_ORDER = ("p99", "p95", "p90", "mean")
 
-#: --parallel when not given. A constant, not the executor's workers: the families searched
-#: side by side decide which points the search runs (the bound prunes what a family started
-#: earlier already ran), so a default tied to the workers made the plan document differ
-#: between --serial, --workers 1 and --workers 2 (docs/determinism.md, INV-6)
-DEFAULT_PARALLEL = 2
 
 
 def quiet_simulator_logs(level: int = logging.CRITICAL + 1) -> int:

@@ -66,28 +66,35 @@ def build_requests(d: RunDescription) -> tuple[list, int]:
 def build_workload(d: RunDescription, *, lazy: bool = False) -> tuple[list, int, object | None, int]:
     """The requests of the workload, the simulation horizon (µs), the session manager of its
     closed-loop sessions (or None) and the workload seed. ``lazy``: a trace in arrival order
-    comes as a :class:`~blis_simpy.workload.trace_stream.TraceRequestStream` (built as the
-    run reaches it) instead of a list."""
+    comes as a :class:`~blis_simpy.workload.trace_stream.TraceRequestStream`, and a generated
+    workload of standard clients bound by ``num_requests`` as a
+    :class:`~blis_simpy.workload.generated_stream.GeneratedRequestStream` (both built as the
+    run reaches them) instead of a list, unless an output needs the request objects."""
     s = d.scenario
     w = s.workload
+    stream = lazy and not d.outputs.keep_requests
     if isinstance(w, SpecWorkload):
-        return spec_workload(d)
+        return spec_workload(d, lazy=stream)
     if isinstance(w, TraceWorkload):
         from blis_simpy.workload import default_replay_horizon, trace_requests
-        stream = trace_stream(d) if lazy else None
-        if stream is not None:
-            horizon = s.horizon_us if s.horizon_us is not None else stream.default_horizon_us()
-            return stream, horizon, None, s.seed
+        trace = trace_stream(d) if lazy else None
+        if trace is not None:
+            horizon = s.horizon_us if s.horizon_us is not None else trace.default_horizon_us()
+            return trace, horizon, None, s.seed
         trace = load_trace(d)
         horizon = s.horizon_us if s.horizon_us is not None else default_replay_horizon(trace.records)
         return trace_requests(trace.records, s.seed), horizon, None, s.seed
     from blis_simpy.workload import LengthParams, distribution_spec, generate_requests
+    from blis_simpy.workload.generated_stream import stream_workload
     lp = lambda x: LengthParams(x.mean, x.stdev, x.min, x.max)  # noqa: E731
     try:
         spec = distribution_spec(w.rate, w.num_requests, s.seed, lp(w.prompt_tokens),
                                  lp(w.output_tokens), w.prefix_tokens, w.arrival, w.arrival_cv)
         horizon = s.horizon
-        reqs = generate_requests(spec, seed=s.seed, horizon=horizon, max_requests=w.num_requests)
+        kw = {"seed": s.seed, "horizon": horizon, "max_requests": w.num_requests}
+        reqs = stream_workload(spec, **kw) if stream else None
+        if reqs is None:
+            reqs = generate_requests(spec, **kw)
     except ConfigError as exc:
         from blis_simpy.workload.distribution import FIELD_KEYS
         key = FIELD_KEYS.get(exc.field or "")
@@ -97,12 +104,15 @@ def build_workload(d: RunDescription, *, lazy: bool = False) -> tuple[list, int,
     return reqs, horizon, None, s.seed
 
 
-def spec_workload(d: RunDescription, *, check_only: bool = False) -> tuple[list, int, object | None, int]:
+def spec_workload(d: RunDescription, *, check_only: bool = False, lazy: bool = False
+                  ) -> tuple[list, int, object | None, int]:
     """A workload-spec workload (``kind: spec``; docs/workloads.md): the spec's ``seed``
     unless the scenario's ``seed`` is written or overridden; its ``horizon`` (if > 0) unless
     ``horizon_us`` is set; its ``num_requests`` unless ``workload.num_requests`` is. Errors
     point into the spec file, or at ``workload.spec.…`` of the scenario for an inline spec.
-    ``check_only`` (validation): every check, no request generated (returns no requests)."""
+    ``check_only`` (validation): every check, no request generated (returns no requests).
+    ``lazy``: a spec of standard clients bound by ``num_requests`` comes as a
+    :class:`~blis_simpy.workload.generated_stream.GeneratedRequestStream`."""
     from blis_simpy.workload import _yaml, generate_workload
     from blis_simpy.workload.generator import check_workload
     from blis_simpy.workload.spec import parse_workload_spec
@@ -137,8 +147,14 @@ def spec_workload(d: RunDescription, *, check_only: bool = False) -> tuple[list,
         if check_only:
             check_workload(spec, horizon=s.horizon_us, max_requests=w.num_requests, base_dir=base)
             return [], 0, None, 0
-        wl = generate_workload(spec, seed=seed, horizon=s.horizon_us, max_requests=w.num_requests,
-                               base_dir=base)
+        kw = {"seed": seed, "horizon": s.horizon_us, "max_requests": w.num_requests,
+              "base_dir": base}
+        if lazy:
+            from blis_simpy.workload.generated_stream import stream_workload
+            stream = stream_workload(spec, **kw)
+            if stream is not None:
+                return stream, stream.horizon_us, None, stream.seed
+        wl = generate_workload(spec, **kw)
     except ConfigError as exc:
         raise located(exc) from None
     return wl.requests, wl.horizon_us, wl.session_manager(), wl.seed

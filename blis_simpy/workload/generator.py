@@ -33,6 +33,7 @@ Bit-parity with Go's ``math/rand`` is impossible; determinism and structure are 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -149,22 +150,35 @@ def _client_requests(c: ClientSpec, idx: int, rate: float, rng: np.random.Genera
     f = f"client[{idx}]"
     arrival = make_arrival_sampler(c.arrival.process, rate, c.arrival.cv, f"{f}.arrival")
     sampler = RequestSampler(c, f)
+    out: list[Request] = []
+    if cap is not None and cap <= 0:
+        return out
+    for r in client_arrivals(c, arrival, sampler, rng, prefix, horizon):
+        out.append(r)
+        _bounded(out, cap, f)
+        if cap is not None and len(out) >= cap:
+            break
+    return out
+
+
+def client_arrivals(c: ClientSpec, arrival, sampler: RequestSampler, rng: np.random.Generator,
+                    prefix: np.ndarray | None, horizon: int) -> Iterator[Request]:
+    """Step 6 for one standard client, lazily: its requests in arrival order (IDs unset),
+    each drawn when the iteration reaches it (``arrival``: its arrival sampler; times in µs,
+    strictly increasing, before ``horizon`` and inside the client's windows)."""
     windows = _windows(c)
     end = horizon
     if windows:  # nothing is generated after the last window: stop there (same result)
         end = min(end, max(e for _, e in windows))
-    out: list[Request] = []
     t = 0
-    while t < end and (cap is None or len(out) < cap):
+    while t < end:
         t += arrival.iat(rng)
         if t >= end:
             break
         if windows and not _inside(t, windows):
             continue
         inp, outp, mod = sampler.draw(rng)
-        out.append(_new_request(c, t, inp, outp, mod, prefix, compute_deadline(t, c)))
-        _bounded(out, cap, f)
-    return out
+        yield _new_request(c, t, inp, outp, mod, prefix, compute_deadline(t, c))
 
 
 #: arrivals a horizon-bound workload may draw (those outside its windows are skipped)
@@ -277,7 +291,7 @@ def generate_workload(spec: WorkloadSpecV2, *, seed: int | None = None,
     ``spec.num_requests``; ≤ 0 = unlimited). The CLI passes the explicitly given flags.
     ``base_dir``: folder of the spec file (a relative ServeGen path is tried there second).
     """
-    spec, clients, horizon, max_requests = _prepared(spec, horizon, max_requests, base_dir)
+    spec, clients, horizon, max_requests = prepare_generation(spec, horizon, max_requests, base_dir)
     seed = spec.seed if seed is None else seed
     g = numpy_rng(derive_seed(seed, RNG_STREAM))
     rates = client_rates(spec, clients)
@@ -311,11 +325,13 @@ def check_workload(spec: WorkloadSpecV2, *, horizon: int | None = None,
     """Every check :func:`generate_workload` makes before drawing a request (the clients it
     expands to, ServeGen files, the bound on generation), without generating:
     ``blis-simpy validate`` says what ``run`` would."""
-    _prepared(spec, horizon, max_requests, base_dir)
+    prepare_generation(spec, horizon, max_requests, base_dir)
 
 
-def _prepared(spec: WorkloadSpecV2, horizon: int | None, max_requests: int | None,
-              base_dir: str | None) -> tuple[WorkloadSpecV2, list[ClientSpec], int, int]:
+def prepare_generation(spec: WorkloadSpecV2, horizon: int | None, max_requests: int | None,
+                       base_dir: str | None) -> tuple[WorkloadSpecV2, list[ClientSpec], int, int]:
+    """Step 1 and the bounds on generation: the expanded spec, the working client list, the
+    horizon (µs; unbounded: ``MAX_INT64``) and the request cap (≤ 0: none)."""
     spec, clients = prepare_spec(spec, base_dir)
     if horizon is None:
         horizon = spec.horizon if spec.horizon > 0 else MAX_INT64

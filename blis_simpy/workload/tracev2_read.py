@@ -19,7 +19,8 @@ from __future__ import annotations
 import csv
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from itertools import chain, islice
 from operator import itemgetter
 
 import numpy as np
@@ -255,87 +256,235 @@ def read_trace_records(path: str | os.PathLike) -> list[TraceRecord]:
     return list(iter_trace_records(path))
 
 
+#: rows parsed column-wise at a time (docs/performance.md, "Trace parsing")
+BLOCK_ROWS = 4096
+#: characters a block stops at (rows are not split): a file of long rows is not held whole
+BLOCK_CHARS = 1 << 24
+_FLOAT_COL, _BOOL_COL = 15, 8
+_TOKEN_IDX = tuple(TRACE_COLUMNS.index(c) for c in _TOKEN_COLS)
+_ID_IDX, _DEADLINE_IDX, _ARRIVAL_IDX = (TRACE_COLUMNS.index(c) for c in
+                                        ("request_id", "deadline_us", "arrival_time_us"))
+
+
 def iter_trace_records(path: str | os.PathLike, *, unique_ids: bool = True) -> Iterator[TraceRecord]:
     """:func:`read_trace_records` one row at a time (the same checks, the same errors, raised
     when the reader reaches the row); only the request IDs seen so far are kept.
     ``unique_ids=False`` skips the duplicate-ID check (and that memory) on a file already
-    read once with it."""
+    read once with it.
+
+    Plain rows are parsed column-wise, :data:`BLOCK_ROWS` at a time (:func:`_plain_block`);
+    from the first block that is not plain (a quote, a blank line, a short or long row, an
+    extension column, any cell the checks refuse) to the end of the file every row goes
+    through the row parser, which raises the located error."""
     path = str(path)
-    p = _RowParser(path)
-    seen_ids: dict[int, int] = {}
-    line = 0
-    n_ids = 0
-    raw: list[str] = []                  # the text lines of the current record
-
-    def lines(f):
-        for text in f:
-            raw.append(text)
-            yield text
-
+    st = _ReadState(path, unique_ids)
     # process-wide and only ever raised: a reader suspended in another generator keeps it
     if csv.field_size_limit() < MAX_FIELD_CHARS:
         csv.field_size_limit(MAX_FIELD_CHARS)
     try:
         with open_input(path, encoding="utf-8-sig", newline="") as f:
-            reader = csv.reader(lines(f), strict=True)
-            header_seen = False
-            ids_col = sched_col = -1
-            names: list[str] = []
-            for row in reader:
-                start, line = line + 1, reader.line_num
-                text = raw[0] if len(raw) == 1 else "".join(raw)
-                raw.clear()
-                if not row:
-                    continue  # blank line (Go's csv reader skips them too)
-                if '"' in text:
-                    k = _bare_quote_column(text)
-                    if k is not None:
-                        cols = names if header_seen else row
-                        col = cols[k].strip() if k < len(cols) else f"column-{k + 1}"
-                        raise ConfigError('bare " in an unquoted field (quote the field and '
-                                          'double its quotes)', file=path, line=start, field=col)
-                if not header_seen:
-                    ext = _check_header_row(row, path)
-                    ids_col = ext.get(TOKEN_IDS_COLUMN, -1)
-                    sched_col = ext.get(SCHEDULED_COLUMN, -1)
-                    names = row
-                    header_seen = True
-                    continue
-                p.line = start
-                if len(row) < NUM_COLUMNS:
-                    raise ConfigError(f"missing: the row has {len(row)} columns, expected {NUM_COLUMNS}",
-                                      file=path, line=start, field=TRACE_COLUMNS[len(row)])
-                if len(row) > len(names):
-                    raise ConfigError(f"extra cell: the row has {len(row)} cells, the header row "
-                                      f"names {len(names)} columns", file=path, line=start,
-                                      field=f"column-{len(names) + 1}")
-                p.row = row
-                rec = _parse_row(p)
-                if 0 <= ids_col < len(row):
-                    n_ids += row[ids_col].count(" ") + 1
-                    if n_ids > MAX_TOKEN_IDS_PER_FILE:
-                        raise p.err(TOKEN_IDS_COLUMN, f"more than {MAX_TOKEN_IDS_PER_FILE} token IDs "
-                                                      "in the file")
-                    rec.input_token_ids = _parse_token_ids(p, rec, ids_col)
-                if 0 <= sched_col < len(row):
-                    rec.scheduled_time_us = _parse_scheduled(p, rec, sched_col)
-                first = seen_ids.setdefault(rec.request_id, start) if unique_ids else start
-                if first != start:
-                    raise p.err("request_id", f"duplicate request_id {rec.request_id} "
-                                              f"(first on line {first})")
-                yield rec
-            if not header_seen:
-                raise ConfigError("missing CSV header row", file=path, line=1)
+            rest = f
+            first = f.readline()
+            names = _plain_split([first])
+            if names is None:
+                rest = chain((first,), f)              # the row parser reads the header too
+            else:
+                st.line = 1
+                st.header(names[0])
+                while st.ids_col < 0 and st.sched_col < 0:
+                    block, failed = _read_block(f)
+                    records = None if failed else _plain_block(block, st) if block else []
+                    if records is None:                # the row parser takes it from here
+                        rest = chain(block, _raising(failed) if failed else f)
+                        break
+                    if not records:
+                        break
+                    yield from records
+            yield from _row_records(rest, st)
     except FileNotFoundError:
         raise ConfigError("no such file", file=path) from None
     except IsADirectoryError:
         raise ConfigError("is a directory, expected a file", file=path) from None
     except csv.Error as e:
-        raise ConfigError(f"malformed CSV: {e}", file=path, line=line + 1) from None
+        raise ConfigError(f"malformed CSV: {e}", file=path, line=st.line + 1) from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"not valid UTF-8 ({e.reason})", file=path, line=line + 1) from None
+        raise ConfigError(f"not valid UTF-8 ({e.reason})", file=path, line=st.line + 1) from None
     except OSError as e:
         raise ConfigError(f"cannot read file: {e.strerror or e}", file=path) from None
+
+
+def _read_block(f) -> tuple[list[str], UnicodeDecodeError | None]:
+    """The next :data:`BLOCK_ROWS` lines of ``f`` (fewer at the end of the file, or once they
+    pass :data:`BLOCK_CHARS` characters), and the
+    decoding error that stopped the read, if one did (the row parser reaches it after the
+    lines before it, on the same line as it would have)."""
+    block: list[str] = []
+    size = 0
+    try:
+        for line in islice(f, BLOCK_ROWS):
+            block.append(line)
+            size += len(line)
+            if size > BLOCK_CHARS:           # long rows: a smaller block
+                break
+    except UnicodeDecodeError as exc:
+        return block, exc
+    return block, None
+
+
+def _raising(exc: BaseException) -> Iterator[str]:
+    raise exc
+    yield ""     # a generator: raises when the reader reaches it
+
+
+class _ReadState:
+    """Where a read of one CSV is: the last line read, the header row's names and extension
+    columns, the request IDs seen (ID → line) and the token IDs counted."""
+
+    __slots__ = ("path", "unique_ids", "line", "names", "ids_col", "sched_col", "seen_ids",
+                 "n_ids")
+
+    def __init__(self, path: str, unique_ids: bool):
+        self.path = path
+        self.unique_ids = unique_ids
+        self.line = 0
+        self.names: list[str] | None = None
+        self.ids_col = self.sched_col = -1
+        self.seen_ids: dict[int, int] = {}
+        self.n_ids = 0
+
+    def header(self, row: list[str]) -> None:
+        ext = _check_header_row(row, self.path)
+        self.ids_col = ext.get(TOKEN_IDS_COLUMN, -1)
+        self.sched_col = ext.get(SCHEDULED_COLUMN, -1)
+        self.names = row
+
+
+def _plain_split(block: list[str]) -> list[list[str]] | None:
+    """The cells of ``block``'s lines when every line is a plain record (no quote, no NUL,
+    not blank, ended by one line break or the end of the file), else None: then Python's csv
+    reader would split them the same way."""
+    text = "".join(block)
+    if '"' in text or "\0" in text:
+        return None
+    if len(text) > MAX_FIELD_CHARS and max(map(len, block)) > MAX_FIELD_CHARS:
+        return None                          # the csv reader refuses a field this long
+    lines = text.replace("\r\n", "\n").split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    if len(lines) != len(block) or "\r" in text.replace("\r\n", "") or not all(lines):
+        return None
+    return [line.split(",") for line in lines]
+
+
+def _plain_block(block: list[str], st: _ReadState) -> list[TraceRecord] | None:
+    """The records of the lines ``block`` (rows following ``st.line``), parsed column by
+    column; None when a row is not plain or any check would refuse a cell (the row parser
+    then reads the block again and raises the located error). ``st`` advances only on
+    success."""
+    rows = _plain_split(block)
+    ncols = len(st.names)
+    if rows is None or ncols != NUM_COLUMNS or any(len(r) != ncols for r in rows):
+        return None
+    cols = list(zip(*rows, strict=True))
+    n = len(rows)
+    for j in _INT_COLS:
+        col = cols[j]
+        if col.count(col[0]) == n:             # one value (zero counts, unused times)
+            v = col[0]
+            if not (v.isascii() and v.isdigit() and len(v) <= _INT64_DIGITS):
+                return None
+            cols[j] = [int(v)] * n
+            continue
+        digits = "".join(col)
+        if not (digits.isascii() and digits.isdigit() and min(map(len, col)) > 0
+                and max(map(len, col)) <= _INT64_DIGITS):
+            return None
+        cols[j] = list(map(int, col))
+    flags = set(cols[_BOOL_COL])
+    if not _BOOLS.keys() >= flags:
+        return None
+    cols[_BOOL_COL] = ([_BOOLS[flags.pop()]] * n if len(flags) == 1
+                       else list(map(_BOOLS.__getitem__, cols[_BOOL_COL])))
+    ratios = {}
+    for v in set(cols[_FLOAT_COL]):
+        if not ((v.isascii() and v.isdigit()) or _FLOAT_RE.match(v)):
+            return None
+        ratios[v] = x = float(v)
+        if not 0.0 <= x <= 1.0:
+            return None
+    cols[_FLOAT_COL] = ([ratios.popitem()[1]] * n if len(ratios) == 1
+                        else list(map(ratios.__getitem__, cols[_FLOAT_COL])))
+    if max(max(cols[j]) for j in _TOKEN_IDX) > MAX_TRACE_TOKENS:
+        return None
+    if any(d and d < a for d, a in zip(cols[_DEADLINE_IDX], cols[_ARRIVAL_IDX], strict=True)):
+        return None
+    first = st.line + 1
+    if st.unique_ids:
+        ids = cols[_ID_IDX]
+        seen = st.seen_ids
+        if len(set(ids)) != len(ids) or not seen.keys().isdisjoint(ids):
+            return None
+        seen.update(zip(ids, range(first, first + len(ids)), strict=True))
+    st.line += n
+    return list(map(TraceRecord, *cols))
+
+
+def _row_records(lines: Iterable[str], st: _ReadState) -> Iterator[TraceRecord]:
+    """The records of the rest of the file (``lines``, following ``st.line``) parsed row by
+    row, with every check and its located error; reads the header row if not read yet."""
+    path = st.path
+    p = _RowParser(path)
+    raw: list[str] = []                  # the text lines of the current record
+
+    def recorded(f):
+        for text in f:
+            raw.append(text)
+            yield text
+
+    reader = csv.reader(recorded(lines), strict=True)
+    offset = st.line
+    for row in reader:
+        start, st.line = st.line + 1, offset + reader.line_num
+        text = raw[0] if len(raw) == 1 else "".join(raw)
+        raw.clear()
+        if not row:
+            continue  # blank line (Go's csv reader skips them too)
+        if '"' in text:
+            k = _bare_quote_column(text)
+            if k is not None:
+                cols = st.names if st.names is not None else row
+                col = cols[k].strip() if k < len(cols) else f"column-{k + 1}"
+                raise ConfigError('bare " in an unquoted field (quote the field and '
+                                  'double its quotes)', file=path, line=start, field=col)
+        if st.names is None:
+            st.header(row)
+            continue
+        names = st.names
+        p.line = start
+        if len(row) < NUM_COLUMNS:
+            raise ConfigError(f"missing: the row has {len(row)} columns, expected {NUM_COLUMNS}",
+                              file=path, line=start, field=TRACE_COLUMNS[len(row)])
+        if len(row) > len(names):
+            raise ConfigError(f"extra cell: the row has {len(row)} cells, the header row "
+                              f"names {len(names)} columns", file=path, line=start,
+                              field=f"column-{len(names) + 1}")
+        p.row = row
+        rec = _parse_row(p)
+        if 0 <= st.ids_col < len(row):
+            st.n_ids += row[st.ids_col].count(" ") + 1
+            if st.n_ids > MAX_TOKEN_IDS_PER_FILE:
+                raise p.err(TOKEN_IDS_COLUMN, f"more than {MAX_TOKEN_IDS_PER_FILE} token IDs "
+                                              "in the file")
+            rec.input_token_ids = _parse_token_ids(p, rec, st.ids_col)
+        if 0 <= st.sched_col < len(row):
+            rec.scheduled_time_us = _parse_scheduled(p, rec, st.sched_col)
+        first = st.seen_ids.setdefault(rec.request_id, start) if st.unique_ids else start
+        if first != start:
+            raise p.err("request_id", f"duplicate request_id {rec.request_id} "
+                                      f"(first on line {first})")
+        yield rec
+    if st.names is None:
+        raise ConfigError("missing CSV header row", file=path, line=1)
 
 
 def read_trace(header_path: str | os.PathLike, data_path: str | os.PathLike) -> TraceV2:
