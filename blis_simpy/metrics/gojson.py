@@ -192,35 +192,28 @@ class _Encoder:
             out.append(s)
             return
         if isinstance(v, Mapping):
-            if not v:
-                out.append("{}")
-                return
-            inner, key, esc = self.brk(depth + 1), self.key, self.escape_html
-            sep = "{"
-            for k, val in v.items():
-                out.append(sep + inner + key(k))
-                sep = ","
-                s = _scalar(val, esc)
-                if s is not None:
-                    out.append(s)
-                else:
-                    self.encode(val, out, depth + 1)
-            out.append(self.brk(depth) + "}")
+            self._members(v.items(), True, "{}", out, depth)
             return
         if isinstance(v, (list, tuple)):
-            if not v:
-                out.append("[]")
-                return
-            inner, esc = self.brk(depth + 1), self.escape_html
-            sep = "["
-            for val in v:
-                out.append(sep + inner)
-                sep = ","
-                s = _scalar(val, esc)
-                if s is not None:
-                    out.append(s)
-                else:
-                    self.encode(val, out, depth + 1)
-            out.append(self.brk(depth) + "]")
+            self._members(v, False, "[]", out, depth)
             return
         raise TypeError(f"json: unsupported type: {type(v).__name__}")
+
+    def _members(self, members, keyed: bool, brackets: str, out: list, depth: int) -> None:
+        """An object's ``(key, value)`` pairs (``keyed``) or an array's values, one a line."""
+        inner, key, esc = self.brk(depth + 1), self.key, self.escape_html
+        sep = brackets[0]
+        for m in members:
+            if keyed:
+                k, val = m
+                out.append(sep + inner + key(k))
+            else:
+                val = m
+                out.append(sep + inner)
+            sep = ","
+            s = _scalar(val, esc)
+            if s is not None:
+                out.append(s)
+            else:
+                self.encode(val, out, depth + 1)
+        out.append(brackets if sep == brackets[0] else self.brk(depth) + brackets[1])
