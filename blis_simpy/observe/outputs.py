@@ -6,11 +6,12 @@ earlier one have ended: ``observe(..., record=outputs.add)``) and keeps nothing 
 
 * its TraceV2 row, written at once to the staged ``--trace-data`` file — except while it is
   open whether the trace carries the prompts' token IDs (``completions`` and the prompts so
-  far within :data:`~blis_simpy.workload.tracev2.MAX_TOKEN_IDS_PER_FILE`): then the row is
-  held as its CSV text and its IDs (int32), at most that many IDs in all, until the prompts
-  pass the cap (the held rows are written without IDs) or the run ends (with them);
-* its ``--results`` entry, appended to an anonymous temporary file beside the output (the
-  summary comes first in the file, and is known only at the end);
+  far within :data:`~blis_simpy.workload.tracev2.MAX_TOKEN_IDS_PER_FILE`): then the row (its
+  CSV text and its int32 IDs) waits in an anonymous temporary file beside the output until
+  the prompts pass the cap (the waiting rows are written without IDs) or the run ends (with
+  them);
+* its ``--results`` entry, appended to another such file (the summary comes first in the
+  results file, and is known only at the end);
 * the running :class:`~blis_simpy.observe.records.Summary` and the first failure.
 
 :meth:`ObserveOutputs.finish` writes the trace header and the results document — byte for
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import tempfile
 
 import numpy as np
@@ -42,6 +44,18 @@ def _indented(doc, level: int) -> str:
     return json.dumps(doc, indent=1).replace("\n", "\n" + " " * level)
 
 
+_ROW = struct.Struct("<II")        # a waiting row: text bytes, IDs
+_NO_IDS = 0xFFFF_FFFF
+
+
+def _spill(path, staged: Staged, mode: str, **kw):
+    """An anonymous temporary file beside ``path`` (not in /tmp, often memory), or in the
+    temporary folder when ``path`` is a device or its folder is not writable."""
+    folder = os.path.dirname(os.path.abspath(path))
+    return tempfile.TemporaryFile(mode, dir=None if staged.through or not os.access(folder, os.W_OK)
+                                  else folder, **kw)
+
+
 class ObserveOutputs:
     """The trace pair (``trace_paths``: header, data) and the results file (``results``) of
     one run, any of them None; files open in ``batch`` (see the module docstring).
@@ -56,8 +70,9 @@ class ObserveOutputs:
         self.first_failure: Observation | None = None
         self.n = 0
         self.header = self.csv = self.results = self.spill = None
-        #: held rows (CSV text without its newline, int32 IDs or None) while the ID column is open
-        self.held: list[tuple[str, np.ndarray | None]] | None = None
+        #: while the ID column is open, the rows waiting (see :meth:`_hold`), and their number
+        self.held = None
+        self.n_held = 0
         self.ids_total = 0
         try:
             if trace_paths is not None:
@@ -65,15 +80,12 @@ class ObserveOutputs:
                 self.header = self._open(header_path, "--trace-header", "cannot write trace", 0o666)
                 self.csv = self._open(data_path, "--trace-header", "cannot write trace", 0o666)
                 if api_format == "completions":
-                    self.held = []
+                    self.held = _spill(data_path, self.csv, "w+b")
                 else:
                     self._write(self.csv, ",".join(TRACE_COLUMNS) + "\n")
             if results is not None:
                 self.results = self._open(results, "--results", "cannot write results", 0o644)
-                folder = os.path.dirname(os.path.abspath(results))   # not /tmp: often RAM
-                self.spill = tempfile.TemporaryFile(
-                    "w+", encoding="utf-8", newline="",
-                    dir=None if self.results.through or not os.access(folder, os.W_OK) else folder)
+                self.spill = _spill(results, self.results, "w+", encoding="utf-8", newline="")
         except BaseException:
             self.abort()
             raise
@@ -113,16 +125,26 @@ class ObserveOutputs:
             self._flush_held(with_ids=False)
             self._write(self.csv, line)
             return
-        ids = r.input_tokens
-        self.held.append((line[:-1], None if ids is None else np.array(ids, dtype=np.int32)))
+        self._hold(line[:-1].encode("utf-8"), r.input_tokens)
+
+    def _hold(self, text: bytes, ids) -> None:
+        """One waiting row: its byte count and ID count (``NO_IDS`` for none), then both."""
+        raw = b"" if ids is None else np.asarray(ids, dtype="<i4").tobytes()
+        self.held.write(_ROW.pack(len(text), _NO_IDS if ids is None else len(raw) // 4) + text + raw)
+        self.n_held += 1
 
     def _flush_held(self, *, with_ids: bool) -> None:
         held, self.held = self.held, None
         head = TRACE_COLUMNS + ((TOKEN_IDS_COLUMN,) if with_ids else ())
         self._write(self.csv, ",".join(head) + "\n")
-        for text, ids in held:
+        held.seek(0)
+        for _ in range(self.n_held):
+            n_text, n_ids = _ROW.unpack(held.read(_ROW.size))
+            text = held.read(n_text).decode("utf-8")
+            ids = None if n_ids == _NO_IDS else np.frombuffer(held.read(4 * n_ids), dtype="<i4")
             cell = "" if not with_ids else "," if ids is None else "," + " ".join(map(str, ids.tolist()))
             self._write(self.csv, text + cell + "\n")
+        held.close()
 
     # ------------------------------------------------------------------ the end
     def finish(self, *, header=None, run: dict | None = None) -> dict:
@@ -131,7 +153,7 @@ class ObserveOutputs:
         summary = self.summary.result()
         if self.csv is not None:
             if self.held is not None:
-                self._flush_held(with_ids=bool(self.held))
+                self._flush_held(with_ids=self.n_held > 0)
             self._write(self.header, header_to_yaml(header))
         if self.results is not None:
             head = _indented({"run": run or {}, "summary": summary, "requests": []}, 0)
@@ -149,7 +171,8 @@ class ObserveOutputs:
 
     def abort(self) -> None:
         """Drop every staged file (nothing is left behind)."""
-        if self.spill is not None:
-            self.spill.close()
+        for f in (self.spill, self.held):
+            if f is not None:
+                f.close()
         self.batch.abort()
 
