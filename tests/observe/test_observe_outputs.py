@@ -13,6 +13,7 @@ import pytest
 
 from blis_simpy.atomic import Batch
 from blis_simpy.cli.observe_cmd import make_trace_header
+from blis_simpy.errors import ConfigError
 from blis_simpy.observe import ObserveConfig, observe
 from blis_simpy.observe import records as records_mod
 from blis_simpy.observe.outputs import ObserveOutputs
@@ -145,3 +146,18 @@ def test_an_output_that_fails_stops_the_sending(server):
         observe(reqs, ObserveConfig(server.url, "m", timeout_s=30.0, max_concurrency=1),
                 record=record)
     assert len(server.received) == 1           # the first answer's record stopped the rest
+
+
+def test_an_aborted_run_leaves_no_file_and_one_path_for_two_outputs_is_refused_at_once(tmp_path):
+    files = ObserveOutputs(Batch(), trace_paths=(tmp_path / "t.yaml", tmp_path / "t.csv"),
+                           results=tmp_path / "r.json", streaming=True, api_format="completions",
+                           warmup_requests=0)
+    files.add(_obs(0, 0, [1_000]))
+    assert len(list(tmp_path.iterdir())) == 3           # the three staged .tmp files
+    files.abort()
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ConfigError, match="each output needs its own file"):
+        ObserveOutputs(Batch(), trace_paths=(tmp_path / "t.yaml", tmp_path / "t.csv"),
+                       results=tmp_path / "t.csv", streaming=True, api_format="chat",
+                       warmup_requests=0)
+    assert list(tmp_path.iterdir()) == []
