@@ -142,8 +142,8 @@ def make_trace_header(cfg, *, started_at: str, warmup: int, seed: int, spec_path
                        network=TraceNetwork(measured_rtt_ms=rtt_ms) if rtt_ms is not None else None)
 
 
-def print_summary(run, cfg, url: str, summary: dict, outputs: list[str]) -> None:
-    """The rich summary on stdout."""
+def print_summary(failed, cfg, url: str, summary: dict, outputs: list[str]) -> None:
+    """The rich summary on stdout (``failed``: the first observation that failed, or None)."""
     from rich.table import Table
 
     from blis_simpy.cli.tables import stdout_console
@@ -168,7 +168,6 @@ def print_summary(run, cfg, url: str, summary: dict, outputs: list[str]) -> None
     if s["tokens_from_chunks"]:
         console.print(f"note: {s['tokens_from_chunks']} responses had no usage field; their token "
                       "counts are counted chunks", highlight=False)
-    failed = next((o for o in run.observations if o.status != "ok"), None)
     if failed is not None:
         console.print(f"first failure: {failed.request.id}: {failed.status}: {failed.error_message}",
                       highlight=False, soft_wrap=True)
@@ -263,16 +262,8 @@ def run_observe(*, server_url: str, model: str | None, trace_header: Path | None
                 unconstrained_output: bool, rtt_ms: float | None, scenario: Path | None,
                 input_trace_header: Path | None, input_trace_data: Path | None, given: dict) -> None:
     """The ``observe`` command: check the flags, build the workload, send it, write outputs."""
-    from blis_simpy.observe import (
-        ObserveConfig,
-        check_server,
-        endpoint_url,
-        observe,
-        results_document,
-        summarize,
-    )
-    from blis_simpy.observe.records import carries_token_ids, trace_records, write_json
-    from blis_simpy.workload.tracev2_write import write_trace_files
+    from blis_simpy.observe import ObserveConfig, check_server, endpoint_url, observe
+    from blis_simpy.observe.outputs import ObserveOutputs
 
     pairs = (("--trace-header", trace_header, "--trace-data", trace_data),
              ("--input-trace-header", input_trace_header, "--input-trace-data", input_trace_data))
@@ -314,42 +305,34 @@ def run_observe(*, server_url: str, model: str | None, trace_header: Path | None
     # the start-up pause (cli/startup_gc.py) would otherwise last through the sending, with
     # generation-0 passes over ~100,000 objects stalling the event loop while it times chunks
     startup_gc.resume()
+    # every output is staged before the first request and filled as the requests finish;
+    # the trace pair and --results land together at the end, or none does (docs/cli.md)
+    files = ObserveOutputs(Batch(), trace_paths=(trace_header, trace_data) if trace_header else None,
+                           results=results, streaming=streaming, api_format=api_format,
+                           warmup_requests=warmup_requests)
     progress, stop = _progress_bar()
     try:
-        run = observe(wl.requests, cfg, progress=progress,
-                      on_done=session_followups(wl.sessions) if wl.sessions is not None else None)
-    finally:
-        stop()
-    outputs = []
-    files = Batch()          # the trace pair and --results land together, or none (docs/cli.md)
-    if trace_header is not None:
+        try:
+            run = observe(wl.requests, cfg, progress=progress, record=files.add,
+                          on_done=session_followups(wl.sessions) if wl.sessions is not None else None)
+        finally:
+            stop()
+        if api_format == "completions" and trace_header is not None and files.held is None:
+            log.warning("the trace leaves out input_token_ids: more prompt tokens than a "
+                        "TraceV2 file may carry")
         header = make_trace_header(cfg, started_at=run.started_at, warmup=warmup_requests,
                                    seed=wl.seed, spec_path=wl.spec_path, rtt_ms=rtt_ms)
-        try:
-            ids = carries_token_ids(run.observations, api_format)
-            if api_format == "completions" and not ids:
-                log.warning("the trace leaves out input_token_ids: more prompt tokens than a "
-                            "TraceV2 file may carry")
-            rows = trace_records(run.observations, streaming=streaming, token_ids=ids)
-            write_trace_files(trace_header, trace_data, header, rows, field="--trace-header",
-                              batch=files)
-        except ConfigError as exc:
-            files.abort()   # nothing staged is left behind
-            raise ConfigError(exc.problem, file=exc.file, field="--trace-header") from None
-        outputs.append(f"trace: {trace_header} + {trace_data}")
-    url = endpoint_url(server_url, api_format)
-    if results is not None:
+        url = endpoint_url(server_url, api_format)
         info = {"server_url": server_url, "endpoint": url, "model": cfg.model, "api_format": api_format,
                 "streaming": streaming, "server_type": server_type, "max_concurrency": max_concurrency,
                 "timeout_s": timeout_s, "unconstrained_output": unconstrained_output,
                 "started_at": run.started_at, "duration_us": run.duration_us, "workload_seed": wl.seed}
-        try:
-            write_json(results, results_document(run.observations, warmup_requests=warmup_requests,
-                                                 run=info), batch=files)
-        except BaseException:
-            files.abort()
-            raise
+        summary = files.finish(header=header, run=info)
+        files.batch.commit()
+    except BaseException:
+        files.abort()        # nothing staged is left behind
+        raise
+    outputs = [f"trace: {trace_header} + {trace_data}"] if trace_header is not None else []
+    if results is not None:
         outputs.append(f"results: {results}")
-    files.commit()
-    print_summary(run, cfg, url, summarize(run.observations, warmup_requests), outputs)
-
+    print_summary(files.first_failure, cfg, url, summary, outputs)

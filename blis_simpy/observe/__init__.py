@@ -5,6 +5,8 @@
   cap, timeouts, SSE streaming);
 * :mod:`~blis_simpy.observe.records` — per-request observations, TraceV2 rows (mode
   ``real``) and the results JSON.
+* :mod:`~blis_simpy.observe.outputs` — the trace pair and the results JSON written as the
+  requests finish (what ``blis-simpy observe`` uses: memory does not grow with the run).
 
 Nothing here imports SimPy: observing a server needs no simulator.
 """

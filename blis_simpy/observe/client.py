@@ -17,6 +17,13 @@ fails with a :class:`~blis_simpy.errors.ConfigError` naming ``--server-url``.
 Closed-loop sessions: ``on_done(observation)`` may return follow-up requests (their own
 ``arrival_us``), which join the schedule.
 
+``record(observation)``: each observation is handed over in dispatch order once it and every
+earlier one have ended, and then dropped (``ObserveRun.observations`` stays empty), so a run
+of millions of requests holds only those in flight and those finished behind an earlier one
+still in flight (at most what is sent during one request's ``timeout_s``);
+:class:`~blis_simpy.observe.outputs.ObserveOutputs` writes the files from them. An exception
+from ``record`` (an output that cannot be written) stops the sending and ends the run.
+
 Caps on what a workload or server can make us hold: at most :data:`MAX_REQUESTS` requests,
 SSE lines up to :data:`MAX_LINE_BYTES`, error and non-streaming bodies up to
 :data:`MAX_BODY_BYTES`, :data:`~blis_simpy.observe.records.MAX_CHUNK_TIMES` chunk times per
@@ -34,6 +41,7 @@ import heapq
 import json
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -87,7 +95,8 @@ class ObserveConfig:
 
 @dataclass
 class ObserveRun:
-    """The result of :func:`observe`: observations in dispatch (= arrival) order."""
+    """The result of :func:`observe`: observations in dispatch (= arrival) order (none
+    when they went to ``record``)."""
 
     observations: list[Observation]
     started_at: str                  # wall-clock start, ISO 8601 UTC
@@ -101,16 +110,18 @@ class _BadStream(Exception):
 
 def observe(requests: Collection, config: ObserveConfig, *,
             progress: Callable[[int, int], None] | None = None,
-            on_done: Callable[[Observation], list] | None = None) -> ObserveRun:
+            on_done: Callable[[Observation], list] | None = None,
+            record: Callable[[Observation], None] | None = None) -> ObserveRun:
     """Send ``requests`` (sorted by ``arrival_us``; each with ``input_tokens``,
     ``max_output_len`` and ``id``; a list or a lazy stream with ``len()``, iterated once, each
     request taken when its turn comes) and record what happened; see the module docstring.
-    ``progress(done, total)`` is called once at the start and after each response."""
+    ``progress(done, total)`` is called once at the start and after each response;
+    ``record``: see the module docstring."""
     config.check()
     if len(requests) > MAX_REQUESTS:
         raise ConfigError(f"{len(requests)} requests is more than observe sends "
                           f"({MAX_REQUESTS:,})", field="--num-requests")
-    return asyncio.run(_Runner(config, progress, on_done).run(requests))
+    return asyncio.run(_Runner(config, progress, on_done, record).run(requests))
 
 
 def check_server(config: ObserveConfig) -> None:
@@ -125,7 +136,7 @@ def check_server(config: ObserveConfig) -> None:
 
 
 class _Runner:
-    def __init__(self, cfg: ObserveConfig, progress, on_done):
+    def __init__(self, cfg: ObserveConfig, progress, on_done, record=None):
         self.cfg = cfg
         self.url = endpoint_url(cfg.server_url, cfg.api_format)
         self.progress = progress
@@ -137,6 +148,12 @@ class _Runner:
         self.seq = 0
         self.wake = asyncio.Event()
         self.observations: list[Observation] = []
+        self.record = record
+        #: with ``record``: dispatched and not yet recorded, in dispatch order
+        self.unrecorded: deque[Observation] = deque()
+        self.failure: BaseException | None = None     # what ``record`` raised
+        self.dispatched = self.unreachable = 0
+        self.last: Observation | None = None          # the last one dispatched
         #: prompt token IDs sent so far; past what a trace may carry, sent prompts are dropped
         self.ids_sent = 0
         self.keep_ids = cfg.api_format == COMPLETIONS and on_done is None
@@ -156,8 +173,10 @@ class _Runner:
             self.t0_ns = time.perf_counter_ns()
             observations = await self._dispatch(requests)
             duration = self.now_us()
-        if observations and all(o.unreachable for o in observations):
-            raise ConfigError(f"no request reached {self.url}: {observations[-1].error_message}",
+        if self.failure is not None:
+            raise self.failure
+        if self.dispatched and self.unreachable == self.dispatched:
+            raise ConfigError(f"no request reached {self.url}: {self.last.error_message}",
                               field="--server-url")
         return ObserveRun(observations, started_at, duration, self.t0_ns)
 
@@ -177,7 +196,7 @@ class _Runner:
             heap = self.followups
             from_list = head is not None and (not heap or head.arrival_us <= heap[0][0])
             nxt = head if from_list else heap[0][2] if heap else None
-            if nxt is None and not (waits and tasks):
+            if self.failure is not None or nxt is None and not (waits and tasks):
                 break
             delay_ns = (self.t0_ns + nxt.arrival_us * 1000 - time.perf_counter_ns()
                         if nxt is not None else None)
@@ -196,13 +215,21 @@ class _Runner:
             else:
                 heapq.heappop(heap)
             await sem.acquire()
+            if self.failure is not None:
+                sem.release()
+                break
             o = Observation(nxt, nxt.arrival_us)
-            observations.append(o)
+            (observations if self.record is None else self.unrecorded).append(o)
+            self.dispatched += 1
+            self.last = o
             task = asyncio.create_task(self._one(o, sem))
             tasks.add(task)
             task.add_done_callback(lambda t: (tasks.discard(t), self.wake.set()))
+        if self.failure is not None:
+            for t in tasks:
+                t.cancel()
         if tasks:
-            await asyncio.gather(*tasks)
+            await asyncio.gather(*tasks, return_exceptions=self.failure is not None)
         return observations
 
     async def _one(self, o: Observation, sem: asyncio.Semaphore) -> None:
@@ -222,6 +249,10 @@ class _Runner:
         finally:
             sem.release()
         self.done += 1
+        self.unreachable += o.unreachable
+        o.ended = True
+        if self.record is not None:
+            self._record_in_order()
         if self.on_done is not None:
             for f in self.on_done(o) or ():
                 heapq.heappush(self.followups, (f.arrival_us, self.seq, f))
@@ -230,6 +261,16 @@ class _Runner:
         self.wake.set()
         if self.progress is not None:
             self.progress(self.done, self.total)
+
+    def _record_in_order(self) -> None:
+        """Hand the ended observations at the head of the dispatch order to ``record``."""
+        head = self.unrecorded
+        try:
+            while head and head[0].ended and self.failure is None:
+                self.record(head.popleft())
+        except BaseException as exc:       # the sending stops; run() raises it
+            self.failure = exc
+            self.wake.set()
 
     def _sent(self, r) -> None:
         """After ``r``'s body is built: once the prompts sent pass what a trace may carry
@@ -242,7 +283,7 @@ class _Runner:
         self.ids_sent += r.input_len
         if self.keep_ids and self.ids_sent > MAX_TOKEN_IDS_PER_FILE:
             self.keep_ids = False
-            for o in self.observations:
+            for o in (self.observations if self.record is None else self.unrecorded):
                 o.request.tokens = None
         if not self.keep_ids:
             r.tokens = None

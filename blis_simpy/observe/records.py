@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from blis_simpy.atomic import Batch, atomic_write
-from blis_simpy.metrics.percentile import mean_ms, percentile_ms
+from blis_simpy.metrics.percentile import SortedHistogram
 from blis_simpy.workload.tracev2 import MAX_TOKEN_IDS_PER_FILE, TraceRecord
 
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
@@ -70,6 +70,7 @@ class Observation:
     usage_prompt_tokens: int | None = None
     usage_completion_tokens: int | None = None
     unreachable: bool = False         # the connection itself failed (nothing answered)
+    ended: bool = False               # the sender is done with it
 
     def add_chunk(self, t_us: int) -> None:
         self.num_chunks += 1
@@ -132,29 +133,32 @@ def carries_token_ids(observations: list[Observation], api_format: str) -> bool:
         sum(o.request.input_len for o in observations) <= MAX_TOKEN_IDS_PER_FILE
 
 
-def trace_records(observations: list[Observation], *, streaming: bool,
-                  token_ids: bool = False) -> list[TraceRecord]:
-    """One TraceV2 row per observation (``request_id`` = position). ``input_tokens`` is the
-    prompt without its shared prefix (TraceV2's convention), ``output_tokens`` the
+def trace_record(i: int, o: Observation, *, streaming: bool, token_ids: bool = False) -> TraceRecord:
+    """The TraceV2 row of the ``i``-th observation (``request_id`` = ``i``). ``input_tokens``
+    is the prompt without its shared prefix (TraceV2's convention), ``output_tokens`` the
     completion tokens the server reported and ``server_input_tokens`` its prompt tokens.
     ``token_ids``: fill ``input_token_ids`` with the prompt IDs that were sent."""
-    rows = []
-    for i, o in enumerate(observations):
-        r = o.request
-        rows.append(TraceRecord(
-            request_id=i, client_id=r.client_id, tenant_id=r.tenant_id, slo_class=r.slo_class,
-            session_id=r.session_id, round_index=r.round_index, prefix_group=r.prefix_group,
-            prefix_length=r.prefix_length, streaming=streaming,
-            input_tokens=max(r.input_len - r.prefix_length, 0), output_tokens=o.completion_tokens,
-            text_tokens=r.text_tokens, image_tokens=r.image_tokens, audio_tokens=r.audio_tokens,
-            video_tokens=r.video_tokens, reason_ratio=r.reason_ratio, model=r.model,
-            deadline_us=r.deadline_us, server_input_tokens=o.prompt_tokens,
-            arrival_time_us=o.arrival_us, send_time_us=o.send_us,
-            first_chunk_time_us=o.first_chunk_us, last_chunk_time_us=o.last_chunk_us,
-            num_chunks=o.num_chunks, status=o.status, error_message=o.error_message,
-            finish_reason=o.finish_reason,
-            input_token_ids=np.array(r.input_tokens, dtype=np.int32) if token_ids else None))
-    return rows
+    r = o.request
+    return TraceRecord(
+        request_id=i, client_id=r.client_id, tenant_id=r.tenant_id, slo_class=r.slo_class,
+        session_id=r.session_id, round_index=r.round_index, prefix_group=r.prefix_group,
+        prefix_length=r.prefix_length, streaming=streaming,
+        input_tokens=max(r.input_len - r.prefix_length, 0), output_tokens=o.completion_tokens,
+        text_tokens=r.text_tokens, image_tokens=r.image_tokens, audio_tokens=r.audio_tokens,
+        video_tokens=r.video_tokens, reason_ratio=r.reason_ratio, model=r.model,
+        deadline_us=r.deadline_us, server_input_tokens=o.prompt_tokens,
+        arrival_time_us=o.arrival_us, send_time_us=o.send_us,
+        first_chunk_time_us=o.first_chunk_us, last_chunk_time_us=o.last_chunk_us,
+        num_chunks=o.num_chunks, status=o.status, error_message=o.error_message,
+        finish_reason=o.finish_reason,
+        input_token_ids=np.array(r.input_tokens, dtype=np.int32) if token_ids else None)
+
+
+def trace_records(observations: list[Observation], *, streaming: bool,
+                  token_ids: bool = False) -> list[TraceRecord]:
+    """One TraceV2 row per observation (:func:`trace_record`, ``request_id`` = position)."""
+    return [trace_record(i, o, streaming=streaming, token_ids=token_ids)
+            for i, o in enumerate(observations)]
 
 
 # ---------------------------------------------------------------------------- results
@@ -162,40 +166,86 @@ def _ms(us: int | None) -> float | None:
     return None if us is None else us / 1000
 
 
-def _stats(values_us: list[int]) -> dict:
-    """mean/p50/p90/p99 in ms of µs values (BLIS's percentile rule); ``count`` values."""
-    v = sorted(values_us)
-    out = {"count": len(v), "mean": mean_ms(v)}
+def _stats(hist: dict[int, int]) -> dict:
+    """mean/p50/p90/p99 in ms of a ``{µs value: count}`` histogram (BLIS's percentile rule,
+    exactly what the sorted list of the values gives); ``count`` values."""
+    h = SortedHistogram(hist)
+    out = {"count": len(h), "mean": h.mean_ms()}
     for p in PERCENTILES:
-        out[f"p{p}"] = percentile_ms(v, p)
+        out[f"p{p}"] = h.percentile_ms(p)
     return out
 
 
+def _count(hist: dict[int, int], value: int) -> None:
+    hist[value] = hist.get(value, 0) + 1
+
+
+class Summary:
+    """The running form of :func:`summarize`: :meth:`add` each observation in trace order
+    (once it has ended), :meth:`result` at any time. It keeps counts, sums and one
+    ``{µs value: count}`` histogram per latency (TTFT, ITL, E2E), so the percentiles are
+    exact while the memory grows with the distinct µs values, never with the requests."""
+
+    def __init__(self, warmup_requests: int = 0):
+        self.warmup_requests = warmup_requests
+        self.requests = 0
+        self.counts = {OK: 0, ERROR: 0, TIMEOUT: 0}
+        self.tokens_from_chunks = 0
+        self.ok = 0                  # successful with at least one content chunk
+        self.output_tokens = 0
+        self.first_send_us: int | None = None
+        self.last_chunk_us: int | None = None
+        self.ttft: dict[int, int] = {}
+        self.itl: dict[int, int] = {}
+        self.e2e: dict[int, int] = {}
+
+    def add(self, o: Observation) -> None:
+        self.requests += 1
+        if self.requests <= self.warmup_requests:
+            return
+        if o.status in self.counts:
+            self.counts[o.status] += 1
+        if o.status != OK:
+            return
+        self.tokens_from_chunks += o.tokens_from == "chunks"
+        if not o.chunk_us:
+            return
+        self.ok += 1
+        self.output_tokens += o.completion_tokens
+        _count(self.ttft, o.ttft_us)
+        _count(self.e2e, o.e2e_us)
+        for g in o.itl_us:
+            _count(self.itl, g)
+        if self.first_send_us is None or o.send_us < self.first_send_us:
+            self.first_send_us = o.send_us
+        if self.last_chunk_us is None or o.last_chunk_us > self.last_chunk_us:
+            self.last_chunk_us = o.last_chunk_us
+
+    def result(self) -> dict:
+        """Counts over every request, latency statistics and throughput over the successful
+        requests after the first ``warmup_requests``. Throughput divides by the span from the
+        first send to the last content chunk of those requests."""
+        span_us = self.last_chunk_us - self.first_send_us if self.ok else 0
+        span_s = span_us / 1e6
+        return {
+            "requests": self.requests,
+            "warmup_requests": min(self.warmup_requests, self.requests),
+            "ok": self.counts[OK], "errors": self.counts[ERROR], "timeouts": self.counts[TIMEOUT],
+            "tokens_from_chunks": self.tokens_from_chunks,
+            "ttft_ms": _stats(self.ttft), "itl_ms": _stats(self.itl), "e2e_ms": _stats(self.e2e),
+            "duration_s": span_s,
+            "output_tokens": self.output_tokens,
+            "requests_per_s": self.ok / span_s if span_s > 0 else 0.0,
+            "output_tokens_per_s": self.output_tokens / span_s if span_s > 0 else 0.0,
+        }
+
+
 def summarize(observations: list[Observation], warmup_requests: int = 0) -> dict:
-    """Counts over every request, latency statistics and throughput over the successful
-    requests after the first ``warmup_requests``. Throughput divides by the span from the
-    first send to the last content chunk of those requests."""
-    counted = observations[warmup_requests:]
-    ok = [o for o in counted if o.status == OK and o.chunk_us]
-    ttft = [o.ttft_us for o in ok]
-    e2e = [o.e2e_us for o in ok]
-    itl = [g for o in ok for g in o.itl_us]
-    span_us = (max(o.last_chunk_us for o in ok) - min(o.send_us for o in ok)) if ok else 0
-    out_tokens = sum(o.completion_tokens for o in ok)
-    span_s = span_us / 1e6
-    return {
-        "requests": len(observations),
-        "warmup_requests": min(warmup_requests, len(observations)),
-        "ok": sum(o.status == OK for o in counted),
-        "errors": sum(o.status == ERROR for o in counted),
-        "timeouts": sum(o.status == TIMEOUT for o in counted),
-        "tokens_from_chunks": sum(o.tokens_from == "chunks" for o in counted if o.status == OK),
-        "ttft_ms": _stats(ttft), "itl_ms": _stats(itl), "e2e_ms": _stats(e2e),
-        "duration_s": span_s,
-        "output_tokens": out_tokens,
-        "requests_per_s": len(ok) / span_s if span_s > 0 else 0.0,
-        "output_tokens_per_s": out_tokens / span_s if span_s > 0 else 0.0,
-    }
+    """:class:`Summary` of a list of observations (in trace order)."""
+    acc = Summary(warmup_requests)
+    for o in observations:
+        acc.add(o)
+    return acc.result()
 
 
 def request_result(i: int, o: Observation, warmup: bool) -> dict:

@@ -151,7 +151,7 @@ def test_observe_table(monkeypatch, tables, width, capsys):
                "output_tokens_per_s": 1234.5, "duration_s": 289.123, "tokens_from_chunks": 0}
     cfg = NS(streaming=True, model="meta-llama/Llama-3.1-8B-Instruct", api_format="completions",
              max_concurrency=256)
-    print_summary(NS(observations=[]), cfg, "http://127.0.0.1:8000", summary, [])
+    print_summary(None, cfg, "http://127.0.0.1:8000", summary, [])
     header, out = capsys.readouterr().out.split("\n", 1)     # the header line is soft-wrapped
     assert header.startswith("observe: 1300 requests to http://127.0.0.1:8000")
     assert check_fits(out, width, tables) == 18
