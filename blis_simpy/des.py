@@ -183,6 +183,16 @@ class SimEnv(simpy.Environment):
         self.schedule(ev, key, time_us - self._now)
         return ev
 
+    def call_after(self, delay_us: int, key: int, fn, arg=None, *, inline: bool = True) -> None:
+        """``fn(arg)`` ``delay_us`` from now at heap key ``key``: run at once, inside the event
+        being processed, when the delay is 0, ``inline`` allows it and nothing could come in
+        between (:meth:`quiet_through`: the same order, one event fewer); otherwise scheduled
+        as a keyed event (:meth:`call_at`)."""
+        if inline and not delay_us and self.quiet_through(key):
+            fn(arg)
+        else:
+            self.call_at(self._now + delay_us, key, fn, arg)
+
     def wake_at(self, time_us: int, key: int) -> Wake:
         """A triggered event at ``time_us``/``key`` for a process to ``yield``."""
         ev = Wake(self)

@@ -116,11 +116,7 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         c.arrived += 1
         by_class = c.arrived_by_class
         by_class[req.slo_class] = by_class.get(req.slo_class, 0) + 1
-        env = self.env
-        if alone and not self.admission_latency_us and env.quiet_through(ADMISSION):
-            self._on_admission(req)
-        else:
-            env.call_at(env.now + self.admission_latency_us, ADMISSION, self._on_admission, req)
+        self.env.call_after(self.admission_latency_us, ADMISSION, self._on_admission, req, inline=alone)
 
     # ------------------------------------------------------------------ router state
     def router_state(self, req=None, among=None) -> RouterState:
@@ -189,11 +185,7 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         """An admitted request goes to routing after the routing latency: at once when that
         latency is 0 and nothing is queued before the RoutingDecision's place (as in
         :meth:`_on_arrival`), else as the keyed RoutingDecision event."""
-        env = self.env
-        if not self.routing_latency_us and env.quiet_through(ROUTING):
-            self._on_routing(req)
-        else:
-            env.call_at(env.now + self.routing_latency_us, ROUTING, self._on_routing, req)
+        self.env.call_after(self.routing_latency_us, ROUTING, self._on_routing, req)
 
     # ------------------------------------------------------------------ routing
     def _on_routing(self, req) -> None:

@@ -110,12 +110,8 @@ class PDCluster(Cluster, name="pd"):
             if self.trace is not None:
                 self.trace.record_disaggregation(req, now_us, split)
             lat = self.routing_latency_us
-            if not split:
-                # local routing here when nothing could come before it (as Cluster's routing)
-                if not lat and env.quiet_through(ROUTING):
-                    self._on_local_routing(req)
-                else:
-                    env.call_at(now_us + lat, ROUTING, self._on_local_routing, req)
+            if not split:             # local routing, inline when nothing could come before it
+                env.call_after(lat, ROUTING, self._on_local_routing, req)
                 continue
             parent = ParentRequest(req.id, req, num_kv_blocks=ceil_div(req.input_len, self.block_size),
                                    arrival_us=req.arrival_us)
