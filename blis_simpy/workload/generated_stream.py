@@ -34,6 +34,7 @@ from blis_simpy.workload.arrivals import make_arrival_sampler
 from blis_simpy.workload.generator import (
     RNG_STREAM,
     _windows,
+    client_arrival_times,
     client_arrivals,
     client_rates,
     draw_prefixes,
@@ -89,8 +90,11 @@ class GeneratedRequestStream:
         self._len: int | None = (max_requests if self._clients else 0) if unbounded else None
 
     def __len__(self) -> int:
-        if self._len is None:
-            self._len = sum(1 for _ in self._merged())
+        if self._len is None:    # the same draws as an iteration, without building requests
+            times = [client_arrival_times(c, arrival, sampler, numpy_rng(rng_seed), self.horizon_us)
+                     for c, arrival, sampler, rng_seed, _ in self._clients]
+            merged = heapq.merge(*times) if len(times) > 1 else iter(times[0] if times else ())
+            self._len = sum(1 for _ in islice(merged, self.max_requests))
         return self._len
 
     def _merged(self) -> Iterator[Request]:

@@ -166,6 +166,21 @@ def client_arrivals(c: ClientSpec, arrival, sampler: RequestSampler, rng: np.ran
     """Step 6 for one standard client, lazily: its requests in arrival order (IDs unset),
     each drawn when the iteration reaches it (``arrival``: its arrival sampler; times in µs,
     strictly increasing, before ``horizon`` and inside the client's windows)."""
+    for t, (inp, outp, mod) in _client_draws(c, arrival, sampler, rng, horizon):
+        yield _new_request(c, t, inp, outp, mod, prefix, compute_deadline(t, c))
+
+
+def client_arrival_times(c: ClientSpec, arrival, sampler: RequestSampler, rng: np.random.Generator,
+                         horizon: int) -> Iterator[int]:
+    """The arrival times (µs) :func:`client_arrivals` gives for the same arguments, with the
+    same draws from ``rng`` but no request built: what counting a stream needs."""
+    for t, _ in _client_draws(c, arrival, sampler, rng, horizon):
+        yield t
+
+
+def _client_draws(c: ClientSpec, arrival, sampler: RequestSampler, rng: np.random.Generator,
+                  horizon: int) -> Iterator[tuple[int, tuple]]:
+    """``(arrival µs, sampler.draw(rng))`` for each request of a standard client, in order."""
     windows = _windows(c)
     end = horizon
     if windows:  # nothing is generated after the last window: stop there (same result)
@@ -177,8 +192,7 @@ def client_arrivals(c: ClientSpec, arrival, sampler: RequestSampler, rng: np.ran
             break
         if windows and not _inside(t, windows):
             continue
-        inp, outp, mod = sampler.draw(rng)
-        yield _new_request(c, t, inp, outp, mod, prefix, compute_deadline(t, c))
+        yield t, sampler.draw(rng)
 
 
 #: arrivals a horizon-bound workload may draw (those outside its windows are skipped)

@@ -62,6 +62,21 @@ def test_lifecycle_windows_are_counted_not_assumed():
     assert _full(stream) == _full(listed) and len(stream) == len(listed)
 
 
+def test_counting_draws_the_same_but_builds_no_request(monkeypatch):
+    # len() of a horizon-bound stream walks the clients' draws (the count is what an
+    # iteration yields) without building requests; the iteration after it is unchanged
+    s = spec(client("a", 0.7, "poisson", prefix_group="sys", prefix_length=16),
+             client("b", 0.3, "gamma", 2.0), rate=50, num=400)
+    listed = generate_requests(s, horizon=3_000_000)
+    stream = stream_workload(s, horizon=3_000_000)
+    import blis_simpy.workload.generator as gen
+    real = gen._new_request
+    monkeypatch.setattr(gen, "_new_request", lambda *a, **k: pytest.fail("request built to count"))
+    assert len(stream) == len(listed) < 400
+    monkeypatch.setattr(gen, "_new_request", real)
+    assert _full(stream) == _full(listed)
+
+
 def test_lists_for_multi_turn_or_no_cap():
     mt = {"multi_turn": {"max_rounds": 2, "think_time_us": 10}}
     assert stream_workload(spec(client("a", reasoning=mt))) is None
