@@ -41,6 +41,9 @@ CLUSTER_BASE = 2
 CLUSTER_ARRIVAL = CLUSTER_BASE + 0
 FOLLOWUP_ARRIVAL = CLUSTER_BASE + 1
 ADMISSION = CLUSTER_BASE + 2
+#: the gateway queue's dispatcher (ours; docs/control-plane.md, "Gateway queue"): after the
+#: admissions of a µs, before its routing decisions
+GATEWAY = CLUSTER_BASE + 3
 ROUTING = CLUSTER_BASE + 4
 DISAGGREGATION = CLUSTER_BASE + 6
 PREFILL_ROUTING = CLUSTER_BASE + 8
@@ -69,6 +72,8 @@ OBSERVER_AFTER = 1 << 62
 EVENTS: dict[str, tuple[int, str]] = {
     "ClusterArrival": (CLUSTER_ARRIVAL, "the arrival process (Cluster._arrivals)"),
     "AdmissionDecision": (ADMISSION, "AdmissionPolicy.admit(req, state)"),
+    "GatewayDispatch": (GATEWAY, "GatewayPolicy.has_room(state, pending), GatewayPolicy.pick(heads) "
+                        "in the gateway's dispatcher process (Gateway._dispatcher)"),
     "RoutingDecision": (ROUTING, "Router.route(req, state), Router.observe(req, index)"),
     "DisaggregationDecision": (DISAGGREGATION, "DisaggregationDecider.decide(req[, pools]) "
                                "in the decision process (PDCluster._decisions)"),

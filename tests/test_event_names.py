@@ -9,7 +9,9 @@ from pathlib import Path
 import blis_simpy
 from blis_simpy import des
 from blis_simpy.admission.base import AdmissionPolicy
+from blis_simpy.admission.gateway import GatewayPolicy
 from blis_simpy.cluster.cluster import Cluster
+from blis_simpy.cluster.gateway import Gateway
 from blis_simpy.cluster.pd import PDCluster
 from blis_simpy.disagg.deciders import DisaggregationDecider
 from blis_simpy.disagg.fabric import KVTransferFabric
@@ -18,7 +20,8 @@ from blis_simpy.engine.listener import InstanceListener
 from blis_simpy.routing.base import Router
 
 CLASSES = {c.__name__: c for c in (AdmissionPolicy, Cluster, PDCluster, DisaggregationDecider,
-                                   KVTransferFabric, Instance, InstanceListener, Router)}
+                                   KVTransferFabric, Instance, InstanceListener, Router,
+                                   GatewayPolicy, Gateway)}
 ROOT = Path(blis_simpy.__file__).parent
 
 

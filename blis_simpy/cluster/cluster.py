@@ -74,6 +74,8 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         self._n = len(instances)
         #: closed-loop sessions (docs/workloads.md): a SessionManager or None; see :meth:`session_done`
         self.sessions = None
+        #: the gateway queue between admission and routing (cluster/gateway.py) or None
+        self.gateway = None
         # Skipping the admission snapshots is invisible only when they are always fresh (a
         # periodic refresh at admission time changes what routing sees later).
         self._admission_blind = not admission.uses_snapshots and snapshot_refresh_interval_us == 0
@@ -116,6 +118,8 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         c.arrived += 1
         by_class = c.arrived_by_class
         by_class[req.slo_class] = by_class.get(req.slo_class, 0) + 1
+        if self.gateway is not None:
+            self.gateway.arrived(req)
         self.env.call_after(self.admission_latency_us, ADMISSION, self._on_admission, req, inline=alone)
 
     # ------------------------------------------------------------------ router state
@@ -184,8 +188,29 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
     def _after_admission(self, req) -> None:
         """An admitted request goes to routing after the routing latency: at once when that
         latency is 0 and nothing is queued before the RoutingDecision's place (as in
-        :meth:`_on_arrival`), else as the keyed RoutingDecision event."""
+        :meth:`_on_arrival`), else as the keyed RoutingDecision event. With a gateway queue it
+        enters the queue instead, which sends it on (:meth:`to_routing`)."""
+        if self.gateway is not None:
+            self.gateway.offer(req)
+            return
         self.env.call_after(self.routing_latency_us, ROUTING, self._on_routing, req)
+
+    def attach_gateway(self, policy, cfg) -> None:
+        """Put a gateway queue (``cfg``: the scenario's ``cluster.gateway``) with ``policy``
+        between admission and routing (docs/control-plane.md, "Gateway queue")."""
+        from blis_simpy.cluster.gateway import Gateway
+        self.gateway = Gateway(self.env, policy, route=self.to_routing, state=self.router_state,
+                               max_depth=cfg.max_depth, band_queue_limit=cfg.band_queue_limit,
+                               band_inflight_limit=cfg.band_inflight_limit,
+                               dispatch_tick_us=cfg.dispatch_tick_us)
+
+    def to_routing(self, req) -> None:
+        """A request the gateway sends on: routing after the routing latency."""
+        self.env.call_after(self.routing_latency_us, ROUTING, self._on_gateway_routing, req)
+
+    def _on_gateway_routing(self, req) -> None:
+        self.gateway.routed()
+        self.route(req, None, self.router)
 
     # ------------------------------------------------------------------ routing
     def _on_routing(self, req) -> None:
@@ -227,6 +252,8 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         chosen = self.choose(req, among, router)
         if chosen is None:
             self.counters.rejected_at_routing += 1
+            if self.gateway is not None:
+                self.gateway.left(req)
             if self.sessions is not None:
                 self.sessions.on_request_rejected(req, self.env.now)
             return None
@@ -258,6 +285,8 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
             self.inflight[k] -= 1
         else:
             log.warning("in-flight count of %s would go negative (clamped at 0)", inst.id)
+        if self.gateway is not None:
+            self.gateway.left(req)
         if self.sessions is not None:
             self.session_done(req, tick_us)
 

@@ -20,7 +20,9 @@ class RequestEndStates:
     (arrived, inside the admission or routing latency) + ``still_in_queueing_delay`` (routed
     to an instance, inside its API server or its latency model's queueing delay) +
     ``not_arrived`` (arriving after the horizon) + ``dropped_unservable`` + ``timed_out`` + ``rejected_admission`` +
-    ``rejected_routing`` = ``offered``.
+    ``rejected_routing`` = ``offered``; with a gateway queue, + ``still_in_gateway`` (queued at
+    the end) + ``shed_gateway`` (shed by the queue). Without one those two are None and absent
+    from :meth:`to_dict`.
     """
 
     offered: int
@@ -34,19 +36,21 @@ class RequestEndStates:
     timed_out: int
     rejected_admission: int
     rejected_routing: int
+    still_in_gateway: int | None = None
+    shed_gateway: int | None = None
 
     def accounted(self) -> int:
         """The sum of every end state (``offered`` when the balance holds)."""
-        return sum(v for k, v in asdict(self).items() if k != "offered")
+        return sum(v for k, v in self.to_dict().items() if k != "offered")
 
     def to_dict(self) -> dict[str, int]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 def check_end_states(end: RequestEndStates) -> None:
     """INV-1 as reported: every offered request is in exactly one end state."""
     if end.accounted() != end.offered:
-        parts = " + ".join(f"{k.replace('_', ' ')} {v}" for k, v in asdict(end).items()
+        parts = " + ".join(f"{k.replace('_', ' ')} {v}" for k, v in end.to_dict().items()
                            if k != "offered")
         raise InvariantError(f"request conservation broken: offered {end.offered} != {parts}")
 
@@ -65,22 +69,37 @@ def check_instance_conservation(inst) -> None:
 
 
 def check_pipeline_conservation(counters, instances, pending_in_control_plane: int, *,
-                                pool_routed: int = 0, decode_injected: int = 0) -> None:
-    """INV-1 over the pipeline: offered = routed + rejected + not yet through the control
-    plane. With PD pools, ``pool_routed`` prefill sub-requests were routed in place of their
-    parents and ``decode_injected`` decode sub-requests were injected after their transfer."""
+                                pool_routed: int = 0, decode_injected: int = 0,
+                                shed_gateway: int = 0) -> None:
+    """INV-1 over the pipeline: offered = routed + rejected + shed by the gateway queue + not
+    yet through the control plane (the gateway's queue included). With PD pools,
+    ``pool_routed`` prefill sub-requests were routed in place of their parents and
+    ``decode_injected`` decode sub-requests were injected after their transfer."""
     routed = counters.routed + pool_routed
     injected = sum(i.injected for i in instances)
     if injected != routed + decode_injected:
         raise InvariantError(f"routed {routed} (+{decode_injected} decode sub-requests) but "
                              f"instances saw {injected} injections")
     total = (routed + counters.rejected_by_admission + counters.rejected_at_routing
-             + pending_in_control_plane)
+             + shed_gateway + pending_in_control_plane)
     if total != counters.offered:
+        shed = f" + shed by the gateway {shed_gateway}" if shed_gateway else ""
         raise InvariantError(
             f"request conservation broken: offered {counters.offered} != routed {routed} "
             f"+ rejected at admission {counters.rejected_by_admission} + rejected at routing "
-            f"{counters.rejected_at_routing} + still in the control plane {pending_in_control_plane}")
+            f"{counters.rejected_at_routing}{shed} + still in the control plane {pending_in_control_plane}")
+
+
+def check_gateway_conservation(gateway, admitted: int) -> None:
+    """INV-1 at the gateway queue: every admitted request entered it, and each one it took is
+    sent on, shed or still queued (``offered`` = ``dispatched`` + ``shed`` + ``queued``)."""
+    c = gateway.counters
+    if c.offered != admitted:
+        raise InvariantError(f"the gateway took {c.offered} requests but {admitted} were admitted")
+    if c.offered != c.dispatched + c.shed + c.queued or c.queued != len(gateway.entries()):
+        raise InvariantError(
+            f"gateway conservation broken: offered {c.offered} != dispatched {c.dispatched} + "
+            f"shed {c.shed} + queued {c.queued} ({len(gateway.entries())} in its heaps)")
 
 
 def check_causality(inst) -> None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from blis_simpy.des import OBSERVER_AFTER, OBSERVER_BEFORE
-from blis_simpy.metrics.timeline_file import COLUMNS
+from blis_simpy.metrics.timeline_file import COLUMNS, GATEWAY_COLUMN, columns_of
 
 __all__ = ["AFTER_KEY", "COLUMNS", "MAX_INTERVAL_US", "MAX_ROWS", "MAX_SAMPLES", "MIN_INTERVAL_US",
            "SAMPLE_KEY", "Monitor", "Timeline"]
@@ -76,8 +76,9 @@ class Timeline:
 
     def rows(self) -> list[dict]:
         """The rows as dicts (column order)."""
-        cols = [self.cols[c] for c in COLUMNS]
-        return [dict(zip(COLUMNS, vals, strict=True)) for vals in zip(*cols, strict=True)]
+        names = columns_of(self)
+        cols = [self.cols[c] for c in names]
+        return [dict(zip(names, vals, strict=True)) for vals in zip(*cols, strict=True)]
 
 
 class Monitor:
@@ -102,6 +103,9 @@ class Monitor:
         roles += [""] * (len(self.insts) - len(roles))
         self.timeline = Timeline(interval_us, [i.id for i in self.insts], roles,
                                  pd=self.fabric is not None)
+        self.gateway = getattr(cluster, "gateway", None)
+        if self.gateway is not None:
+            self.timeline.cols[GATEWAY_COLUMN] = []
         cap = max(1, min(MAX_SAMPLES, MAX_ROWS // max(len(self.insts), 1)))
         self.max_samples = min(cap, max_samples) if max_samples else cap
         self.process = self.env.process(self._run())
@@ -111,6 +115,8 @@ class Monitor:
         tl.times_us.append(t_us)
         c = tl.cols
         transfers = self.fabric.active if self.fabric is not None else None
+        if self.gateway is not None:
+            c[GATEWAY_COLUMN].extend([self.gateway.counters.queued] * len(self.insts))
         for inst, role in zip(self.insts, tl.roles, strict=True):
             kv = inst.kv
             c["t_us"].append(t_us)

@@ -1,8 +1,9 @@
-"""Build the control plane's policies from a scenario (admission, routers)."""
+"""Build the control plane's policies from a scenario (admission, routers, the gateway policy)."""
 
 from __future__ import annotations
 
 from blis_simpy.admission.base import AdmissionPolicy
+from blis_simpy.admission.gateway import GatewayPolicy, GatewaySettings
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.rng import RngStreams
@@ -31,3 +32,33 @@ def build_router(scenario: Scenario, rng: RngStreams, block_size: int, *,
         raise
     router.config_field = field
     return router
+
+
+def build_gateway_policy(scenario: Scenario) -> GatewayPolicy:
+    """The gateway policy of ``cluster.gateway`` (which must be set) with its settings: the
+    gateway keys and each SLO class's TTFT target in µs (for ``order: slo-deadline``)."""
+    g = scenario.cluster.gateway
+    cls = GatewayPolicy.lookup(g.policy, field="cluster.gateway.policy")
+    params = cls.parse_params(g.params, field="cluster.gateway.params")
+    slo = scenario.slo
+
+    def us(ms):
+        return None if ms is None else round(ms * 1000)
+
+    budgets = {}
+    if slo is not None:
+        for name, t in sorted(slo.classes.items()):
+            ms = t.ttft_ms if t.ttft_ms is not None else slo.ttft_ms
+            budgets[name] = us(ms)
+    fs = g.fair_share
+    settings = GatewaySettings(
+        order=g.order, shed=g.shed, detector=g.detector, max_concurrency=g.max_concurrency,
+        queue_depth_threshold=g.queue_depth_threshold, kv_util_threshold=g.kv_util_threshold,
+        fair_key=fs.key if fs is not None else "tenant", fair_share=fs is not None,
+        weights=tuple(sorted(fs.weights.items())) if fs is not None else (),
+        default_weight=fs.default_weight if fs is not None else 1.0,
+        ttft_budget_us=tuple((k, v) for k, v in budgets.items() if v is not None),
+        default_ttft_budget_us=us(slo.ttft_ms) if slo is not None else None)
+    policy = cls(settings, params)
+    policy.config_field = "cluster.gateway"
+    return policy

@@ -220,6 +220,46 @@ class RoutingConfig(Strict):
     params: dict = Field(default_factory=dict)
 
 
+class FairShareConfig(Strict):
+    """Weighted fair share of the gateway queue between flows (docs/control-plane.md,
+    "Gateway queue")."""
+
+    key: Literal["tenant", "slo_class"] = Field(
+        "tenant", description="what a flow is: the request's tenant_id or its SLO class (empty = default)")
+    weights: dict[str, PosFloat] = Field(default_factory=dict, description="flow -> weight (> 0)")
+    default_weight: PosFloat = Field(1.0, description="weight of a flow not in weights")
+
+
+class GatewayConfig(Strict):
+    """A gateway queue with flow control between admission and routing (docs/control-plane.md,
+    "Gateway queue"); absent = none. Depths and limits are requests; 0 = unlimited."""
+
+    policy: str = Field("standard", description="registered gateway policy: standard or a plugin's name")
+    params: dict = Field(default_factory=dict, description="the policy's own parameters (its Params)")
+    max_depth: Annotated[int, Field(ge=0, le=MAX_REQUESTS)] = Field(
+        0, description="queued requests at most; a request arriving at a full queue is shed (or a victim, shed: lowest)")
+    order: Literal["fifo", "priority", "slo-deadline"] = Field(
+        "fifo", description="fifo (arrival) | priority (SLO band, then arrival) | slo-deadline "
+                            "(arrival + the class's slo TTFT target, earliest first)")
+    shed: Literal["arriving", "lowest"] = Field(
+        "arriving", description="when full: shed the arriving request, or (lowest) the queued "
+                                "sheddable one that ranks last when the arriving one outranks it")
+    band_queue_limit: Annotated[int, Field(ge=0, le=MAX_REQUESTS)] = Field(
+        0, description="queued requests per priority band at most (BLIS --per-band-capacity)")
+    band_inflight_limit: Annotated[int, Field(ge=0, le=MAX_REQUESTS)] = Field(
+        0, description="requests per priority band sent on and not yet finished, at most")
+    detector: Literal["never", "concurrency", "utilization"] = Field(
+        "never", description="when the cluster has room for one more request (flow control)")
+    max_concurrency: Annotated[int, Field(gt=0, le=MAX_REQUESTS)] = Field(
+        100, description="concurrency: in-flight requests per instance below which there is room")
+    queue_depth_threshold: PosFloat = Field(5.0, description="utilization: wait-queue length of a full instance")
+    kv_util_threshold: PosFloat = Field(0.8, description="utilization: KV utilisation of a full instance")
+    dispatch_tick_us: Annotated[int, Field(gt=0, le=MAX_DELAY_US)] = Field(
+        1000, description="utilization: re-check every this many µs while requests wait")
+    fair_share: FairShareConfig | None = Field(
+        None, description="weighted fair share between flows; None = the best-ranked head first")
+
+
 class ClusterConfig(Strict):
     """The control plane in front of the instances (docs/control-plane.md)."""
 
@@ -233,6 +273,8 @@ class ClusterConfig(Strict):
     implementation: str | None = Field(
         None, description="registered cluster class: standard | pd | a plugin's name; None = pd "
                           "with prefill/decode pools, else standard")
+    gateway: GatewayConfig | None = Field(
+        None, description="a gateway queue with flow control after admission; None = none")
 
 
 class TraceConfig(Strict):

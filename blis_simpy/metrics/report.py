@@ -50,6 +50,10 @@ With closed-loop sessions one more key follows: ``"sessions": {"total", "complet
 With vLLM's CPU offload tier (``engine.kv_cpu_gib > 0``) one more key follows: ``"kv_offload":
 {"cluster": {counters}, "instances": [{counters}, ...]}`` (durations in ms; docs/metrics.md,
 "CPU KV offload";
+absent otherwise). With a gateway queue (``cluster.gateway``) one more key follows: ``"gateway": {"flow_key",
+"entered", "dispatched", "shed", "shed_by_reason", "still_queued", "peak_depth", "wait":
+Distribution, "per_flow": {flow: {...}}, "jain_fairness_index"}``
+(:meth:`~blis_simpy.metrics.gateway.GatewayReport.to_dict`; docs/metrics.md, "Gateway queue";
 absent otherwise). With ``--streaming-metrics`` one more key follows: ``"streaming_metrics": {"relative_accuracy":
 0.01, "note": "..."}`` (the percentiles are DDSketch estimates, docs/metrics.md).
 
@@ -98,6 +102,7 @@ __all__ = [
     "AnomalyCounters",
     "PDMetrics",
     "Report",
+    "gateway_part",
     "TraceSummary",
     "is_idle_ratio",
     "planning_part",
@@ -272,6 +277,9 @@ class Report:
     #: the CPU offload tier's counters per instance (``OffloadKVCache.offload_stats``); None:
     #: no offload tier; see :func:`offload_part`
     kv_offload: list[dict] | None = None
+    #: the gateway queue's results (:class:`~blis_simpy.metrics.gateway.GatewayReport`); None:
+    #: no gateway queue; see :func:`gateway_part`
+    gateway: object | None = None
 
     def __post_init__(self) -> None:
         self.instances = list(self.instances)
@@ -333,7 +341,13 @@ def report_dict(report: Report) -> dict:
         "total_kv_blocks": report.total_kv_blocks,
         "kv_capacity": report.kv_capacity,
         "request_accounting": report.request_accounting,
-    } | sessions_part(report) | offload_part(report) | _streaming_part(report) | planning_part(report)
+    } | (sessions_part(report) | offload_part(report) | gateway_part(report) | _streaming_part(report)
+         | planning_part(report))
+
+
+def gateway_part(report: Report) -> dict:
+    """``"gateway"`` with a gateway queue (absent otherwise)."""
+    return {} if report.gateway is None else {"gateway": report.gateway.to_dict()}
 
 
 def offload_part(report: Report) -> dict:

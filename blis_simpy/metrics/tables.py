@@ -6,7 +6,7 @@ from blis_simpy.metrics.report import PDMetrics, Report, is_idle_ratio
 from blis_simpy.metrics.slo import SLOReport
 from blis_simpy.metrics.summary import SCOPE_STATS, scope_output
 
-__all__ = ["pd_table", "render_tables", "sessions_table", "slo_tables"]
+__all__ = ["gateway_tables", "pd_table", "render_tables", "sessions_table", "slo_tables"]
 
 
 def _f(x: float | None, nd: int = 2) -> str:
@@ -140,6 +140,10 @@ def render_tables(report: Report, console) -> None:
     if report.sessions is not None:
         console.print(sessions_table(report.sessions))
 
+    if report.gateway is not None:
+        for t in gateway_tables(report.gateway):
+            console.print(t)
+
     if report.fitness is not None:
         t = Table(title="Fitness", title_justify="left")
         t.add_column("Component")
@@ -169,6 +173,35 @@ def sessions_table(s, title: str = "Closed-loop sessions"):
                      ("Follow-up requests", s.followups)):
         t.add_row(label, f"{v:,}")
     return t
+
+
+def gateway_tables(g) -> list:
+    """The gateway queue (:class:`~blis_simpy.metrics.gateway.GatewayReport`): counts, wait and
+    depth; then one row per flow with Jain's fairness index (docs/metrics.md, "Gateway queue")."""
+    from rich.table import Table
+
+    t = Table(title="Gateway queue", title_justify="left")
+    t.add_column("Metric")
+    t.add_column("Value", justify="right")
+    t.add_row("Entered / sent on", f"{g.entered:,} / {g.dispatched:,}")
+    t.add_row("Shed", f"{g.shed:,}")
+    for k in sorted(g.shed_by_reason):
+        t.add_row(f"  {k.replace('_', ' ')}", f"{g.shed_by_reason[k]:,}")
+    t.add_row("Still queued", f"{g.still_queued:,}")
+    t.add_row("Peak depth", f"{g.peak_depth:,}")
+    w = g.wait
+    t.add_row("Queue wait mean / p99", "-" if not w.count else
+              f"{_ms(w.mean / 1000)} / {_ms(w.p99 / 1000)} ms")
+    t.add_row("Jain's fairness index", "-" if g.jain_index is None else f"{g.jain_index:.4f}")
+    f = Table(title=f"Gateway queue per {g.flow_key.replace('_', ' ')}", title_justify="left")
+    for h in ("Flow", "weight", "arrived", "shed", "completed", "req/s", "req/s / weight",
+              "wait mean (ms)", "SLO attainment"):
+        f.add_column(h, justify="left" if h == "Flow" else "right")
+    for name, r in g.flows.items():
+        f.add_row(name, f"{r.weight:g}", f"{r.arrived:,}", f"{r.shed:,}", f"{r.completed:,}",
+                  _f(r.throughput_rps, 3), _f(r.normalised_throughput, 3), _ms(r.mean_wait_us / 1000),
+                  _pct(r.slo_attainment_pct))
+    return [t, f]
 
 
 def _pct(x: float | None) -> str:

@@ -20,16 +20,24 @@ import os
 
 from blis_simpy.errors import ConfigError
 
-__all__ = ["COLUMNS", "FORMATS", "REQUIRED", "check_timeline_path", "read_timeline", "write_timeline"]
+__all__ = ["COLUMNS", "FORMATS", "GATEWAY_COLUMN", "REQUIRED", "check_timeline_path", "read_timeline",
+           "write_timeline"]
 
 #: the columns of a timeline, one row per (sample time, instance)
 COLUMNS = ("t_us", "instance", "role", "running", "waiting", "kv_blocks_used", "kv_blocks_total",
            "preemptions", "kv_transfers_in_flight", "steps")
+#: the column of a run with a gateway queue (after :data:`COLUMNS`; absent otherwise)
+GATEWAY_COLUMN = "gateway_queue_depth"
 #: the columns a timeline file must have to be read (``steps`` came later: optional)
 REQUIRED = COLUMNS[:-1]
 FORMATS = (".csv", ".parquet")
 _INTS = ("t_us", "running", "waiting", "kv_blocks_used", "kv_blocks_total", "preemptions",
-         "kv_transfers_in_flight", "steps")
+         "kv_transfers_in_flight", "steps", GATEWAY_COLUMN)
+
+
+def columns_of(tl) -> tuple[str, ...]:
+    """The columns of timeline ``tl``: :data:`COLUMNS`, and :data:`GATEWAY_COLUMN` when it has it."""
+    return COLUMNS + ((GATEWAY_COLUMN,) if GATEWAY_COLUMN in tl.cols else ())
 
 
 def check_timeline_path(path: str, field: str) -> None:
@@ -47,9 +55,10 @@ def check_timeline_path(path: str, field: str) -> None:
 
 def _table(tl):
     import pyarrow as pa
+    cols = columns_of(tl)
     schema = pa.schema([(c, pa.string() if c in ("instance", "role") else pa.int64())
-                        for c in COLUMNS])
-    return pa.Table.from_pydict({c: tl.cols[c] for c in COLUMNS}, schema=schema)
+                        for c in cols])
+    return pa.Table.from_pydict({c: tl.cols[c] for c in cols}, schema=schema)
 
 
 def write_timeline(path: str, tl, *, field: str = "--timeline", batch=None) -> None:
@@ -66,9 +75,10 @@ def write_timeline(path: str, tl, *, field: str = "--timeline", batch=None) -> N
             pq.write_table(_table(tl), f)
         else:
             import csv
+            cols = columns_of(tl)
             w = csv.writer(f, lineterminator="\n")
-            w.writerow(COLUMNS)
-            w.writerows(zip(*(tl.cols[c] for c in COLUMNS), strict=True))
+            w.writerow(cols)
+            w.writerows(zip(*(tl.cols[c] for c in cols), strict=True))
 
 
 def read_timeline(path: str, *, field: str | None = None):

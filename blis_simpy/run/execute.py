@@ -175,6 +175,7 @@ def _run(d, sim, tap, requests, horizon, sessions, workload_seed, progress, batc
         report.request_accounting = result.end_states.to_dict()
     add_optional_sections(d, result, report)
     slo_cost.attach(s, sim, result, report)   # SLOs, GPUs and cost (docs/metrics.md)
+    slo_cost.attach_gateway(s, sim, report)   # the gateway queue's results, if any
     blocks = [inst.kv.total_blocks for inst in sim.instances]
     report.total_kv_blocks = blocks[0] if len(set(blocks)) == 1 else blocks
     offload = [kv.offload_stats() for kv in (inst.kv for inst in sim.instances)

@@ -31,6 +31,7 @@ from blis_simpy.cluster.invariants import (
     RequestEndStates,
     check_causality,
     check_end_states,
+    check_gateway_conservation,
     check_instance_conservation,
     check_pipeline_conservation,
 )
@@ -42,7 +43,7 @@ from blis_simpy.cluster.plugin_checks import (
     plugin_failure,
     with_plugin_hint,
 )
-from blis_simpy.cluster.policies import build_admission, build_router
+from blis_simpy.cluster.policies import build_admission, build_gateway_policy, build_router
 from blis_simpy.config.scenario import FRONTEND_CHECKOUT, Scenario
 from blis_simpy.deploy.pools import resolve_pools
 from blis_simpy.deploy.resolve import Deployment, resolve
@@ -251,6 +252,11 @@ class Simulation:
                                        **common)
         self.sessions = sessions
         self.cluster.sessions = sessions
+        if cl.gateway is not None:
+            if layout.enabled:
+                raise ConfigError("a gateway queue is not supported with prefill/decode pools",
+                                  field="cluster.gateway")
+            self.cluster.attach_gateway(build_gateway_policy(scenario), cl.gateway)
 
     def _attach_frontend(self, inst: Instance, scenario: Scenario) -> None:
         """Put an API server in front of ``inst`` (docs/frontend.md): the scenario's
@@ -350,6 +356,11 @@ class Simulation:
         c = self.cluster.counters
         recs = [cluster] if cluster is not None else metrics
         pipeline = self.cluster.prefill_routed + c.routed + c.rejected_by_admission + c.rejected_at_routing
+        gw = self.cluster.gateway
+        extra = {}
+        if gw is not None:      # the gateway queue's two end states (absent without one)
+            extra = dict(still_in_gateway=gw.counters.queued, shed_gateway=gw.counters.shed)
+            pipeline += gw.counters.queued + gw.counters.shed
         return RequestEndStates(
             offered=c.offered,
             completed=sum(m.completed_requests for m in recs),
@@ -361,7 +372,7 @@ class Simulation:
             dropped_unservable=sum(m.dropped_unservable for m in recs),
             timed_out=sum(m.timed_out_requests for m in recs),
             rejected_admission=c.rejected_by_admission,
-            rejected_routing=c.rejected_at_routing)
+            rejected_routing=c.rejected_at_routing, **extra)
 
     def _check_inflight(self, metrics) -> None:
         """In flight (routed, not yet done) ≠ still queued + running + in the queueing delay
@@ -382,6 +393,8 @@ class Simulation:
         completed and were handed on are not counted again."""
         c = self.cluster.counters
         done = c.rejected_by_admission + c.rejected_at_routing
+        if self.cluster.gateway is not None:
+            done += self.cluster.gateway.counters.shed
         for inst in self.instances:
             m = inst.metrics
             done += m.completed_requests + m.dropped_unservable + m.timed_out_requests
@@ -406,9 +419,15 @@ class Simulation:
             raise InvariantError(f"{not_arrived} requests never arrived, but {late} arrive after the horizon")
         pool_routed = self.cluster.prefill_routed
         decode_injected = self.cluster.decode_injected
+        gw = self.cluster.gateway
+        shed = 0
+        if gw is not None:
+            check_gateway_conservation(gw, c.admitted)
+            shed = gw.counters.shed
         in_control_plane = (c.arrived - c.routed - pool_routed - c.rejected_by_admission
-                            - c.rejected_at_routing)
+                            - c.rejected_at_routing - shed)
         if in_control_plane < 0:
             raise InvariantError(f"control-plane counters inconsistent: {c}")
         check_pipeline_conservation(c, self.instances, not_arrived + in_control_plane,
-                                    pool_routed=pool_routed, decode_injected=decode_injected)
+                                    pool_routed=pool_routed, decode_injected=decode_injected,
+                                    shed_gateway=shed)

@@ -9,10 +9,11 @@ simulation (its resolved per-instance deployments) and its result.
 from __future__ import annotations
 
 from blis_simpy.metrics.cost import deployment_cost
+from blis_simpy.metrics.gateway import gateway_report
 from blis_simpy.metrics.report import Report
 from blis_simpy.metrics.slo import SLOSpec, slo_report, tally_metrics
 
-__all__ = ["attach", "instance_gpus"]
+__all__ = ["attach", "attach_gateway", "instance_gpus"]
 
 
 def instance_gpus(sim) -> list[tuple[int, float | None]]:
@@ -40,3 +41,31 @@ def attach(scenario, sim, result, report: Report) -> None:
         tokens_per_sec = float(cluster.total_output_tokens) / duration_s
     report.deployment = deployment_cost(instance_gpus(sim), tokens_per_sec,
                                         gpu_hour_usd=scenario.cost.gpu_hour_usd)
+
+
+def attach_gateway(scenario, sim, report: Report) -> None:
+    """Add the gateway queue's results (docs/metrics.md, "Gateway queue") when the run had one:
+    per-flow SLO attainment from the cluster record (exact metrics with an SLO target only)."""
+    gw = getattr(sim.cluster, "gateway", None)
+    if gw is None:
+        return
+    cluster = report.cluster
+    spec = SLOSpec.from_config(scenario.slo)
+    met = None
+    if spec.active and cluster.streaming is None:
+        flow = gw.policy.flow
+        met = {}
+        reg, ttft, itl = cluster.registry, cluster.ttft, cluster.itl
+        for rid in sorted(cluster.e2e):
+            req = reg.get(rid)
+            if req is None:
+                continue
+            ok = spec.targets_for(req.slo_class).meets(ttft.get(rid), itl.get(rid), cluster.e2e[rid])
+            if all(ok):
+                f = flow(req)
+                met[f] = met.get(f, 0) + 1
+    weight = getattr(gw.policy, "weight", lambda _f: 1.0)
+    fs = scenario.cluster.gateway.fair_share
+    report.gateway = gateway_report(gw.counters, flow_key=fs.key if fs is not None else "tenant",
+                                    weight=weight, duration_s=float(cluster.sim_ended_time) / 1e6,
+                                    met_by_flow=met)
