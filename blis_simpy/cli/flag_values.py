@@ -73,17 +73,40 @@ def scorer_text(text: str) -> list[dict]:
     return parse_scorers(text) if text.strip() else []
 
 
+def pairs(text: str, what: str) -> list[tuple[str, str]]:
+    """``"key:value,key:value"`` → ``[(key, value text)]`` (empty text ⇒ []); ``what`` names an
+    item in the error."""
+    out = []
+    for item in text.split(",") if text.strip() else ():
+        key, sep, v = item.strip().partition(":")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"invalid {what} {item.strip()!r}: expected key:value")
+        out.append((key, v))
+    return out
+
+
+def weights_text(text: str) -> dict[str, float]:
+    """``--gateway-fair-share "a:2,b:1"`` → ``{flow: weight}``, each weight finite and > 0."""
+    out: dict[str, float] = {}
+    for key, w in pairs(text, "fair-share weight"):
+        try:
+            weight = float(w.strip())
+        except ValueError:
+            raise ValueError(f"invalid weight {w.strip()!r} for flow {key!r}") from None
+        if not math.isfinite(weight) or weight <= 0:
+            raise ValueError(f"weight for flow {key!r} must be finite and > 0, got {weight:g}")
+        if key in out:
+            raise ValueError(f"flow {key!r} is given twice")
+        out[key] = weight
+    return out
+
+
 def fitness_text(text: str) -> dict[str, float]:
     """``--fitness-weights "key:w,key:w"`` → ``{key: w}`` (docs/metrics.md, "Fitness")."""
     from blis_simpy.metrics.fitness import FITNESS_KEYS
     out: dict[str, float] = {}
-    if not text.strip():
-        return out
-    for item in text.split(","):
-        key, sep, w = item.strip().partition(":")
-        key = key.strip()
-        if not sep or not key:
-            raise ValueError(f"invalid fitness weight {item.strip()!r}: expected key:value")
+    for key, w in pairs(text, "fitness weight"):
         if key not in FITNESS_KEYS:
             raise ValueError(f"unknown fitness key {key!r}; valid keys: {', '.join(sorted(FITNESS_KEYS))}")
         try:
@@ -182,9 +205,11 @@ def registered(family: str) -> Rule:
 
 def families() -> dict[str, type]:
     from blis_simpy.admission.base import AdmissionPolicy
+    from blis_simpy.admission.gateway import GatewayPolicy
     from blis_simpy.disagg.deciders import DisaggregationDecider
     from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
     from blis_simpy.latency.base import LatencyModel
     from blis_simpy.routing.base import Router
     return {"latency": LatencyModel, "admission": AdmissionPolicy, "routing": Router,
-            "scheduler": Scheduler, "priority": PriorityPolicy, "decider": DisaggregationDecider}
+            "scheduler": Scheduler, "priority": PriorityPolicy, "decider": DisaggregationDecider,
+            "gateway": GatewayPolicy}

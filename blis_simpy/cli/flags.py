@@ -40,6 +40,7 @@ from blis_simpy.cli.flag_values import (
     tie_break,
     trace_level,
     unit_interval,
+    weights_text,
 )
 from blis_simpy.cli.logs import LOG_LEVEL_NAMES
 
@@ -48,6 +49,7 @@ BOTH = (RUN, REPLAY)
 SIM, WORKLOAD, OUTPUT = "Simulation", "Workload (run)", "Output"
 PD = "Prefill/decode disaggregation"
 SLO = "SLOs and cost"
+GW = "Gateway queue"
 
 
 # ---------------------------------------------------------------------------- the table
@@ -187,6 +189,21 @@ FLAGS: tuple[Flag, ...] = (
     F("--pd-interference-prefill", number, "disaggregation.interference.prefill", interference_range, "slowdown factor of mixed batches that are mostly prefill, [0, 100] (default 0)", panel=PD),
     F("--pd-interference-decode", number, "disaggregation.interference.decode", interference_range, "slowdown factor of mixed batches that are mostly decode, [0, 100] (default 0)", panel=PD),
     F("--pd-compat", text, "disaggregation.compat", one_of("fixed", "checkout"), "fixed (default) or checkout: the Go checkout's PD behaviour (parity mode, docs/cli.md)", panel=PD),
+    # gateway queue with flow control (docs/control-plane.md, "Gateway queue"); any of these
+    # puts a gateway queue in front of the router (cluster.gateway)
+    F("--gateway-policy", text, "cluster.gateway.policy", registered("gateway"), "gateway queue policy (default standard)", panel=GW),
+    F("--gateway-queue-depth", integer, "cluster.gateway.max_depth", non_negative, "gateway queue: requests queued at most, at most 10000000; 0 = unlimited (default 0; BLIS --max-gateway-queue-depth)", panel=GW),
+    F("--gateway-order", text, "cluster.gateway.order", one_of("fifo", "priority", "slo-deadline"), "gateway queue order: fifo (default), priority (SLO band), slo-deadline (arrival + the class's TTFT target) (BLIS --dispatch-order)", panel=GW),
+    F("--gateway-shed", text, "cluster.gateway.shed", one_of("arriving", "lowest"), "when the gateway queue is full: shed the arriving request (default) or the lowest-ranked queued sheddable one (BLIS --queue-shedding)", panel=GW),
+    F("--gateway-band-queue-limit", integer, "cluster.gateway.band_queue_limit", non_negative, "gateway queue: requests queued per priority band at most; 0 = unlimited (default 0; BLIS --per-band-capacity)", panel=GW),
+    F("--gateway-band-inflight-limit", integer, "cluster.gateway.band_inflight_limit", non_negative, "gateway queue: requests per priority band sent on and not finished, at most; 0 = unlimited (default 0)", panel=GW),
+    F("--gateway-detector", text, "cluster.gateway.detector", one_of("never", "concurrency", "utilization"), "when the cluster has room for a queued request (default never; BLIS --saturation-detector)", panel=GW),
+    F("--gateway-max-concurrency", integer, "cluster.gateway.max_concurrency", positive, "concurrency detector: in-flight requests per instance (default 100; BLIS --max-concurrency)", panel=GW),
+    F("--gateway-queue-depth-threshold", number, "cluster.gateway.queue_depth_threshold", positive, "utilization detector: wait-queue length of a full instance (default 5; BLIS --queue-depth-threshold)", panel=GW),
+    F("--gateway-kv-util-threshold", number, "cluster.gateway.kv_util_threshold", positive, "utilization detector: KV utilisation of a full instance (default 0.8; BLIS --kv-cache-util-threshold)", panel=GW),
+    F("--gateway-dispatch-tick", integer, "cluster.gateway.dispatch_tick_us", positive, "utilization detector: re-check every this many µs while requests wait, at most 3600000000 (default 1000; BLIS --dispatch-tick-interval)", panel=GW),
+    F("--gateway-fair-key", text, "cluster.gateway.fair_share.key", one_of("tenant", "slo_class"), "gateway fair share between tenants (default) or SLO classes", panel=GW),
+    F("--gateway-fair-share", weights_text, "cluster.gateway.fair_share.weights", None, "gateway weighted fair share 'flow:weight,...' (weights > 0; other flows weigh 1)", panel=GW),
     # SLOs and cost (docs/metrics.md, "SLOs and goodput", "Deployment and cost")
     F("--slo-ttft", number, "slo.ttft_ms", positive, "TTFT target, ms: attainment and goodput in the results", panel=SLO),
     F("--slo-itl", number, "slo.itl_ms", positive, "mean inter-token latency target per request, ms", panel=SLO),

@@ -59,6 +59,12 @@ SAMPLES = {
     "--prefill-latency-model": ("roofline", "roofline"),
     "--decode-latency-model": ("roofline", "roofline"),
     "--pd-compat": ("checkout", "checkout"),
+    "--gateway-policy": ("standard", "standard"),
+    "--gateway-order": ("priority", "priority"),
+    "--gateway-shed": ("lowest", "lowest"),
+    "--gateway-detector": ("concurrency", "concurrency"),
+    "--gateway-fair-key": ("slo_class", "slo_class"),
+    "--gateway-fair-share": ("a:2,b:1", {"a": 2.0, "b": 1.0}),
 }
 # Flags that are only valid together with others (PD pools need both sizes and instances).
 _POOLS = {"--prefill-instances": "1", "--decode-instances": "1", "--num-instances": "4"}
@@ -70,7 +76,7 @@ SAME_AS_QUICKSTART = {"--latency-model"}
 
 def _get(obj, path: str):
     for part in path.split("."):
-        obj = getattr(obj, part)
+        obj = getattr(obj, part) if obj is not None else None   # an absent section: None
     return obj
 
 
