@@ -113,7 +113,11 @@ class Gateway:
             self._shed(entry, "band_full")
             return
         if self.max_depth and c.queued >= self.max_depth:
-            victim = pol.victim(self.entries(), entry)
+            queued = self.entries()
+            victim = pol.victim(queued, entry)
+            if victim is not None and victim not in queued:
+                raise plugin_error(pol, f"victim() returned {victim!r}, not a queued request or "
+                                   "None", field=f"{self.field}.policy")
             if victim is None:
                 self._shed(entry, "queue_full")
                 return

@@ -32,6 +32,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from blis_simpy.atomic import Batch, atomic_write
+from blis_simpy.metrics.timeline_file import GATEWAY_COLUMN
 from blis_simpy.report.inputs import Input
 from blis_simpy.report.knee import DEFAULT_FACTOR
 from blis_simpy.report.style import (
@@ -48,7 +49,7 @@ from blis_simpy.report.sweep_figures import TARGET_PCT, heatmap_figure, latency_
 
 __all__ = ["DPI", "FIGSIZE", "FigureSpec", "build_figures", "cdf_figure", "has_data",
            "heatmap_figure", "latency_rate_figure", "pareto_figure", "save_png",
-           "timeline_figure", "transfer_figure"]
+           "timeline_figure", "transfer_figure", "gateway_figure"]
 
 MAX_LINES = 12           # lines of one axes (instances): the rest are left out
 
@@ -252,6 +253,38 @@ def transfer_figure(tl: Input) -> Figure | None:
     return fig
 
 
+def gateway_figure(tl: Input) -> Figure | None:
+    """Runs with a gateway queue (the timeline's ``gateway_queue_depth`` column): the requests
+    waiting in the gateway and, summed over the instances, running and waiting, over time.
+    None without the column."""
+    if tl.table is None or tl.table.num_rows == 0 or GATEWAY_COLUMN not in tl.table.column_names:
+        return None
+    t_us = tl.table.column("t_us").to_pylist()
+    depth = tl.table.column(GATEWAY_COLUMN).to_pylist()
+    running = tl.table.column("running").to_pylist()
+    waiting = tl.table.column("waiting").to_pylist()
+    gw: dict[int, int] = {}
+    run: dict[int, int] = defaultdict(int)
+    wait: dict[int, int] = defaultdict(int)
+    for t, d, r, w in zip(t_us, depth, running, waiting, strict=True):
+        gw[t] = d
+        run[t] += r
+        wait[t] += w
+    ts = sorted(gw)
+    xs = [t / 1e6 for t in ts]
+    fig, axes = new_figure(2, 1, height=5.0, sharex=True)
+    axes[0][0].step(xs, [gw[t] for t in ts], where="post", color="tab:purple",
+                    label="gateway queue depth")
+    axes[0][0].set_ylabel("gateway queue depth")
+    _count_axis(axes[0][0])
+    axes[1][0].step(xs, [run[t] for t in ts], where="post", label="running (all instances)")
+    axes[1][0].step(xs, [wait[t] for t in ts], where="post", label="waiting (all instances)")
+    axes[1][0].set_ylabel("requests")
+    _count_axis(axes[1][0])
+    _finish_time_axes(fig, axes[:, 0])
+    return fig
+
+
 # ---------------------------------------------------------------------------- plans
 def _plan_marks(plan: Input) -> tuple[str | None, float | None]:
     """The winner's label and the TTFT p99 SLO (ms) of a ``plan --out`` document."""
@@ -342,6 +375,11 @@ def build_figures(inputs: list[Input], factor: float = DEFAULT_FACTOR) -> list[F
                     f"pd_transfers_{tag}", f"PD KV transfers: {inp.label}", fig, [inp.path],
                     "A prefill instance's requests leave running when their only step begins, "
                     "so its activity shows in its engine steps per second."))
+            fig = gateway_figure(inp)
+            if fig is not None:
+                specs.append(FigureSpec(
+                    f"gateway_{tag}", f"Gateway queue: {inp.label}", fig, [inp.path],
+                    "Requests waiting in the gateway queue, and in and on the instances."))
         elif inp.kind == "sweep":
             made = latency_rate_figure(inp, factor)
             if made is not None:

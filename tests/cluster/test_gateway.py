@@ -218,3 +218,34 @@ def test_gateway_with_pd_pools_is_refused():
     with pytest.raises(ConfigError) as exc:
         simulate(sc, [_req("r0", 0)], horizon_us=1_000_000)
     assert exc.value.field == "cluster.gateway"
+
+
+def test_utilization_detector_rechecks_on_its_tick():
+    """Room while the instance's wait queue is empty (queue-depth threshold 1, KV ignored), one
+    running request at most. r0 (0) runs; r1 (10) goes on at once and waits on the instance;
+    r2 (20) is held. r1 leaves the wait queue when its first step begins, at 16200 (r0's last
+    step, begun at 11100, ends then); r2 goes at the next tick of the 1000 µs grid that began
+    when it was held: 17020."""
+    sc = _scenario({"detector": "utilization", "queue_depth_threshold": 1.0,
+                    "kv_util_threshold": 1000.0})
+    sc = Scenario.model_validate({**sc.model_dump(), "engine": {**sc.engine.model_dump(),
+                                                                "max_num_running_reqs": 1}})
+    sim, res = simulate(sc, [_req("r0", 0), _req("r1", 10), _req("r2", 20)], horizon_us=10_000_000)
+    c = sim.cluster.gateway.counters
+    assert res.instances[0].scheduling_delay["r1"] == 16_200 - 10
+    assert c.order == ["r0", "r1", "r2"] and c.waits_us == [0, 0, 17_020 - 20]
+
+
+def test_a_plugin_pick_outside_the_heads_is_its_error():
+    from blis_simpy.admission.gateway import StandardGateway
+    from blis_simpy.run.simulation import Simulation
+
+    class Bad(StandardGateway):
+        def pick(self, heads):
+            return None
+
+    sim = Simulation(_scenario(ONE_AT_A_TIME), [_req("r0", 0)], horizon_us=1_000_000)
+    sim.cluster.gateway.policy = Bad(sim.cluster.gateway.policy.settings)
+    with pytest.raises(ConfigError) as exc:
+        sim.run()
+    assert exc.value.field == "cluster.gateway.policy" and "pick() returned None" in str(exc.value)
