@@ -64,15 +64,17 @@ class GatewayCounters:
 class Gateway:
     """The queue of one cluster. ``route(req)`` sends a dispatched request on to routing (the
     cluster's routing step after its routing latency); ``state()`` is the cluster's
-    :class:`~blis_simpy.snapshot.RouterState` over every instance now."""
+    :class:`~blis_simpy.snapshot.RouterState` over every instance now; ``on_shed(req)`` is told
+    of every shed request."""
 
-    def __init__(self, env, policy: GatewayPolicy, *, route, state, max_depth: int = 0,
+    def __init__(self, env, policy: GatewayPolicy, *, route, state, on_shed=None, max_depth: int = 0,
                  band_queue_limit: int = 0, band_inflight_limit: int = 0,
                  dispatch_tick_us: int = 1000, field_name: str = "cluster.gateway"):
         self.env = env
         self.policy = policy
         self._route = route
         self._state = state
+        self._on_shed = on_shed
         self.max_depth = max_depth
         self.band_queue_limit = band_queue_limit
         self.band_inflight_limit = band_inflight_limit
@@ -122,8 +124,8 @@ class Gateway:
                 self._shed(entry, "queue_full")
                 return
             self._remove(victim)
-            self._reqs.pop(victim.seq, None)
             self._shed(victim, "displaced")
+            self._reqs.pop(victim.seq, None)
         was_empty = self._flow_len[entry.flow] == 0
         heapq.heappush(self._heaps.setdefault((entry.flow, entry.band), []),
                        (entry.rank, entry.seq, entry))
@@ -140,6 +142,8 @@ class Gateway:
         c.shed_by_reason[reason] = c.shed_by_reason.get(reason, 0) + 1
         c.shed_by_flow[entry.flow] += 1
         log.debug("gateway shed %s (%s)", entry.req.id, reason)
+        if self._on_shed is not None:
+            self._on_shed(self._reqs.get(entry.seq, entry.req))
 
     def entries(self) -> list[Queued]:
         """Every queued request, in (flow, band) then rank order."""

@@ -67,3 +67,15 @@ def test_bad_gateway_flag_is_one_line(cli, small_scenario):
         assert res.exit_code == 2, args
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: {what}:"), lines
+
+
+def test_a_shed_session_request_ends_its_session(cli):
+    """Closed-loop sessions behind a small gateway queue: each shed request cancels its session
+    as a rejection would (INV-11 is checked by the run)."""
+    from .support import REPO
+    res = cli("run", "--scenario", REPO / "scenarios" / "multiturn_chat.yaml", "--format", "json",
+              *FLAGS)
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["gateway"]["shed"] > 0
+    assert doc["sessions"]["cancelled_rejected"] == doc["gateway"]["shed"]
