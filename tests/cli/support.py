@@ -49,3 +49,18 @@ def write_trace_files(folder: Path, rows: list[str], name: str = "trace") -> tup
     header.write_text(TRACE_HEADER)
     data.write_text(TRACE_COLUMNS + "\n" + "".join(r + "\n" for r in rows))
     return header, data
+
+
+def plugin_trace_scenario(folder: Path, plugin: str, rows: list[str], body: str,
+                          tail: str = "") -> Path:
+    """``folder/scenario.yaml``: model ``m``, the plugin module ``plugin``, blackbox latency with
+    no queueing delay (step = 5000 + 10 µs per prefill token + 100 µs per decode token), 2000 KV
+    blocks, then ``body`` (YAML text right after ``engine.total_kv_blocks``: more ``engine`` keys
+    indented by two spaces, or top-level sections), a trace workload of ``rows``, and ``tail``."""
+    header, data = write_trace_files(folder, rows)
+    sc = folder / "scenario.yaml"
+    sc.write_text(f"model: m\nplugins: [{plugin}]\nlatency:\n  model: blackbox\n"
+                  "  alpha_coeffs: [0.0, 0.0, 0.0]\n  beta_coeffs: [5000.0, 10.0, 100.0]\n"
+                  f"engine:\n  total_kv_blocks: 2000\n{body}workload:\n  kind: trace\n"
+                  f"  header: {header.name}\n  data: {data.name}\n{tail}")
+    return sc

@@ -18,29 +18,13 @@ import pytest
 from typer.testing import CliRunner
 
 from blis_simpy.cli.app import app
-from tests.cli.support import trace_row, write_trace_files
+from tests.cli.support import plugin_trace_scenario, trace_row
 
 
 def _scenario(folder: Path, batching: str, params: str = "{}") -> Path:
-    header, data = write_trace_files(folder, [trace_row(i, 0, 100, 3) for i in range(3)])
-    sc = folder / "scenario.yaml"
-    sc.write_text(f"""\
-model: m
-plugins: [tests.plugins.staggered]
-latency:
-  model: blackbox
-  alpha_coeffs: [0.0, 0.0, 0.0]
-  beta_coeffs: [5000.0, 10.0, 100.0]
-engine:
-  total_kv_blocks: 2000
-  batching: {batching}
-  batching_params: {params}
-workload:
-  kind: trace
-  header: {header.name}
-  data: {data.name}
-""")
-    return sc
+    return plugin_trace_scenario(folder, "tests.plugins.staggered",
+                                 [trace_row(i, 0, 100, 3) for i in range(3)],
+                                 f"  batching: {batching}\n  batching_params: {params}\n")
 
 
 def _delays_ms(cli, sc: Path, out: Path) -> list[float]:

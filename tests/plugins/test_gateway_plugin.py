@@ -16,34 +16,14 @@ import pytest
 from typer.testing import CliRunner
 
 from blis_simpy.cli.app import app
-from tests.cli.support import LOCATED, trace_row, write_trace_files
+from tests.cli.support import LOCATED, plugin_trace_scenario, trace_row
 
 
 def _scenario(folder: Path, params: str) -> Path:
-    header, data = write_trace_files(folder, [trace_row(i, 10 * i, 100, 3) for i in range(4)])
-    sc = folder / "scenario.yaml"
-    sc.write_text(f"""\
-model: m
-plugins: [tests.plugins.newest_gateway]
-latency:
-  model: blackbox
-  alpha_coeffs: [0.0, 0.0, 0.0]
-  beta_coeffs: [5000.0, 10.0, 100.0]
-engine:
-  total_kv_blocks: 2000
-cluster:
-  gateway:
-    policy: newest-first
-    detector: concurrency
-    max_concurrency: 1
-    params: {params}
-workload:
-  kind: trace
-  header: {header.name}
-  data: {data.name}
-horizon_us: 10000000
-""")
-    return sc
+    return plugin_trace_scenario(
+        folder, "tests.plugins.newest_gateway", [trace_row(i, 10 * i, 100, 3) for i in range(4)],
+        "cluster:\n  gateway:\n    policy: newest-first\n    detector: concurrency\n"
+        f"    max_concurrency: 1\n    params: {params}\n", tail="horizon_us: 10000000\n")
 
 
 @pytest.fixture
