@@ -103,6 +103,11 @@ class GatewayPolicy(Pluggable, family="gateway policy"):
     def victim(self, queued: list[Queued], arriving: Queued) -> Queued | None:
         raise NotImplementedError
 
+    def sheds_queued(self) -> bool:
+        """May :meth:`victim` name a queued request? False: the arriving one is shed without
+        asking (the queue then need not list its requests)."""
+        return True
+
     def enqueued(self, entry: Queued, flow_was_empty: bool) -> None:
         """``entry`` entered the queue (``flow_was_empty``: its flow held nothing before)."""
 
@@ -205,6 +210,9 @@ class StandardGateway(GatewayPolicy, name="standard"):
             self._vt[f] = start + 1 / self.weight(f)
 
     # ------------------------------------------------------------------ shedding
+    def sheds_queued(self) -> bool:
+        return self.settings.shed == "lowest"
+
     def victim(self, queued: list[Queued], arriving: Queued) -> Queued | None:
         """The queue is full: ``None`` sheds the arriving request (``shed: arriving``, llm-d's
         and BLIS's default). ``shed: lowest`` (BLIS's ``--queue-shedding``): the queued request

@@ -200,7 +200,8 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         between admission and routing (docs/control-plane.md, "Gateway queue")."""
         from blis_simpy.cluster.gateway import Gateway
         self.gateway = Gateway(self.env, policy, route=self.to_routing, state=self.router_state,
-                               on_shed=self._gateway_shed, max_depth=cfg.max_depth, band_queue_limit=cfg.band_queue_limit,
+                               on_shed=self._gateway_shed, max_depth=cfg.max_depth,
+                               band_queue_limit=cfg.band_queue_limit,
                                band_inflight_limit=cfg.band_inflight_limit,
                                dispatch_tick_us=cfg.dispatch_tick_us)
 

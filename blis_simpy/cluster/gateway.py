@@ -96,7 +96,8 @@ class Gateway:
     # ------------------------------------------------------------------ entering
     def arrived(self, req) -> None:
         """A ClusterArrival (before admission): the per-flow offered load of the results."""
-        self.counters.arrived_by_flow[self.policy.flow(req)] += 1
+        pol = self.policy
+        self.counters.arrived_by_flow[pol.flow(req if pol._blis_builtin else as_view(req))] += 1
 
     def offer(self, req) -> None:
         """An admitted request: into the queue, or shed (the arriving one or a queued victim)."""
@@ -115,17 +116,18 @@ class Gateway:
             self._shed(entry, "band_full")
             return
         if self.max_depth and c.queued >= self.max_depth:
-            queued = self.entries()
-            victim = pol.victim(queued, entry)
-            if victim is not None and victim not in queued:
-                raise plugin_error(pol, f"victim() returned {victim!r}, not a queued request or "
-                                   "None", field=f"{self.field}.policy")
+            victim = None
+            if pol.sheds_queued():
+                queued = self.entries()
+                victim = pol.victim(queued, entry)
+                if victim is not None and victim not in queued:
+                    raise plugin_error(pol, f"victim() returned {victim!r}, not a queued request "
+                                       "or None", field=f"{self.field}.policy")
             if victim is None:
                 self._shed(entry, "queue_full")
                 return
             self._remove(victim)
             self._shed(victim, "displaced")
-            self._reqs.pop(victim.seq, None)
         was_empty = self._flow_len[entry.flow] == 0
         heapq.heappush(self._heaps.setdefault((entry.flow, entry.band), []),
                        (entry.rank, entry.seq, entry))
@@ -142,8 +144,9 @@ class Gateway:
         c.shed_by_reason[reason] = c.shed_by_reason.get(reason, 0) + 1
         c.shed_by_flow[entry.flow] += 1
         log.debug("gateway shed %s (%s)", entry.req.id, reason)
+        req = self._reqs.pop(entry.seq, entry.req)
         if self._on_shed is not None:
-            self._on_shed(self._reqs.get(entry.seq, entry.req))
+            self._on_shed(req)
 
     def entries(self) -> list[Queued]:
         """Every queued request, in (flow, band) then rank order."""
