@@ -79,3 +79,10 @@ def test_a_shed_session_request_ends_its_session(cli):
     doc = json.loads(res.stdout)
     assert doc["gateway"]["shed"] > 0
     assert doc["sessions"]["cancelled_rejected"] == doc["gateway"]["shed"]
+
+
+def test_same_inputs_same_bytes(cli, small_scenario):
+    args = ("run", "--scenario", small_scenario, "--format", "json", *FLAGS, "--gateway-order",
+            "priority", "--gateway-shed", "lowest", "--gateway-fair-share", "x:2")
+    first, second = cli(*args), cli(*args)
+    assert first.exit_code == 0 and first.stdout == second.stdout
