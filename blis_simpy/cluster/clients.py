@@ -40,7 +40,7 @@ import numpy as np
 from blis_simpy.des import FOLLOWUP_ARRIVAL
 from blis_simpy.units import MAX_INT64
 
-__all__ = ["ClosedLoopClients", "ThinkTimeSampler"]
+__all__ = ["ClientStage", "ClosedLoopClients", "ThinkTimeSampler"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,30 +66,37 @@ class ThinkTimeSampler:
         return int(min(x, MAX_INT64 // 4))
 
 
+@dataclass(frozen=True, slots=True)
+class ClientStage:
+    """``concurrency`` clients for ``duration_us`` µs (MAX_INT64: endless), or — inference-perf's
+    concurrent stage — until ``num_requests`` requests have been sent and have all ended."""
+
+    concurrency: int
+    duration_us: int = MAX_INT64
+    num_requests: int = 0
+
+
 class ClosedLoopClients:
     """The clients of a closed-loop run (module docstring).
 
-    ``pool``: the requests to send, in order; ``stages``: ``[(concurrency, duration_us)]``
-    (a duration of MAX_INT64: endless); ``think``: the think-time sampler and ``rng`` its
-    generator; ``max_requests``: a cap on the requests sent (0: the pool's end)."""
+    ``pool``: the requests to send, in order; ``stages``: :class:`ClientStage` s run one after
+    the other from 0; ``think``: the think-time sampler and ``rng`` its generator;
+    ``max_requests``: a cap on the requests sent (0: the pool's end)."""
 
-    def __init__(self, pool: Iterable, stages: list[tuple[int, int]], think: ThinkTimeSampler,
+    def __init__(self, pool: Iterable, stages: list[ClientStage], think: ThinkTimeSampler,
                  rng: np.random.Generator, *, max_requests: int = 0):
         self._pool = iter(pool)
         self._left = max_requests if max_requests > 0 else -1
         self.think = think
         self.rng = rng
-        #: (start µs, end µs, concurrency) of each stage
-        self.stages: list[tuple[int, int, int]] = []
-        t = 0
-        for conc, dur in stages:
-            end = MAX_INT64 if dur >= MAX_INT64 - t else t + dur
-            self.stages.append((t, end, conc))
-            t = end
-        self.clients = max((c for _, _, c in self.stages), default=0)
+        self.stages = list(stages)
+        self.clients = max((st.concurrency for st in self.stages), default=0)
         self._waiting = list(range(self.clients))     # a heap of clients waiting for a stage
-        self._client_of: dict[str, int] = {}          # in-flight request ID -> its client
-        self._stage = 0                               # the stage of the last lookup
+        #: in-flight request ID -> (its client, the stage that sent it)
+        self._client_of: dict[str, tuple[int, int]] = {}
+        self.stage = -1                               # the running stage (len(stages): done)
+        self.stage_starts_us: list[int] = []          # when each stage started
+        self._sent = self._open = 0                   # requests the stage sent, and not ended
         self.exhausted = False                        # the pool (or the cap) has run out
         #: every request sent, in send order (arrival = send time)
         self.followups: list = []
@@ -98,59 +105,81 @@ class ClosedLoopClients:
 
     # ------------------------------------------------------------------ wiring
     def attach(self, cluster) -> None:
-        """Start on ``cluster``'s clock: each stage boundary is a keyed event at which the
-        waiting clients the stage makes active send."""
+        """Start on ``cluster``'s clock: stage 0 starts at 0, a keyed event."""
         self.env = cluster.env
         self._arrive = cluster.client_arrival
-        for i, (start, _, _) in enumerate(self.stages):
-            if start <= cluster.env.horizon_us:
-                self.env.call_at(start, FOLLOWUP_ARRIVAL, self._boundary, i)
+        self.env.call_at(0, FOLLOWUP_ARRIVAL, self._start, 0)
 
-    def concurrency_at(self, t_us: int) -> int:
-        """The concurrency of the stage holding ``t_us`` (0 after the last)."""
-        st = self.stages
-        i = self._stage
-        if i >= len(st) or t_us < st[i][0]:
-            i = 0
-        while i < len(st) and t_us >= st[i][1]:
-            i += 1
-        self._stage = i
-        return st[i][2] if i < len(st) else 0
+    @property
+    def concurrency(self) -> int:
+        """The running stage's concurrency (0 once every stage has ended)."""
+        return self.stages[self.stage].concurrency if self.stage < len(self.stages) else 0
 
-    # ------------------------------------------------------------------ sends
-    def _boundary(self, i: int) -> None:
-        conc = self.stages[i][2]
+    # ------------------------------------------------------------------ stages
+    def _start(self, i: int) -> None:
+        """Stage ``i`` starts now: its end is timed, or awaited; the waiting clients it makes
+        active send."""
+        if i != self.stage + 1:
+            return                                    # already ended another way
+        now = self.env.now
+        self.stage = i
+        self._sent = self._open = 0
+        if i >= len(self.stages):
+            return
+        self.stage_starts_us.append(now)
+        st = self.stages[i]
+        if not st.num_requests and st.duration_us < MAX_INT64 - now:
+            end = now + st.duration_us
+            if end <= self.env.horizon_us:
+                self.env.call_at(end, FOLLOWUP_ARRIVAL, self._start, i + 1)
         waiting = self._waiting
-        while waiting and waiting[0] < conc and not self.exhausted:
+        while waiting and waiting[0] < st.concurrency and not self.exhausted and self._quota():
             self._send(heapq.heappop(waiting))
 
+    def _quota(self) -> bool:
+        """The running stage may send another request."""
+        n = self.stages[self.stage].num_requests if self.stage < len(self.stages) else 0
+        return not n or self._sent < n
+
+    # ------------------------------------------------------------------ sends
     def _send(self, k: int) -> None:
-        """Client ``k`` sends the next pool request now (or stops: the pool has run out)."""
-        now = self.env.now
-        if self.exhausted or k >= self.concurrency_at(now):
-            if not self.exhausted:
-                heapq.heappush(self._waiting, k)
+        """Client ``k`` sends the next pool request now, or waits for a stage that makes it
+        active, or stops: the pool has run out."""
+        if self.exhausted:
+            return
+        if k >= self.concurrency or not self._quota():
+            heapq.heappush(self._waiting, k)
             return
         req = next(self._pool, None) if self._left != 0 else None
         if req is None:
             self.exhausted = True
             return
+        now = self.env.now
         self._left -= 1
+        self._sent += 1
+        self._open += 1
         shift = now - req.arrival_us
         req.arrival_us = req.origin_us = now
         if req.deadline_us > 0:
             req.deadline_us += shift
-        self._client_of[req.id] = k
+        self._client_of[req.id] = (k, self.stage)
         self.followups.append(req)
         self._arrive(req)
 
     def _ended(self, req, tick_us: int) -> None:
-        k = self._client_of.pop(req.id, None)
-        if k is None:
+        sent = self._client_of.pop(req.id, None)
+        if sent is None:
             return
+        k, stage = sent
+        env = self.env
         at = tick_us + self.think.draw_us(self.rng)
-        if at <= self.env.horizon_us and not self.exhausted:
-            self.env.call_at(max(at, self.env.now), FOLLOWUP_ARRIVAL, self._send, k)
+        if stage == self.stage:
+            self._open -= 1
+            n = self.stages[stage].num_requests
+            if n and self._sent >= n and not self._open:    # drained: the next stage starts
+                env.call_at(max(tick_us, env.now), FOLLOWUP_ARRIVAL, self._start, stage + 1)
+        if at <= env.horizon_us and not self.exhausted:
+            env.call_at(max(at, env.now), FOLLOWUP_ARRIVAL, self._send, k)
 
     # ------------------------------------------------------------------ the cluster's calls
     def on_request_done(self, req, tick_us: int) -> list:

@@ -235,6 +235,13 @@ def check_load_shape(w) -> None:
     if w.concurrency is not None and w.concurrency_stages is not None:
         raise ConfigError("give workload.concurrency or workload.concurrency_stages, not both",
                           field="workload.concurrency_stages")
+    for i, st in enumerate(w.concurrency_stages or ()):
+        if (st.duration_s is None) == (st.num_requests is None):
+            raise ConfigError("give exactly one of duration_s and num_requests",
+                              field=f"workload.concurrency_stages[{i}]")
+        if st.num_requests is not None and st.concurrency == 0:
+            raise ConfigError("a stage of num_requests needs concurrency > 0",
+                              field=f"workload.concurrency_stages[{i}].concurrency")
     t = w.think_time
     if t is not None and not w.closed_loop:
         key = next((k for k in ("dist", "mean_ms", "sigma") if k in t.model_fields_set), None)
@@ -350,8 +357,15 @@ def summary(s: Scenario) -> str:
         work = f"trace workload {w.header} + {w.data}"
     elif isinstance(w, SpecWorkload):
         work = f"workload spec {w.path or '(inline)'}"
+    elif w.time_varying:
+        shape = next(k for k in ("stages", "rate_schedule", "rate_csv") if getattr(w, k) is not None)
+        work = f"distribution workload (time-varying rate: {shape})"
     else:
         work = f"distribution workload ({w.num_requests} requests at {w.rate:g} req/s)"
+    if w.concurrency is not None:
+        work += f" sent by {w.concurrency} closed-loop client{'s' if w.concurrency != 1 else ''}"
+    elif w.concurrency_stages is not None:
+        work += f" sent by closed-loop clients in {len(w.concurrency_stages)} stages"
     n = s.cluster.num_instances
     horizon = (f"horizon {s.horizon_us} us" if s.horizon_us is not None else
                "the spec's horizon" if isinstance(w, SpecWorkload) else "no horizon")

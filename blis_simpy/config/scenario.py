@@ -322,10 +322,12 @@ class ThinkTime(Strict):
 
 
 class ConcurrencyStage(Strict):
-    """``concurrency`` clients for ``duration_s`` seconds (0 clients = a pause)."""
+    """``concurrency`` clients for ``duration_s`` seconds (0 clients = a pause), or until
+    ``num_requests`` requests have been sent and have ended (inference-perf's concurrent stage)."""
 
     concurrency: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)]
-    duration_s: StageSeconds
+    duration_s: StageSeconds | None = None
+    num_requests: Annotated[int, Field(gt=0, le=MAX_REQUESTS)] | None = None
 
 
 class RateStage(Strict):
@@ -350,7 +352,8 @@ class ClosedLoopKeys(Strict):
         None, description="closed loop: this many clients, each sending its next request when its "
                           "previous one ended plus a think time (the source is the request pool)")
     concurrency_stages: Annotated[list[ConcurrencyStage], Field(min_length=1, max_length=MAX_LOAD_PIECES)] | None = Field(
-        None, description="closed loop in stages: [{concurrency, duration_s}], one after the other")
+        None, description="closed loop in stages: [{concurrency, duration_s | num_requests}], one "
+                          "after the other")
     think_time: ThinkTime | None = Field(None, description="closed-loop think time (default 0)")
 
     @property

@@ -12,7 +12,7 @@ import contextlib
 from bisect import bisect_right
 
 from blis_simpy.bounds import MAX_REQUESTS
-from blis_simpy.cluster.clients import ClosedLoopClients, ThinkTimeSampler
+from blis_simpy.cluster.clients import ClientStage, ClosedLoopClients, ThinkTimeSampler
 from blis_simpy.config.scenario import DistributionWorkload, TraceWorkload
 from blis_simpy.errors import ConfigError
 from blis_simpy.rng import derive_seed, numpy_rng
@@ -49,9 +49,11 @@ def closed_loop_workload(d: RunDescription, source) -> tuple[list, int, ClosedLo
             horizon = MAX_INT64
         cap = w.num_requests or 0 if not isinstance(w, TraceWorkload) else 0
     if w.concurrency_stages is not None:
-        stages = [(st.concurrency, max(int(st.duration_s * 1_000_000), 1)) for st in w.concurrency_stages]
+        stages = [ClientStage(st.concurrency, num_requests=st.num_requests) if st.num_requests else
+                  ClientStage(st.concurrency, max(int(st.duration_s * 1_000_000), 1))
+                  for st in w.concurrency_stages]
     else:
-        stages = [(w.concurrency, MAX_INT64)]
+        stages = [ClientStage(w.concurrency)]
     t = w.think_time
     think = ThinkTimeSampler(t.dist, t.mean_ms, t.sigma) if t is not None else ThinkTimeSampler()
     rng = numpy_rng(derive_seed(seed, THINK_STREAM))

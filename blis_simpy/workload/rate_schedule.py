@@ -19,8 +19,8 @@ memorylessness the time to the next arrival after the boundary is exponential at
 rate whatever happened before, so the process is the non-homogeneous Poisson process of the
 piecewise rate. For constant arrivals it resets the phase: a piece of rate r from s has its
 arrivals at s + k·int(10⁶/r) µs (k = 1, 2, …) up to its end. For gamma arrivals the first gap
-of a piece is a full gamma gap from the boundary, not the residual of a gap in progress (the
-renewal process restarts; for cv ≠ 1 this differs from a stationary one near each boundary).
+of a piece is a full gamma gap from the boundary (mean 1/λ), not the residual of a gap in
+progress (mean (1 + cv²)/(2λ) in a stationary process): the renewal process restarts.
 """
 
 from __future__ import annotations

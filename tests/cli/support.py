@@ -49,3 +49,12 @@ def write_trace_files(folder: Path, rows: list[str], name: str = "trace") -> tup
     header.write_text(TRACE_HEADER)
     data.write_text(TRACE_COLUMNS + "\n" + "".join(r + "\n" for r in rows))
     return header, data
+
+
+def one_error(res) -> str:
+    """The one ``error:`` line of a command that failed on bad input: exit 2, no traceback."""
+    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    return lines[0]

@@ -59,18 +59,22 @@ SAMPLES = {
     "--prefill-latency-model": ("roofline", "roofline"),
     "--decode-latency-model": ("roofline", "roofline"),
     "--pd-compat": ("checkout", "checkout"),
+    "--rate-schedule": ("day.csv", "day.csv"),
+    "--think-time-dist": ("exponential", "exponential"),
 }
 # Flags that are only valid together with others (PD pools need both sizes and instances).
 _POOLS = {"--prefill-instances": "1", "--decode-instances": "1", "--num-instances": "4"}
 COMPANIONS = {"--prefill-instances": _POOLS, "--decode-instances": _POOLS, "--pd-decider": _POOLS,
-              "--pd-contention-mode": _POOLS}
+              "--pd-contention-mode": _POOLS,
+              **dict.fromkeys(("--think-time-dist", "--think-time-ms", "--think-time-sigma"),
+                              {"--concurrency": "2"})}
 # Only one member of these families is registered so far: the sample equals quickstart's value.
 SAME_AS_QUICKSTART = {"--latency-model"}
 
 
 def _get(obj, path: str):
     for part in path.split("."):
-        obj = getattr(obj, part)
+        obj = None if obj is None else getattr(obj, part)   # an unset optional section: None
     return obj
 
 
