@@ -98,8 +98,9 @@ class ClosedLoopClients:
         self.stage_starts_us: list[int] = []          # when each stage started
         self._sent = self._open = 0                   # requests the stage sent, and not ended
         self.exhausted = False                        # the pool (or the cap) has run out
-        #: every request sent, in send order (arrival = send time)
+        #: every request sent, in send order (arrival = send time), and the client that sent it
         self.followups: list = []
+        self.sent_by: list[int] = []
         self.env = None
         self._arrive = None
 
@@ -164,6 +165,7 @@ class ClosedLoopClients:
             req.deadline_us += shift
         self._client_of[req.id] = (k, self.stage)
         self.followups.append(req)
+        self.sent_by.append(k)
         self._arrive(req)
 
     def _ended(self, req, tick_us: int) -> None:

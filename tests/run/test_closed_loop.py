@@ -244,6 +244,27 @@ def test_horizon_stops_the_clients():
     assert out.report.cluster.completed_requests == 4
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_each_client_sends_when_its_previous_request_ended_plus_think(seed):
+    """Varied lengths and a batch-dependent step time: per client, every send is exactly the
+    previous request's completion tick + the think time, and never more than N requests are
+    in flight (the closed-loop causality, INV-10's counterpart for clients)."""
+    n, think_us = 4, 700
+    out = _run({"concurrency": n, "num_requests": 30, "think_time": {"dist": "constant", "mean_ms": 0.7},
+                "prompt_tokens": {"mean": 60, "stdev": 40, "min": 5, "max": 200},
+                "output_tokens": {"mean": 12, "stdev": 8, "min": 1, "max": 40}},
+               latency={"beta_coeffs": [800, 2, 30]}, seed=seed)
+    m = out.sessions
+    done = out.report.cluster.completion_time
+    assert len(m.followups) == 30 and set(m.sent_by) == set(range(n))
+    for k in range(n):
+        mine = [r for r, c in zip(m.followups, m.sent_by, strict=True) if c == k]
+        assert mine[0].arrival_us == 0
+        assert [b.arrival_us for b in mine[1:]] == [done[a.id] + think_us for a in mine[:-1]]
+    sent = _sent(out)
+    assert max(_in_flight_at(sent, t) for _, t, _ in sent) <= n
+
+
 def test_request_accounting_balances():
     out = _run({"concurrency": 3, "num_requests": 9})
     acc = out.report.request_accounting
