@@ -109,9 +109,10 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
 
     def client_arrival(self, req) -> None:
         """A closed-loop client's send (:mod:`blis_simpy.cluster.clients`), now: an offered
-        request and its ClusterArrival, in the client's keyed event."""
+        request and its ClusterArrival, in the client's keyed event (then admission and
+        routing as for a session follow-up)."""
         self.counters.offered += 1
-        self._on_arrival(req, False)
+        self._on_arrival(req)
 
     def _on_arrival(self, req, alone: bool = True) -> None:
         """ClusterArrival, then admission after the admission latency: in this event when
