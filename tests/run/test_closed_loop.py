@@ -265,6 +265,21 @@ def test_each_client_sends_when_its_previous_request_ended_plus_think(seed):
     assert max(_in_flight_at(sent, t) for _, t, _ in sent) <= n
 
 
+def test_inline_admission_gives_the_keyed_order(monkeypatch):
+    """A send is admitted and routed in its own event only when nothing comes first
+    (``SimEnv.quiet_through``): forcing the keyed events gives the same sends and ends."""
+    from blis_simpy.des import SimEnv
+    wl = {"concurrency": 3, "num_requests": 15, "think_time": {"dist": "exponential", "mean_ms": 1},
+          "output_tokens": {"mean": 6, "stdev": 4, "min": 1, "max": 12}}
+    fast = _run(wl, cluster={"num_instances": 2})
+    monkeypatch.setattr(SimEnv, "quiet_through", lambda self, key: False)
+    keyed = _run(wl, cluster={"num_instances": 2})
+    assert _sent(fast) == _sent(keyed)
+    assert [r.assigned_instance for r in fast.sessions.followups] == \
+        [r.assigned_instance for r in keyed.sessions.followups]
+    assert keyed.result.events_processed > fast.result.events_processed
+
+
 def test_request_accounting_balances():
     out = _run({"concurrency": 3, "num_requests": 9})
     acc = out.report.request_accounting
