@@ -7,16 +7,18 @@ with it), and sends again when that request has ended — completed (also length
 timed out, dropped, or rejected by admission or routing — plus a think time. So the j-th
 request sent is the j-th of the source; the pool's end (or ``num_requests``) ends the load.
 
-**Stages** (``concurrency_stages``): stage ``i`` runs ``concurrency_i`` clients for its
-duration, one stage after the other from 0; after the last stage no client sends. Client
-``k`` is active at time ``t`` when ``k`` is below the concurrency of the stage holding ``t``.
-A client decides at each send: active ⇒ it sends; not active ⇒ it waits, and the first stage
-boundary at which it is active again sends for it (an in-flight request is never cancelled:
-a lower concurrency takes effect as requests end). ``concurrency: N`` is one endless stage.
+**Stages** (``concurrency_stages``), one after the other from 0: stage ``i`` runs
+``concurrency_i`` clients for its duration, or — inference-perf's concurrent stage — until
+it has sent ``num_requests`` requests and all of them have ended (the next stage starts
+then); after the last stage no client sends. Client ``k`` is active while ``k`` is below the
+running stage's concurrency. A client decides at each send: active (and the stage's count
+not reached) ⇒ it sends; else it waits, and the next stage that makes it active sends for
+it at its start (an in-flight request is never cancelled: a lower concurrency takes effect
+as requests end). ``concurrency: N`` is one endless stage.
 
 **Think times** are integer µs drawn from the ``think-time`` stream
 (:func:`blis_simpy.rng.derive_seed` of the workload seed; one generator for the run, drawn
-in the order requests end): ``constant`` ``round(mean_ms × 1000)``; ``exponential`` a unit
+in the order requests end): ``constant`` ``mean_ms × 1000`` rounded half up; ``exponential`` a unit
 exponential × mean, truncated; ``lognormal`` ``exp(μ + σZ)`` with ``μ = ln(mean) − σ²/2``
 (so its mean is ``mean``), truncated.
 
@@ -114,7 +116,7 @@ class ClosedLoopClients:
     @property
     def concurrency(self) -> int:
         """The running stage's concurrency (0 once every stage has ended)."""
-        return self.stages[self.stage].concurrency if self.stage < len(self.stages) else 0
+        return self.stages[self.stage].concurrency if 0 <= self.stage < len(self.stages) else 0
 
     # ------------------------------------------------------------------ stages
     def _start(self, i: int) -> None:
@@ -139,7 +141,7 @@ class ClosedLoopClients:
 
     def _quota(self) -> bool:
         """The running stage may send another request."""
-        n = self.stages[self.stage].num_requests if self.stage < len(self.stages) else 0
+        n = self.stages[self.stage].num_requests if 0 <= self.stage < len(self.stages) else 0
         return not n or self._sent < n
 
     # ------------------------------------------------------------------ sends
