@@ -142,3 +142,17 @@ def test_validate_names_the_load_shape(cli, tmp_path):
     p.write_text(SMALL_SCENARIO + "  rate_schedule: [{at_s: 0, rate: 5}]\n")
     res = cli("validate", p)
     assert res.exit_code == 0 and "distribution workload (time-varying rate: rate_schedule)" in res.stdout
+
+
+def test_observe_refuses_closed_loop_clients(cli, tmp_path):
+    """observe sends to a real server at the workload's arrival times; its closed loop is
+    --max-concurrency."""
+    sc = _scenario(tmp_path, "  concurrency: 2\n")
+    line = len(sc.read_text().splitlines())
+    out = tmp_path / "o"
+    got = _one_error(cli("observe", "--server-url", "http://127.0.0.1:9", "--model", "m",
+                         "--scenario", sc, "--trace-header", f"{out}.yaml", "--trace-data",
+                         f"{out}.csv", "--results", f"{out}.json"))
+    assert got == (f"error: {sc}:{line}: workload.concurrency: observe sends the workload at its own "
+                   "arrival times: for a closed loop against a server use --max-concurrency")
+    assert not list(tmp_path.glob("o.*"))
