@@ -156,3 +156,13 @@ def test_observe_refuses_closed_loop_clients(cli, tmp_path):
     assert got == (f"error: {sc}:{line}: workload.concurrency: observe sends the workload at its own "
                    "arrival times: for a closed loop against a server use --max-concurrency")
     assert not list(tmp_path.glob("o.*"))
+
+
+def test_a_rate_csv_is_read_relative_to_the_scenario(cli, tmp_path):
+    """`workload.rate_csv` names a file next to the scenario; 4 req/s for 1 s, then nothing."""
+    (tmp_path / "day.csv").write_text("time_s,rate\n0,4\n1,0\n")
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SMALL_SCENARIO.replace("  num_requests: 24\n", "") + "  rate_csv: day.csv\n")
+    res = cli("run", "--scenario", sc, "--format", "json")
+    assert res.exit_code == 0, res.stderr
+    assert '"completed_requests": 4' in res.stdout
