@@ -309,9 +309,8 @@ def _render_summary(out: runner.Outcome, fmt: Format) -> str:
     s = out.description.scenario
     console = stdout_console()
     n = s.cluster.num_instances
-    extra = f" + {len(out.sessions.followups)} session follow-ups" if out.sessions else ""
     with console.capture() as captured:
-        console.print(f"[bold]{out.description.mode}[/bold]: {runner.count_text(len(out.requests), 'request')}{extra}, "
+        console.print(f"[bold]{out.description.mode}[/bold]: {runner.offered_text(out)}, "
                       f"{_deployment_text(n, out.result.tp, s.dp, out.result.gpus)}, {s.latency.model}, "
                       f"horizon {runner.horizon_text(out.horizon_us)}")
         console.print(run_header_line(out.pools), highlight=False, soft_wrap=True)

@@ -101,12 +101,21 @@ def _coefficient_rule(ov: Overrides, data: dict, presets) -> None:
                           "(use --latency-model blackbox, or drop the coefficients)", field="--latency-model")
 
 
+#: workload keys every source takes (closed-loop clients): kept when a flag replaces the source
+CLOSED_LOOP_KEYS = ("concurrency", "concurrency_stages", "think_time")
+
+
+def _carried(old) -> dict:
+    """The closed-loop keys of the scenario's workload ``old``, for a workload a flag replaces it with."""
+    return {k: old[k] for k in CLOSED_LOOP_KEYS if k in old} if isinstance(old, dict) else {}
+
+
 def _spec_source(ov: Overrides, data: dict, presets) -> None:
     """``--workload-spec PATH``: a workload-spec workload; it wins over ``--workload`` and the
     distribution flags (only ``--num-requests`` still applies, docs/workloads.md)."""
     path = ov.values.get("--workload-spec")
     if path is not None:
-        data["workload"] = {"kind": "spec", "path": path}
+        data["workload"] = {"kind": "spec", "path": path, **_carried(data.get("workload"))}
         ov.origin["workload.path"] = "--workload-spec"
 
 
@@ -121,7 +130,7 @@ def _workload_source(ov: Overrides, data: dict, presets) -> None:
     if name == "distribution":
         w = data.get("workload")
         if not (isinstance(w, dict) and w.get("kind", "distribution") == "distribution"):
-            data["workload"] = {"kind": "distribution"}
+            data["workload"] = {"kind": "distribution", **_carried(w)}
         return
     try:
         preset = presets(name) if presets else None
@@ -131,9 +140,10 @@ def _workload_source(ov: Overrides, data: dict, presets) -> None:
         raise ConfigError(f"unknown workload {name!r}; valid: distribution, chatbot, contentgen, "
                           "summarization, multidoc", field="--workload")
     old = data.get("workload")
-    keep = {k: old[k] for k in ("rate", "num_requests", "arrival", "arrival_cv")
+    keep = {k: old[k] for k in ("rate", "num_requests", "arrival", "arrival_cv", "stages",
+                                "rate_schedule", "rate_csv")
             if isinstance(old, dict) and old.get("kind", "distribution") == "distribution" and k in old}
-    data["workload"] = {"kind": "distribution", **keep, **preset}
+    data["workload"] = {"kind": "distribution", **keep, **_carried(old), **preset}
     for key in preset:
         ov.origin[f"workload.{key}"] = "--workload"
 
@@ -171,7 +181,8 @@ def _trace_source(ov: Overrides, data: dict, presets) -> None:
         if have in vals and other not in vals and not is_trace:
             raise ConfigError(f"must be given together with {other}", field=have)
     if not is_trace:
-        data["workload"] = {"kind": "trace", "header": vals["--trace-header"], "data": vals["--trace-data"]}
+        data["workload"] = {"kind": "trace", "header": vals["--trace-header"], "data": vals["--trace-data"],
+                            **_carried(w)}
 
 
 def _pd_rule(ov: Overrides, data: dict, presets) -> None:

@@ -50,6 +50,7 @@ SIM, WORKLOAD, OUTPUT = "Simulation", "Workload (run)", "Output"
 PD = "Prefill/decode disaggregation"
 SLO = "SLOs and cost"
 GW = "Gateway queue"
+LOAD = "Closed-loop clients (run, replay)"
 
 
 # ---------------------------------------------------------------------------- the table
@@ -116,6 +117,7 @@ FLAGS: tuple[Flag, ...] = (
     F("--rate", number, "workload.rate", positive, "arrival rate, requests/s (default 1.0)", (RUN,), WORKLOAD),
     F("--arrival", text, "workload.arrival", one_of("constant", "poisson", "gamma"), "arrival process: constant (default, BLIS: gaps of 1/rate), poisson, gamma", (RUN,), WORKLOAD),
     F("--arrival-cv", number, "workload.arrival_cv", positive, "gamma: coefficient of variation of the gaps, 0.001 to 1000 (default 1.0)", (RUN,), WORKLOAD),
+    F("--rate-schedule", text, "workload.rate_csv", None, "time-varying load: a CSV of time_s,rate rows (req/s from each time on; docs/workloads.md)", (RUN,), WORKLOAD),
     F("--prompt-tokens", integer, "workload.prompt_tokens.mean", None, "prompt length mean (default 512)", (RUN,), WORKLOAD),
     F("--prompt-tokens-stdev", integer, "workload.prompt_tokens.stdev", None, "prompt length stdev (default 256)", (RUN,), WORKLOAD),
     F("--prompt-tokens-min", integer, "workload.prompt_tokens.min", None, "prompt length min (default 2)", (RUN,), WORKLOAD),
@@ -126,6 +128,11 @@ FLAGS: tuple[Flag, ...] = (
     F("--output-tokens-max", integer, "workload.output_tokens.max", None, "output length max (default 7000)", (RUN,), WORKLOAD),
     F("--trace-header", text, "workload.header", None, "TraceV2 YAML header", (REPLAY,), WORKLOAD.replace("run", "replay")),
     F("--trace-data", text, "workload.data", None, "TraceV2 CSV rows", (REPLAY,), WORKLOAD.replace("run", "replay")),
+    # closed-loop clients, every workload source (docs/workloads.md, "Closed-loop clients")
+    F("--concurrency", integer, "workload.concurrency", positive, "closed loop: N clients, each sending its next request when its previous one ended plus a think time, at most 1000000", panel=LOAD),
+    F("--think-time-dist", text, "workload.think_time.dist", one_of("constant", "exponential", "lognormal"), "closed-loop think time distribution (default constant)", panel=LOAD),
+    F("--think-time-ms", number, "workload.think_time.mean_ms", non_negative, "closed-loop mean think time, ms, at most 86400000 (default 0)", panel=LOAD),
+    F("--think-time-sigma", number, "workload.think_time.sigma", positive, "lognormal think time: standard deviation of the log, at most 10 (default 1)", panel=LOAD),
     # (7) instances, KV, batch limits, horizon
     F("--num-instances", integer, "cluster.num_instances", at_least_one, "instances, at most 4096 (x --dp ranks) (default 1)"),
     F("--total-kv-blocks", integer, "engine.total_kv_blocks", positive, "GPU KV blocks per instance, at most 100000000 (default 1000000)"),
@@ -221,7 +228,8 @@ FLAGS: tuple[Flag, ...] = (
 )
 BY_NAME = {f.name: f for f in FLAGS}
 BY_PATH = {f.path: f for f in FLAGS if f.path}
-DIST_FLAGS = tuple(f.name for f in FLAGS if f.path and f.path.startswith("workload.") and RUN in f.commands)
+DIST_FLAGS = tuple(f.name for f in FLAGS if f.path and f.path.startswith("workload.") and RUN in f.commands
+                   and f.panel != LOAD)
 
 
 def flags_for(command: str) -> list[Flag]:

@@ -92,6 +92,11 @@ def observe_workload(given: dict[str, str], scenario_path: str | None = None,
     inv = runner.prepare_data(F.RUN, given, data, src, components=False)
     s = inv.scenario
     w = s.workload
+    if w.closed_loop:       # the simulator's closed-loop clients; observe has --max-concurrency
+        key = "concurrency" if w.concurrency is not None else "concurrency_stages"
+        raise inv.attribute(ConfigError(
+            "observe sends the workload at its own arrival times: for a closed loop against a "
+            "server use --max-concurrency", field=f"workload.{key}"))
     expected = None
     if isinstance(w, DistributionWorkload):
         expected = w.num_requests or w.rate * s.horizon / 1e6

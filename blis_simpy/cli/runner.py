@@ -354,3 +354,14 @@ def horizon_text(h: int) -> str:
 def count_text(n: int, noun: str) -> str:
     """``1 request``, ``2,000 requests``: a count and its noun, plural unless ``n`` is 1."""
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def offered_text(out: Outcome) -> str:
+    """The run header's requests: ``500 requests``, ``+ N session follow-ups`` with closed-loop
+    sessions, or what closed-loop clients sent (docs/workloads.md)."""
+    clients = getattr(out.sessions, "clients", None)
+    if clients is not None:
+        return (f"{count_text(len(out.sessions.followups), 'request')} sent by "
+                f"{count_text(clients, 'closed-loop client')}")
+    extra = f" + {len(out.sessions.followups)} session follow-ups" if out.sessions else ""
+    return f"{count_text(len(out.requests), 'request')}{extra}"

@@ -276,7 +276,9 @@ def _tables(base: runner.Invocation, vps: list[VariantInvocation], outs: list[ru
     console = stdout_console()
     console.begin_capture()
     o0 = outs[0]
-    extra = " + session follow-ups" if o0.sessions else ""
+    clients = getattr(o0.sessions, "clients", None)
+    extra = (f" sent by {runner.count_text(clients, 'closed-loop client')}" if clients is not None
+             else " + session follow-ups" if o0.sessions else "")
     title = f"{base.scenario.name}: " if base.scenario.name else ""
     console.print(f"[bold]{base.command}[/bold]: {title}{runner.count_text(len(o0.requests), 'request')}{extra}, "
                   f"the same for each of {runner.count_text(len(vps), 'variant')}, "

@@ -109,6 +109,13 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         self.counters.offered += 1
         self.env.call_at(req.arrival_us, FOLLOWUP_ARRIVAL, self._on_arrival, req)
 
+    def client_arrival(self, req) -> None:
+        """A closed-loop client's send (:mod:`blis_simpy.cluster.clients`), now: an offered
+        request and its ClusterArrival, in the client's keyed event (then admission and
+        routing as for a session follow-up)."""
+        self.counters.offered += 1
+        self._on_arrival(req)
+
     def _on_arrival(self, req, alone: bool = True) -> None:
         """ClusterArrival, then admission after the admission latency: in this event when
         that latency is 0, ``alone`` (no other pre-generated arrival in this µs) and nothing
@@ -165,7 +172,7 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
                 c.shed_by_tier[tier] = c.shed_by_tier.get(tier, 0) + 1
             log.debug("admission rejected %s: %s", req.id, reason)
             if self.sessions is not None:
-                self.sessions.on_request_rejected(req, self.env.now)
+                self.session_rejected(req)
             return
         c.admitted += 1
         self._after_admission(req)
@@ -206,9 +213,10 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
                                dispatch_tick_us=cfg.dispatch_tick_us)
 
     def _gateway_shed(self, req) -> None:
-        """The gateway shed ``req``: a closed-loop session ends as on a rejection."""
+        """The gateway shed ``req``: a session ends, or a closed-loop client is freed, as on a
+        rejection."""
         if self.sessions is not None:
-            self.sessions.on_request_rejected(req, self.env.now)
+            self.session_rejected(req)
 
     def to_routing(self, req) -> None:
         """A request the gateway sends on: routing after the routing latency."""
@@ -261,7 +269,7 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
             if self.gateway is not None:
                 self.gateway.left(req)
             if self.sessions is not None:
-                self.sessions.on_request_rejected(req, self.env.now)
+                self.session_rejected(req)
             return None
         inst, state, decision = chosen
         if inst.dp_engine is not None:
@@ -297,7 +305,7 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
             self.session_done(req, tick_us)
 
     def session_done(self, req, tick_us: int) -> None:
-        """Closed-loop sessions (docs/workloads.md): hand a terminal event (completed, timed out,
+        """Closed-loop sessions and clients (docs/workloads.md): hand a terminal event (completed, timed out,
         dropped) to the session manager and submit its follow-ups as ClusterArrivals.
 
         Instances reach it through :meth:`on_request_done`; with PD, call it with the parent
@@ -311,3 +319,8 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
             return
         for f in self.sessions.on_request_done(req, tick_us):
             self.submit_followup(f)
+
+    def session_rejected(self, req) -> None:
+        """A request rejected by admission or routing, now: the session manager records it (a
+        session is cancelled; a closed-loop client is freed, :mod:`blis_simpy.cluster.clients`)."""
+        self.sessions.on_request_rejected(req, self.env.now)

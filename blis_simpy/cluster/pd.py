@@ -147,7 +147,7 @@ class PDCluster(Cluster, name="pd"):
                 _drop_hashes(parent.original)
                 self.counters.rejected_at_routing += 1
                 if self.sessions is not None:
-                    self.sessions.on_request_rejected(parent.original, env.now)
+                    self.session_rejected(parent.original)
                 continue
             inst, state, decision = chosen
             now_us = env.now

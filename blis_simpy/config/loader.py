@@ -226,6 +226,46 @@ def check_scenario(s: Scenario) -> None:
         if w.num_requests <= 0 and s.horizon_us is None:
             raise ConfigError("a workload without num_requests needs a horizon (horizon_us)",
                               field="workload.num_requests")
+    check_load_shape(w)
+
+
+def check_load_shape(w) -> None:
+    """Closed-loop clients and time-varying open load (docs/workloads.md): which keys go
+    together, and the order of a rate schedule's points."""
+    if w.concurrency is not None and w.concurrency_stages is not None:
+        raise ConfigError("give workload.concurrency or workload.concurrency_stages, not both",
+                          field="workload.concurrency_stages")
+    for i, st in enumerate(w.concurrency_stages or ()):
+        if (st.duration_s is None) == (st.num_requests is None):
+            raise ConfigError("give exactly one of duration_s and num_requests",
+                              field=f"workload.concurrency_stages[{i}]")
+        if st.num_requests is not None and st.concurrency == 0:
+            raise ConfigError("a stage of num_requests needs concurrency > 0",
+                              field=f"workload.concurrency_stages[{i}].concurrency")
+    t = w.think_time
+    if t is not None and not w.closed_loop:
+        key = next((k for k in ("dist", "mean_ms", "sigma") if k in t.model_fields_set), None)
+        raise ConfigError("applies to closed-loop clients: set workload.concurrency or "
+                          "workload.concurrency_stages",
+                          field="workload.think_time" + (f".{key}" if key else ""))
+    if t is not None and t.dist == "lognormal" and t.mean_ms <= 0:
+        raise ConfigError("a lognormal think time needs workload.think_time.mean_ms > 0",
+                          field="workload.think_time.dist")
+    if not isinstance(w, DistributionWorkload):
+        return
+    given = [k for k in ("stages", "rate_schedule", "rate_csv") if getattr(w, k) is not None]
+    if len(given) > 1:
+        raise ConfigError(f"give one of workload.stages, workload.rate_schedule and "
+                          f"workload.rate_csv, not both {given[0]} and {given[1]}",
+                          field=f"workload.{given[1]}")
+    if given and w.closed_loop:
+        raise ConfigError("open-loop arrivals cannot be combined with closed-loop clients "
+                          "(workload.concurrency)", field=f"workload.{given[0]}")
+    pts = w.rate_schedule or []
+    for i in range(1, len(pts)):
+        if pts[i].at_s <= pts[i - 1].at_s:
+            raise ConfigError(f"{pts[i].at_s:g} is not after the previous point's "
+                              f"{pts[i - 1].at_s:g}", field=f"workload.rate_schedule[{i}].at_s")
 
 
 def distribution_problems(d) -> list[tuple[str, str]]:
@@ -272,6 +312,9 @@ def resolve_paths(data: dict, base_dir: str) -> None:
         if isinstance(p, str) and p and p != "default" and not os.path.isabs(p):
             lat["coefficients"] = os.path.normpath(os.path.join(base_dir, p))
     w = data.get("workload")
+    if isinstance(w, dict) and isinstance(w.get("rate_csv"), str) and w["rate_csv"] \
+            and not os.path.isabs(w["rate_csv"]):
+        w["rate_csv"] = os.path.normpath(os.path.join(base_dir, w["rate_csv"]))
     if isinstance(w, dict) and w.get("kind") in ("trace", "spec"):
         for key in ("header", "data") if w["kind"] == "trace" else ("path",):
             p = w.get(key)
@@ -314,8 +357,15 @@ def summary(s: Scenario) -> str:
         work = f"trace workload {w.header} + {w.data}"
     elif isinstance(w, SpecWorkload):
         work = f"workload spec {w.path or '(inline)'}"
+    elif w.time_varying:
+        shape = next(k for k in ("stages", "rate_schedule", "rate_csv") if getattr(w, k) is not None)
+        work = f"distribution workload (time-varying rate: {shape})"
     else:
         work = f"distribution workload ({w.num_requests} requests at {w.rate:g} req/s)"
+    if w.concurrency is not None:
+        work += f" sent by {w.concurrency} closed-loop client{'s' if w.concurrency != 1 else ''}"
+    elif w.concurrency_stages is not None:
+        work += f" sent by closed-loop clients in {len(w.concurrency_stages)} stages"
     n = s.cluster.num_instances
     horizon = (f"horizon {s.horizon_us} us" if s.horizon_us is not None else
                "the spec's horizon" if isinstance(w, SpecWorkload) else "no horizon")

@@ -15,7 +15,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from blis_simpy.bounds import MAX_REQUESTS, MAX_TOKENS
+from blis_simpy.bounds import (
+    MAX_CONCURRENCY,
+    MAX_LOAD_PIECES,
+    MAX_LOAD_RATE,
+    MAX_REQUESTS,
+    MAX_STAGE_S,
+    MAX_THINK_MS,
+    MAX_TOKENS,
+)
 from blis_simpy.latency.frontend import FrontendParams
 from blis_simpy.metrics.fitness import FITNESS_KEYS
 from blis_simpy.units import MAX_INT64
@@ -340,7 +348,62 @@ class LengthDist(Strict):
     max: Annotated[int, Field(le=MAX_TOKENS)]
 
 
-class DistributionWorkload(Strict):
+# ---- closed-loop clients and time-varying open load (docs/workloads.md, issue 26 items 1-2)
+StageSeconds = Annotated[float, Field(gt=0, le=MAX_STAGE_S, allow_inf_nan=False)]
+
+
+class ThinkTime(Strict):
+    """A closed-loop client's pause between the end of one request and its next send."""
+
+    dist: Literal["constant", "exponential", "lognormal"] = Field(
+        "constant", description="constant | exponential | lognormal")
+    mean_ms: Annotated[float, Field(ge=0, le=MAX_THINK_MS, allow_inf_nan=False)] = Field(
+        0.0, description="mean think time, ms (at most one day)")
+    sigma: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] = Field(
+        1.0, description="lognormal: standard deviation of the log, 0 < sigma <= 10")
+
+
+class ConcurrencyStage(Strict):
+    """``concurrency`` clients for ``duration_s`` seconds (0 clients = a pause), or until
+    ``num_requests`` requests have been sent and have ended (inference-perf's concurrent stage)."""
+
+    concurrency: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)]
+    duration_s: StageSeconds | None = None
+    num_requests: Annotated[int, Field(gt=0, le=MAX_REQUESTS)] | None = None
+
+
+class RateStage(Strict):
+    """Open-loop arrivals at ``rate`` requests/s for ``duration_s`` seconds (inference-perf's stage)."""
+
+    rate: Annotated[float, Field(gt=0, le=MAX_LOAD_RATE, allow_inf_nan=False)]
+    duration_s: StageSeconds
+
+
+class RatePoint(Strict):
+    """From ``at_s`` seconds on (to the next point), arrivals at ``rate`` requests/s."""
+
+    at_s: Annotated[float, Field(ge=0, le=MAX_STAGE_S, allow_inf_nan=False)]
+    rate: Annotated[float, Field(ge=0, le=MAX_LOAD_RATE, allow_inf_nan=False)]
+
+
+class ClosedLoopKeys(Strict):
+    """The keys every workload source takes: closed-loop clients (docs/workloads.md,
+    "Closed-loop clients"). None of them set = open loop, as before."""
+
+    concurrency: Annotated[int, Field(gt=0, le=MAX_CONCURRENCY)] | None = Field(
+        None, description="closed loop: this many clients, each sending its next request when its "
+                          "previous one ended plus a think time (the source is the request pool)")
+    concurrency_stages: Annotated[list[ConcurrencyStage], Field(min_length=1, max_length=MAX_LOAD_PIECES)] | None = Field(
+        None, description="closed loop in stages: [{concurrency, duration_s | num_requests}], one "
+                          "after the other")
+    think_time: ThinkTime | None = Field(None, description="closed-loop think time (default 0)")
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.concurrency is not None or self.concurrency_stages is not None
+
+
+class DistributionWorkload(ClosedLoopKeys):
     """Synthesised from BLIS's distribution flags (docs/workloads.md)."""
 
     kind: Literal["distribution"] = "distribution"
@@ -355,9 +418,19 @@ class DistributionWorkload(Strict):
         "constant", description="arrival process: constant (BLIS's spacing 1/rate), poisson, gamma")
     arrival_cv: Annotated[float, Field(ge=1e-3, le=1e3, allow_inf_nan=False)] | None = Field(
         None, description="gamma's coefficient of variation of the gaps, 0.001 to 1000 (default 1.0)")
+    stages: Annotated[list[RateStage], Field(min_length=1, max_length=MAX_LOAD_PIECES)] | None = Field(
+        None, description="time-varying load: [{rate, duration_s}] one after the other, then none")
+    rate_schedule: Annotated[list[RatePoint], Field(min_length=1, max_length=MAX_LOAD_PIECES)] | None = Field(
+        None, description="time-varying load: [{at_s, rate}], each rate until the next point")
+    rate_csv: str | None = Field(
+        None, description="time-varying load: a CSV of time_s,rate rows (as rate_schedule)")
+
+    @property
+    def time_varying(self) -> bool:
+        return self.stages is not None or self.rate_schedule is not None or self.rate_csv is not None
 
 
-class TraceWorkload(Strict):
+class TraceWorkload(ClosedLoopKeys):
     """Replay of a TraceV2 trace: YAML header + CSV (docs/workloads.md, "TraceV2")."""
 
     kind: Literal["trace"] = "trace"
@@ -365,7 +438,7 @@ class TraceWorkload(Strict):
     data: str
 
 
-class SpecWorkload(Strict):
+class SpecWorkload(ClosedLoopKeys):
     """A workload-spec v2 (docs/workloads.md): a YAML file (``path``, relative to the scenario
     file) or the same keys inline (``spec``); BLIS's ``--workload-spec``. The spec's own
     ``seed``, ``horizon`` and ``num_requests`` apply unless the scenario's ``seed`` /

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import blis_simpy.admission  # noqa: F401  (registers the built-in admission policies)
 import blis_simpy.routing  # noqa: F401  (registers the built-in routers and scorers)
+from blis_simpy.cluster.clients import ClosedLoopClients
 from blis_simpy.cluster.cluster import Cluster, ControlPlaneCounters
 from blis_simpy.cluster.invariants import (
     RequestEndStates,
@@ -257,6 +258,8 @@ class Simulation:
                 raise ConfigError("a gateway queue is not supported with prefill/decode pools",
                                   field="cluster.gateway")
             self.cluster.attach_gateway(build_gateway_policy(scenario), cl.gateway)
+        if isinstance(sessions, ClosedLoopClients):   # closed-loop clients start on the clock
+            sessions.attach(self.cluster)
 
     def _attach_frontend(self, inst: Instance, scenario: Scenario) -> None:
         """Put an API server in front of ``inst`` (docs/frontend.md): the scenario's

@@ -13,6 +13,12 @@ import os
 from blis_simpy.config.scenario import SpecWorkload, TraceWorkload
 from blis_simpy.errors import ConfigError
 from blis_simpy.run.describe import RunDescription
+from blis_simpy.run.load_shape import (
+    closed_loop_workload,
+    distribution_workload_spec,
+    generated,
+    time_varying_workload,
+)
 
 __all__ = ["build_requests", "build_workload", "last_arrival_us", "load_trace", "spec_workload",
            "trace_paths"]
@@ -64,6 +70,17 @@ def build_requests(d: RunDescription) -> tuple[list, int]:
 
 
 def build_workload(d: RunDescription, *, lazy: bool = False) -> tuple[list, int, object | None, int]:
+    """The requests of the workload, the simulation horizon (µs), the manager of its closed-loop
+    sessions or clients (or None) and the workload seed; see :func:`source_workload`. With
+    closed-loop clients (``workload.concurrency``, docs/workloads.md) the source's requests
+    are their pool: no request is offered up front and the manager sends them."""
+    w = d.scenario.workload
+    if not w.closed_loop:
+        return source_workload(d, lazy=lazy)
+    return closed_loop_workload(d, source_workload)
+
+
+def source_workload(d: RunDescription, *, lazy: bool = False) -> tuple[list, int, object | None, int]:
     """The requests of the workload, the simulation horizon (µs), the session manager of its
     closed-loop sessions (or None) and the workload seed. ``lazy``: a trace in arrival order
     comes as a :class:`~blis_simpy.workload.trace_stream.TraceRequestStream`, and a generated
@@ -84,24 +101,11 @@ def build_workload(d: RunDescription, *, lazy: bool = False) -> tuple[list, int,
         trace = load_trace(d)
         horizon = s.horizon_us if s.horizon_us is not None else default_replay_horizon(trace.records)
         return trace_requests(trace.records, s.seed), horizon, None, s.seed
-    from blis_simpy.workload import LengthParams, distribution_spec, generate_requests
-    from blis_simpy.workload.generated_stream import stream_workload
-    lp = lambda x: LengthParams(x.mean, x.stdev, x.min, x.max)  # noqa: E731
-    try:
-        spec = distribution_spec(w.rate, w.num_requests, s.seed, lp(w.prompt_tokens),
-                                 lp(w.output_tokens), w.prefix_tokens, w.arrival, w.arrival_cv)
-        horizon = s.horizon
-        kw = {"seed": s.seed, "horizon": horizon, "max_requests": w.num_requests}
-        reqs = stream_workload(spec, **kw) if stream else None
-        if reqs is None:
-            reqs = generate_requests(spec, **kw)
-    except ConfigError as exc:
-        from blis_simpy.workload.distribution import FIELD_KEYS
-        key = FIELD_KEYS.get(exc.field or "")
-        if key is not None:
-            exc = ConfigError(exc.problem, field=f"workload.{key}")
-        raise d.attribute(exc) from None
-    return reqs, horizon, None, s.seed
+    if w.time_varying:
+        return time_varying_workload(d, stream)
+    spec = distribution_workload_spec(d)
+    horizon = s.horizon
+    return generated(d, spec, horizon, w.num_requests, stream), horizon, None, s.seed
 
 
 def spec_workload(d: RunDescription, *, check_only: bool = False, lazy: bool = False

@@ -64,3 +64,12 @@ def plugin_trace_scenario(folder: Path, plugin: str, rows: list[str], body: str,
                   f"engine:\n  total_kv_blocks: 2000\n{body}workload:\n  kind: trace\n"
                   f"  header: {header.name}\n  data: {data.name}\n{tail}")
     return sc
+
+
+def one_error(res) -> str:
+    """The one ``error:`` line of a command that failed on bad input: exit 2, no traceback."""
+    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    return lines[0]

@@ -11,15 +11,12 @@ import pytest
 
 from tests.workload.test_observed_vllm_log import write_run
 
+from .support import one_error
+
 BENCH = Path(__file__).resolve().parents[1] / "workload" / "data" / "vllm_bench_result.json"
 
 
-def _one_error(res) -> str:
-    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
-    assert "Traceback" not in res.stderr
-    lines = res.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    return lines[0]
+_one_error = one_error
 
 
 def _meta(run: Path, change) -> None:
