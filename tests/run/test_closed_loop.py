@@ -98,6 +98,21 @@ def test_a_rejected_request_frees_its_client():
     assert out.result.counters.rejected_by_admission == 6
 
 
+def test_a_request_the_gateway_sheds_frees_its_client():
+    """A depth-1 gateway queue that lets one request in flight per instance (1 instance), 3
+    clients, 1 ms think, 3 ms of service: at 0, request_0 takes the queue and goes on,
+    request_1 and _2 find it full and are shed; their clients send again at 1000 µs:
+    request_3 waits in the queue, request_4 is shed; at 2000 request_5 is shed (the cap of
+    6 is reached); request_0 ends at 3000 and request_3 goes on then, ending at 6000."""
+    out = _run({"concurrency": 3, "think_time": {"dist": "constant", "mean_ms": 1.0}},
+               cluster={"gateway": {"max_depth": 1, "detector": "concurrency",
+                                    "max_concurrency": 1}})
+    assert _sent(out) == [("request_0", 0, 3000), ("request_1", 0, None), ("request_2", 0, None),
+                          ("request_3", 1000, 6000), ("request_4", 1000, None),
+                          ("request_5", 2000, None)]
+    assert out.report.cluster.completed_requests == 2
+
+
 def test_a_timed_out_request_frees_its_client():
     """A spec client with a 1.5 ms timeout: every request (3 ms of service) times out 1.5 ms
     after its send (the deadline moves with the send time), and its client sends again a
