@@ -288,8 +288,11 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
             self.ledger.remove(req)         # materialised as it leaves, before its KV goes
         self.kv.release(req)
         if was_running:
-            if not self.running:
-                self.step_pending = False   # the scheduled step becomes stale, not cancelled
+            if not self.running and not self._step_holds:
+                # BLIS: the scheduled step becomes stale (not cancelled) and the instance
+                # idle, so work arriving before it fires starts a second chain. With the step
+                # holding the engine (vLLM) it runs to its end and forms the next batch there.
+                self.step_pending = False
         else:
             try:
                 self.waitq.remove(req)

@@ -132,3 +132,25 @@ def test_stale_step_and_new_chain_at_the_same_tick_both_run(impl):
     assert m.e2e == {"request_1": 1000 + 2 * 1000}
     assert m.sim_ended_time == 5000
     assert m.step_samples == 6
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_with_the_step_holding_the_engine_a_timeout_starts_no_second_chain(impl):
+    """The first case above with ``step_model="vllm"`` (the default): the step running when A
+    times out at 2500 holds the engine until 3000 and forms the next batch there.
+
+    2600: B is queued; a step is pending (the one ending at 3000), so nothing starts.
+    3000: B prefill (scheduling delay 400, TTFT 3000+1000-2600 = 1400) -> 4000.
+    3700: C queued.  4000: B decode 1, C admitted (delay 300, TTFT 1300) -> 5000.
+    5000: B decode 2, C decode 1 -> C done.  6000, 7000: B decodes 3, 4 -> done.
+    8000: the step that held the engine after the last one finds nothing: a no-op.
+    One chain: B's E2E is 1400 + 4 x 1000 (5000 with BLIS's two chains)."""
+    reqs = make_requests([(0, 16, 100, 2500), (2600, 16, 5), (3700, 16, 2)])
+    m, steps = _run_logging_steps(scenario(alpha=(0, 0, 0), beta=(1000, 0, 0), implementation=impl,
+                                           async_scheduling=False, step_model="vllm"), reqs)
+    assert steps == [(0, 1), (1000, 2), (2000, 3), (3000, 4), (4000, 5), (5000, 6), (6000, 7),
+                     (7000, 8), (8000, 8)]
+    assert m.timed_out_requests == 1 and m.completed_requests == 2
+    assert m.scheduling_delay == {"request_0": 0, "request_1": 400, "request_2": 300}
+    assert m.ttft == {"request_0": 1000, "request_1": 1400, "request_2": 1300}
+    assert m.e2e == {"request_1": 5400, "request_2": 2300}
