@@ -48,6 +48,7 @@ BOTH = (RUN, REPLAY)
 SIM, WORKLOAD, OUTPUT = "Simulation", "Workload (run)", "Output"
 PD = "Prefill/decode disaggregation"
 SLO = "SLOs and cost"
+AUTOSCALE = "Autoscaling"
 
 
 # ---------------------------------------------------------------------------- the table
@@ -187,6 +188,14 @@ FLAGS: tuple[Flag, ...] = (
     F("--pd-interference-prefill", number, "disaggregation.interference.prefill", interference_range, "slowdown factor of mixed batches that are mostly prefill, [0, 100] (default 0)", panel=PD),
     F("--pd-interference-decode", number, "disaggregation.interference.decode", interference_range, "slowdown factor of mixed batches that are mostly decode, [0, 100] (default 0)", panel=PD),
     F("--pd-compat", text, "disaggregation.compat", one_of("fixed", "checkout"), "fixed (default) or checkout: the Go checkout's PD behaviour (parity mode, docs/cli.md)", panel=PD),
+    # autoscaling (docs/control-plane.md, "Autoscaling"); any of them turns the autoscaler on
+    F("--autoscaler", text, "cluster.autoscaler.policy", registered("autoscaling"), "autoscaling policy: target-utilization, queue-depth, scheduled or a plugin's (default: none, a fixed deployment; its params from the scenario)", panel=AUTOSCALE),
+    F("--autoscaler-interval", number, "cluster.autoscaler.interval_s", positive, "seconds between autoscaling decisions, 0.001 to 86400 (default 15)", panel=AUTOSCALE),
+    F("--min-instances", integer, "cluster.autoscaler.min_instances", at_least_one, "fewest instances the autoscaler keeps (default 1)", panel=AUTOSCALE),
+    F("--max-instances", integer, "cluster.autoscaler.max_instances", at_least_one, "most instances the autoscaler starts, at most 4096 (default 1)", panel=AUTOSCALE),
+    F("--initial-instances", integer, "cluster.autoscaler.initial_instances", at_least_one, "instances serving at time 0 (default --num-instances within [min, max])", panel=AUTOSCALE),
+    F("--load-bandwidth", number, "cluster.autoscaler.load_bandwidth_gbps", positive, "GB/s at which a new instance loads the model's weights, 0.001 to 1e6 (default 2)", panel=AUTOSCALE),
+    F("--instance-startup", number, "cluster.autoscaler.startup_s", non_negative, "fixed start-up of a new instance before its weights load, s, at most 3600 (default 0)", panel=AUTOSCALE),
     # SLOs and cost (docs/metrics.md, "SLOs and goodput", "Deployment and cost")
     F("--slo-ttft", number, "slo.ttft_ms", positive, "TTFT target, ms: attainment and goodput in the results", panel=SLO),
     F("--slo-itl", number, "slo.itl_ms", positive, "mean inter-token latency target per request, ms", panel=SLO),

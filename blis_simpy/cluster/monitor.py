@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from blis_simpy.des import OBSERVER_AFTER, OBSERVER_BEFORE
-from blis_simpy.metrics.timeline_file import COLUMNS
+from blis_simpy.metrics.timeline_file import COLUMNS, STATE
 
 __all__ = ["AFTER_KEY", "COLUMNS", "MAX_INTERVAL_US", "MAX_ROWS", "MAX_SAMPLES", "MIN_INTERVAL_US",
            "SAMPLE_KEY", "Monitor", "Timeline"]
@@ -55,15 +55,22 @@ MAX_ROWS = 2_000_000
 class Timeline:
     """The samples, as columns (see :data:`COLUMNS`): row ``s * n + i`` is instance ``i`` at
     sample ``s``. ``role`` is ``prefill``/``decode`` with pools, else empty;
-    ``kv_transfers_in_flight`` is None without pools."""
+    ``kv_transfers_in_flight`` is None without pools. With an autoscaler (``scaled``) one more
+    column, ``state``: the instance's ``off``/``loading``/``serving``/``draining``."""
 
     interval_us: int
     instances: list[str]
     roles: list[str]
     pd: bool = False
+    scaled: bool = False
     truncated: bool = False
     times_us: list[int] = field(default_factory=list)        # one per sample
-    cols: dict[str, list] = field(default_factory=lambda: {c: [] for c in COLUMNS})
+    cols: dict[str, list] = field(default_factory=lambda: {c: [] for c in (*COLUMNS, STATE)})
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns written: :data:`COLUMNS`, and ``state`` with an autoscaler."""
+        return (*COLUMNS, STATE) if self.scaled else COLUMNS
 
     @property
     def n_samples(self) -> int:
@@ -76,8 +83,9 @@ class Timeline:
 
     def rows(self) -> list[dict]:
         """The rows as dicts (column order)."""
-        cols = [self.cols[c] for c in COLUMNS]
-        return [dict(zip(COLUMNS, vals, strict=True)) for vals in zip(*cols, strict=True)]
+        names = self.columns
+        cols = [self.cols[c] for c in names]
+        return [dict(zip(names, vals, strict=True)) for vals in zip(*cols, strict=True)]
 
 
 class Monitor:
@@ -100,8 +108,9 @@ class Monitor:
         self.fabric = getattr(cluster, "fabric", None) if sim.pools.enabled else None
         roles = list(getattr(cluster, "roles", [])) if self.fabric is not None else []
         roles += [""] * (len(self.insts) - len(roles))
+        self.autoscaler = getattr(sim, "autoscaler", None)
         self.timeline = Timeline(interval_us, [i.id for i in self.insts], roles,
-                                 pd=self.fabric is not None)
+                                 pd=self.fabric is not None, scaled=self.autoscaler is not None)
         cap = max(1, min(MAX_SAMPLES, MAX_ROWS // max(len(self.insts), 1)))
         self.max_samples = min(cap, max_samples) if max_samples else cap
         self.process = self.env.process(self._run())
@@ -123,6 +132,8 @@ class Monitor:
             c["preemptions"].append(inst.metrics.preemption_count)
             c["kv_transfers_in_flight"].append(transfers)
             c["steps"].append(inst.step_count)
+            if self.autoscaler is not None:
+                c[STATE].append(self.autoscaler.state_of(inst.index))
 
     def _run(self):
         env, limit, step = self.env, self.limit_us, self.timeline.interval_us

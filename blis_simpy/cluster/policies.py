@@ -1,8 +1,9 @@
-"""Build the control plane's policies from a scenario (admission, routers)."""
+"""Build the control plane's policies from a scenario (admission, routers, autoscaling)."""
 
 from __future__ import annotations
 
 from blis_simpy.admission.base import AdmissionPolicy
+from blis_simpy.autoscaling import AutoscalePolicy
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.rng import RngStreams
@@ -31,3 +32,12 @@ def build_router(scenario: Scenario, rng: RngStreams, block_size: int, *,
         raise
     router.config_field = field
     return router
+
+
+def build_autoscale_policy(scenario: Scenario) -> AutoscalePolicy:
+    """The scenario's autoscaling policy with its validated parameters
+    (``cluster.autoscaler``, which must be set)."""
+    a = scenario.cluster.autoscaler
+    cls = AutoscalePolicy.lookup(a.policy, field="cluster.autoscaler.policy")
+    params = cls.parse_params(a.params, field="cluster.autoscaler.params")
+    return cls(params, interval_us=round(a.interval_s * 1e6))

@@ -57,6 +57,9 @@ Then, only when asked for (:func:`planning_part`; docs/metrics.md, "SLOs and goo
 ``"slo"`` when an SLO target is set (:meth:`~blis_simpy.metrics.slo.SLOReport.to_dict`) and
 ``"deployment"`` (``{"total_gpus", "gpu_hour_usd", "cost_per_hour_usd",
 "cost_per_million_output_tokens_usd"}``) when an SLO target or a GPU-hour price is known.
+With an autoscaler (``cluster.autoscaler``) the last key is ``"autoscaling"``
+(:mod:`blis_simpy.metrics.autoscale`: instance count over time, GPU-hours, cost, per-interval
+SLO attainment); the ``--results-path`` file never carries it.
 
 Every latency is in ms with the unit in its key (docs/metrics.md, "The JSON document").
 Distribution objects are ``{"mean_ms", "p50_ms", "p95_ms", "p99_ms", "min_ms", "max_ms",
@@ -272,6 +275,9 @@ class Report:
     #: the CPU offload tier's counters per instance (``OffloadKVCache.offload_stats``); None:
     #: no offload tier; see :func:`offload_part`
     kv_offload: list[dict] | None = None
+    #: what the autoscaler did (:class:`~blis_simpy.metrics.autoscale.AutoscaleReport`); None:
+    #: no autoscaler; see :func:`autoscaling_part`
+    autoscaling: object | None = None
 
     def __post_init__(self) -> None:
         self.instances = list(self.instances)
@@ -333,7 +339,14 @@ def report_dict(report: Report) -> dict:
         "total_kv_blocks": report.total_kv_blocks,
         "kv_capacity": report.kv_capacity,
         "request_accounting": report.request_accounting,
-    } | sessions_part(report) | offload_part(report) | _streaming_part(report) | planning_part(report)
+    } | sessions_part(report) | offload_part(report) | _streaming_part(report) | planning_part(report) | autoscaling_part(report)
+
+
+def autoscaling_part(report: Report) -> dict:
+    """``"autoscaling"`` with an autoscaler (absent otherwise): instance count over time,
+    GPU-hours and cost, per-interval SLO attainment (docs/metrics.md, "Autoscaling")."""
+    a = report.autoscaling
+    return {"autoscaling": a.to_dict()} if a is not None else {}
 
 
 def offload_part(report: Report) -> dict:

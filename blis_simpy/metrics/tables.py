@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from blis_simpy.metrics.autoscale import autoscale_tables
 from blis_simpy.metrics.report import PDMetrics, Report, is_idle_ratio
 from blis_simpy.metrics.slo import SLOReport
 from blis_simpy.metrics.summary import SCOPE_STATS, scope_output
@@ -139,6 +140,10 @@ def render_tables(report: Report, console) -> None:
 
     if report.sessions is not None:
         console.print(sessions_table(report.sessions))
+
+    if report.autoscaling is not None:
+        for t in autoscale_tables(report.autoscaling):
+            console.print(t)
 
     if report.fitness is not None:
         t = Table(title="Fitness", title_justify="left")

@@ -59,18 +59,21 @@ SAMPLES = {
     "--prefill-latency-model": ("roofline", "roofline"),
     "--decode-latency-model": ("roofline", "roofline"),
     "--pd-compat": ("checkout", "checkout"),
+    "--autoscaler": ("queue-depth", "queue-depth"),
+    "--autoscaler-interval": ("2.5", 2.5),
 }
 # Flags that are only valid together with others (PD pools need both sizes and instances).
 _POOLS = {"--prefill-instances": "1", "--decode-instances": "1", "--num-instances": "4"}
 COMPANIONS = {"--prefill-instances": _POOLS, "--decode-instances": _POOLS, "--pd-decider": _POOLS,
-              "--pd-contention-mode": _POOLS}
+              "--pd-contention-mode": _POOLS,
+              "--min-instances": {"--max-instances": "4"}, "--initial-instances": {"--max-instances": "4"}}
 # Only one member of these families is registered so far: the sample equals quickstart's value.
 SAME_AS_QUICKSTART = {"--latency-model"}
 
 
 def _get(obj, path: str):
     for part in path.split("."):
-        obj = getattr(obj, part)
+        obj = getattr(obj, part) if obj is not None else None   # an absent block (autoscaler)
     return obj
 
 
