@@ -246,6 +246,21 @@ class SimEnv(simpy.Environment):
         return None if best is None else int(best)
 
 
+def wait_until_due(env: SimEnv, time_us: int, limit_us: int, ignore=None):
+    """An observer's wait (a generator for ``yield from``): until an event at or after
+    ``time_us`` (within ``limit_us``; not one ``ignore`` leaves out, :meth:`SimEnv.latest_due_us`)
+    is queued, wake after the latest queued one (key :data:`OBSERVER_AFTER`) and look again.
+    Returns True when one is queued, False when none is left (the run is over). So the
+    observer never schedules anything after the run's last event."""
+    while True:
+        last = env.latest_due_us(limit_us, ignore)
+        if last is None:
+            return False
+        if last >= time_us:
+            return True
+        yield env.wake_at(last, OBSERVER_AFTER)
+
+
 class Mailbox(simpy.Store):
     """A FIFO hand-off between processes whose deliveries run at a fixed event key.
 

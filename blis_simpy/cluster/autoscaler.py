@@ -32,8 +32,9 @@ import logging
 from dataclasses import dataclass, field
 
 from blis_simpy.autoscaling.base import AutoscalePolicy, AutoscaleState, PoolState
-from blis_simpy.des import AUTOSCALE, OBSERVER_AFTER
+from blis_simpy.des import AUTOSCALE, wait_until_due
 from blis_simpy.engine.listener import InstanceListener
+from blis_simpy.metrics.autoscale import AutoscaleSetup
 from blis_simpy.plugins import call_failure, plugin_error, shown
 from blis_simpy.routing.base import as_index
 
@@ -42,8 +43,10 @@ log = logging.getLogger("blis_simpy.cluster")
 OFF, LOADING, SERVING, DRAINING = "off", "loading", "serving", "draining"
 STATES = (OFF, LOADING, SERVING, DRAINING)
 FIELD = "cluster.autoscaler.policy"
-#: decisions kept in the record (one per interval); past that the record stops growing
-MAX_DECISIONS = 1_000_000
+#: decisions kept in the record (one per interval), and count changes; past these the record
+#: stops growing (the autoscaler goes on deciding; docs/metrics.md, "Autoscaling")
+MAX_DECISIONS = 100_000
+MAX_CHANGES = 1_000_000
 
 
 @dataclass(slots=True)
@@ -59,21 +62,15 @@ class Unit:
 
 
 @dataclass
-class AutoscaleRecord:
+class AutoscaleRecord(AutoscaleSetup):
     """What the autoscaler did (times in µs).
 
     ``changes``: ``(t_us, serving, loading, draining)`` instances after every change (the
     first at 0); ``spans``: ``(instance, start_us, serving_us, end_us)``, each span of GPU
     time and when in it the instance began serving (-1: cancelled while loading);
     ``decisions``: ``(t_us, instances chosen, arrived so far)`` per decision (arrivals counted
-    before any arrival of that µs); ``gpus_per_instance``: TP × DP."""
+    before any arrival of that µs); the set-up (:class:`AutoscaleSetup`) first."""
 
-    policy: str
-    interval_us: int
-    loading_delay_us: int
-    min_instances: int
-    max_instances: int
-    gpus_per_instance: int
     changes: list[tuple[int, int, int, int]] = field(default_factory=list)
     spans: list[tuple[int, int, int, int]] = field(default_factory=list)
     decisions: list[tuple[int, int, int]] = field(default_factory=list)
@@ -163,22 +160,17 @@ class Autoscaler:
             nxt = t + step
             if nxt > limit:
                 return
-            while True:    # wait until an event at or after nxt (not our own) is queued
-                last = self._latest_due(limit)
-                if last is None:
-                    return
-                if last >= nxt:
-                    break
-                yield env.wake_at(last, OBSERVER_AFTER)
+            # an event at or after nxt, other than our instances becoming ready (those alone
+            # do not keep the run going), must be queued
+            if not (yield from wait_until_due(env, nxt, limit, self._own)):
+                return
             yield env.wake_at(nxt, AUTOSCALE)
             t = nxt
             self.decide(t)
 
-    def _latest_due(self, limit_us: int) -> int | None:
-        """The latest queued event at or before ``limit_us`` that is not one of our instances
-        becoming ready (those alone do not keep the run going)."""
-        ready = self._ready
-        return self.env.latest_due_us(limit_us, ignore=lambda ev: getattr(ev, "fn", None) == ready)
+    def _own(self, event) -> bool:
+        """Is ``event`` one of our instances becoming ready?"""
+        return getattr(event, "fn", None) == self._ready
 
     def decide(self, now_us: int) -> int:
         """One decision at ``now_us``: ask the policy, clamp, scale. Returns the count."""
@@ -289,7 +281,7 @@ class Autoscaler:
         ch = self.record.changes
         if ch and ch[-1][0] == now_us:
             ch[-1] = row
-        elif not ch or ch[-1][1:] != row[1:]:
+        elif (not ch or ch[-1][1:] != row[1:]) and len(ch) < MAX_CHANGES:
             ch.append(row)
 
     def finish(self, end_us: int) -> AutoscaleRecord:

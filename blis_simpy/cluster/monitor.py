@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from blis_simpy.des import OBSERVER_AFTER, OBSERVER_BEFORE
+from blis_simpy.des import OBSERVER_AFTER, OBSERVER_BEFORE, wait_until_due
 from blis_simpy.metrics.timeline_file import COLUMNS, STATE
 
 __all__ = ["AFTER_KEY", "COLUMNS", "MAX_INTERVAL_US", "MAX_ROWS", "MAX_SAMPLES", "MIN_INTERVAL_US",
@@ -146,13 +146,8 @@ class Monitor:
             if self.timeline.n_samples >= self.max_samples:
                 self.timeline.truncated = True
                 return
-            while True:    # wait until a model event at or after nxt is queued
-                last = env.latest_due_us(limit)
-                if last is None:          # the run is over: the final state, without waking
-                    self._sample(nxt)     # (within the cap: checked above)
-                    return
-                if last >= nxt:
-                    break
-                yield env.wake_at(last, AFTER_KEY)
+            if not (yield from wait_until_due(env, nxt, limit)):
+                self._sample(nxt)     # the run is over: the final state, without waking
+                return                # (within the cap: checked above)
             yield env.wake_at(nxt, SAMPLE_KEY)
             t = nxt

@@ -19,21 +19,32 @@ Times in µs. Built from the autoscaler's record
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
-__all__ = ["TABLE_INTERVALS", "US_PER_HOUR", "AutoscaleReport", "autoscale_report", "autoscale_tables"]
+__all__ = ["TABLE_INTERVALS", "US_PER_HOUR", "AutoscaleReport", "AutoscaleSetup", "autoscale_report", "autoscale_tables"]
 
 US_PER_HOUR = 3_600_000_000
 
 
 @dataclass
-class AutoscaleReport:
+class AutoscaleSetup:
+    """How the autoscaler was set up: its policy's name, the decision interval and loading
+    delay (µs), the bounds, and the GPUs of one instance (TP × DP)."""
+
     policy: str
     interval_us: int
     loading_delay_us: int
     min_instances: int
     max_instances: int
     gpus_per_instance: int
+
+    def setup(self) -> dict:
+        """The set-up fields, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(AutoscaleSetup)}
+
+
+@dataclass
+class AutoscaleReport(AutoscaleSetup):
     gpu_hours: float
     gpu_hour_usd: float | None
     cost_usd: float | None
@@ -45,16 +56,7 @@ class AutoscaleReport:
     intervals: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {
-            "policy": self.policy, "interval_us": self.interval_us,
-            "loading_delay_us": self.loading_delay_us, "min_instances": self.min_instances,
-            "max_instances": self.max_instances, "gpus_per_instance": self.gpus_per_instance,
-            "gpu_hours": self.gpu_hours, "gpu_hour_usd": self.gpu_hour_usd,
-            "cost_usd": self.cost_usd, "scale_ups": self.scale_ups,
-            "scale_downs": self.scale_downs, "peak_instances": self.peak_instances,
-            "mean_instances": self.mean_instances, "instance_count": self.instance_count,
-            "intervals": self.intervals,
-        }
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def autoscale_report(record, arrived_total: int, done: Iterable[tuple[int, bool]] | None, *,
@@ -94,10 +96,11 @@ def autoscale_report(record, arrived_total: int, done: Iterable[tuple[int, bool]
             "attainment_pct": (100.0 * met[k] / arrived if arrived else None)
             if done is not None and judged else None,
         })
-    return AutoscaleReport(record.policy, iv, record.loading_delay_us, record.min_instances,
-                           record.max_instances, record.gpus_per_instance, gpu_hours,
-                           gpu_hour_usd, gpu_hours * gpu_hour_usd if gpu_hour_usd is not None else None,
-                           record.scale_ups, record.scale_downs, peak, mean, counts, rows)
+    return AutoscaleReport(**record.setup(), gpu_hours=gpu_hours, gpu_hour_usd=gpu_hour_usd,
+                           cost_usd=gpu_hours * gpu_hour_usd if gpu_hour_usd is not None else None,
+                           scale_ups=record.scale_ups, scale_downs=record.scale_downs,
+                           peak_instances=peak, mean_instances=mean, instance_count=counts,
+                           intervals=rows)
 
 
 #: intervals the table shows (the JSON has them all)

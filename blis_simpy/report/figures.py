@@ -238,6 +238,18 @@ def transfer_figure(tl: Input) -> Figure | None:
     return fig
 
 
+#: the figures of a timeline, in page order: ``(figure function, file stem, title, caption)``
+_TIMELINE_FIGURES = (
+    (timeline_figure, "timeline", "Per-instance timeline", "Sampled at a fixed simulated interval."),
+    (autoscale_figure, "autoscaling", "Autoscaling",
+     "Instances serving, loading (weights) and draining, and the requests waiting and running "
+     "over all instances, at each timeline sample."),
+    (transfer_figure, "pd_transfers", "PD KV transfers",
+     "A prefill instance's requests leave running when their only step begins, so its "
+     "activity shows in its engine steps per second."),
+)
+
+
 # ---------------------------------------------------------------------------- plans
 def _plan_marks(plan: Input) -> tuple[str | None, float | None]:
     """The winner's label and the TTFT p99 SLO (ms) of a ``plan --out`` document."""
@@ -318,22 +330,11 @@ def build_figures(inputs: list[Input], factor: float = DEFAULT_FACTOR) -> list[F
     for inp in inputs:
         tag = _slug(inp.label)
         if inp.kind == "timeline":
-            fig = timeline_figure(inp)
-            if fig is not None:
-                specs.append(FigureSpec(f"timeline_{tag}", f"Per-instance timeline: {inp.label}",
-                                        fig, [inp.path], "Sampled at a fixed simulated interval."))
-            fig = autoscale_figure(inp)
-            if fig is not None:
-                specs.append(FigureSpec(
-                    f"autoscaling_{tag}", f"Autoscaling: {inp.label}", fig, [inp.path],
-                    "Instances serving, loading (weights) and draining, and the requests "
-                    "waiting and running over all instances, at each timeline sample."))
-            fig = transfer_figure(inp)
-            if fig is not None:
-                specs.append(FigureSpec(
-                    f"pd_transfers_{tag}", f"PD KV transfers: {inp.label}", fig, [inp.path],
-                    "A prefill instance's requests leave running when their only step begins, "
-                    "so its activity shows in its engine steps per second."))
+            for make, stem, title, caption in _TIMELINE_FIGURES:
+                fig = make(inp)
+                if fig is not None:
+                    specs.append(FigureSpec(f"{stem}_{tag}", f"{title}: {inp.label}", fig,
+                                            [inp.path], caption))
         elif inp.kind == "sweep":
             made = latency_rate_figure(inp, factor)
             if made is not None:
