@@ -8,7 +8,7 @@ import pytest
 from blis_simpy.cluster.autoscaler import DRAINING, LOADING, OFF, SERVING
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.metrics.autoscale import US_PER_HOUR
-from blis_simpy.run import simulate
+from blis_simpy.run import execute, prepare, simulate
 from tests.cluster.helpers import ALPHA, BETA, request
 
 S = 1_000_000
@@ -126,3 +126,49 @@ def test_same_seed_same_record():
     runs = [simulate(sc, [request(k, arrival=250_000 * k, n_in=64, n_out=100, seed=k)
                           for k in range(12)])[1].autoscale for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+def test_data_parallel_instances_scale_as_one():
+    """dp 2: an instance is an engine of 2 ranks; both ranks change state together and it
+    counts TP x DP = 2 GPUs."""
+    sc = scaled([{"at_s": 0, "instances": 1}, {"at_s": 1, "instances": 2}], initial=1)
+    sc = sc.model_copy(update={"dp": 2})
+    reqs = [request(k, arrival=250_000 * k, n_in=64, n_out=200, seed=k) for k in range(12)]
+    sim, result = simulate(sc, reqs)
+    rec = result.autoscale
+    assert rec.gpus_per_instance == 2 and len(sim.instances) == 4
+    assert [sim.autoscaler.state_of(k) for k in range(4)] == [SERVING] * 4
+    assert rec.changes[:3] == [(0, 1, 0, 0), (1 * S, 1, 1, 0), (1_500_000, 2, 0, 0)]
+    ranks_used = {inst for inst, arr, _ in where(result).values() if arr >= 1_500_000}
+    assert ranks_used & {"instance_2", "instance_3"}
+    assert not {inst for inst, arr, _ in where(result).values() if arr < 1_500_000} & {
+        "instance_2", "instance_3"}
+
+
+def test_time_varying_load_scales_up_in_the_burst_and_back_down():
+    """A workload-spec with a burst client active in [4 s, 8 s) (lifecycle window) on top of a
+    steady one: queue-depth scales up during the burst and back to 1 after it, using fewer
+    GPU-seconds than keeping the peak count the whole run."""
+    spec = {"version": "2", "seed": 3, "aggregate_rate": 60, "horizon": 14_000_000, "clients": [
+        {"id": "base", "rate_fraction": 0.1, "arrival": {"process": "poisson"},
+         "input_distribution": {"type": "constant", "params": {"value": 64}},
+         "output_distribution": {"type": "constant", "params": {"value": 40}}},
+        {"id": "burst", "rate_fraction": 0.9, "arrival": {"process": "poisson"},
+         "lifecycle": {"windows": [{"start_us": 4_000_000, "end_us": 8_000_000}]},
+         "input_distribution": {"type": "constant", "params": {"value": 64}},
+         "output_distribution": {"type": "constant", "params": {"value": 40}}}]}
+    d = prepare({
+        "model": "m", "latency": {"model": "blackbox", "alpha_coeffs": ALPHA, "beta_coeffs": BETA},
+        "engine": {"total_kv_blocks": 2000, "max_num_running_reqs": 4},
+        "cluster": {"routing": {"policy": "least-loaded"},
+                    "autoscaler": {"policy": "queue-depth", "interval_s": 0.5, "max_instances": 6,
+                                   "load_bandwidth_gbps": None, "startup_s": 0.25,
+                                   "params": {"target_per_instance": 2,
+                                              "scale_down_stabilization_s": 1}}},
+        "workload": {"kind": "spec", "spec": spec}})
+    rec = execute(d).result.autoscale
+    peak_t, peak = max(((t, s + lo) for t, s, lo, _ in rec.changes), key=lambda x: x[1])
+    assert peak >= 3 and 4 * S <= peak_t < 8 * S + S
+    assert all(s + lo == 1 for t, s, lo, _ in rec.changes if t < 4 * S)
+    assert rec.changes[-1][1:] == (1, 0, 0)
+    assert rec.gpu_us < peak * rec.end_us

@@ -196,3 +196,10 @@ def test_loading_delay_from_the_weight_bytes_by_hand(tmp_path):
                                    "startup_s": 0.5}}})
     assert loading_delay_us(sc, resolve(sc, quiet=True)) == 500_000 + 420_480
     assert math.isclose(420_480 / 1e6, 420_480 / (0.001 * 1e9))
+
+
+def test_streaming_metrics_keep_no_per_interval_attainment(cli, scaled):
+    a = run_json(cli, "--scenario", scaled, "--streaming-metrics")["autoscaling"]
+    assert sum(r["arrived"] for r in a["intervals"]) == 24
+    assert {r["attainment_pct"] for r in a["intervals"]} == {None}
+    assert a["gpu_hours"] > 0
