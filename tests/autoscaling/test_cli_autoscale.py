@@ -203,3 +203,13 @@ def test_streaming_metrics_keep_no_per_interval_attainment(cli, scaled):
     assert sum(r["arrived"] for r in a["intervals"]) == 24
     assert {r["attainment_pct"] for r in a["intervals"]} == {None}
     assert a["gpu_hours"] > 0
+
+
+def test_sweep_and_plan_rows_carry_the_gpu_hours(scaled):
+    from blis_simpy.config.loader import load_scenario
+    from blis_simpy.run.point import run_point
+    sc = load_scenario(str(scaled)).model_dump(mode="json")
+    row = run_point({"command": "run", "scenario": sc})
+    assert row["status"] == "ok", row["error"]
+    assert row["autoscaling.gpu_hours"] > 0 and row["autoscaling.policy"] == "queue-depth"
+    assert json.loads(row["autoscaling.instance_count"])[0]["serving"] == 1
