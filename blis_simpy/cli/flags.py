@@ -189,7 +189,7 @@ FLAGS: tuple[Flag, ...] = (
     F("--pd-interference-decode", number, "disaggregation.interference.decode", interference_range, "slowdown factor of mixed batches that are mostly decode, [0, 100] (default 0)", panel=PD),
     F("--pd-compat", text, "disaggregation.compat", one_of("fixed", "checkout"), "fixed (default) or checkout: the Go checkout's PD behaviour (parity mode, docs/cli.md)", panel=PD),
     # autoscaling (docs/control-plane.md, "Autoscaling"); any of them turns the autoscaler on
-    F("--autoscaler", text, "cluster.autoscaler.policy", registered("autoscaling"), "autoscaling policy: target-utilization, queue-depth, scheduled or a plugin's (default: none, a fixed deployment; its params from the scenario)", panel=AUTOSCALE),
+    F("--autoscaler", text, "cluster.autoscaler.policy", registered("autoscaling"), "autoscaling policy (default: none, a fixed deployment; its params from the scenario)", panel=AUTOSCALE),
     F("--autoscaler-interval", number, "cluster.autoscaler.interval_s", positive, "seconds between autoscaling decisions, 0.001 to 86400 (default 15)", panel=AUTOSCALE),
     F("--min-instances", integer, "cluster.autoscaler.min_instances", at_least_one, "fewest instances the autoscaler keeps (default 1)", panel=AUTOSCALE),
     F("--max-instances", integer, "cluster.autoscaler.max_instances", at_least_one, "most instances the autoscaler starts, at most 4096 (default 1)", panel=AUTOSCALE),

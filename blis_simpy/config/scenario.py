@@ -545,7 +545,8 @@ class Scenario(Strict):
                     "too_many_ranks", "{n} instances x dp {dp} = {ranks} engine ranks; at most "
                     "{cap} can be simulated", {"n": n, "dp": self.dp, "ranks": n * self.dp,
                                                "cap": MAX_INSTANCES}),
-                loc=("cluster", "num_instances"), input={"num_instances": n, "dp": self.dp})])
+                loc=("cluster", "num_instances") if self.cluster.autoscaler is None else
+                ("cluster", "autoscaler", "max_instances"), input={"num_instances": n, "dp": self.dp})])
         return self
 
     @model_validator(mode="after")

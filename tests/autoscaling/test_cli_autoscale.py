@@ -213,3 +213,10 @@ def test_sweep_and_plan_rows_carry_the_gpu_hours(scaled):
     assert row["status"] == "ok", row["error"]
     assert row["autoscaling.gpu_hours"] > 0 and row["autoscaling.policy"] == "queue-depth"
     assert json.loads(row["autoscaling.instance_count"])[0]["serving"] == 1
+
+
+def test_max_instances_times_dp_is_capped(cli, scaled):
+    res = cli("run", "--scenario", scaled, "--max-instances", "4096", "--dp", "2")
+    assert res.exit_code == 2
+    line = res.stderr.strip()
+    assert len(line.splitlines()) == 1 and "--max-instances" in line and "8192 engine ranks" in line
