@@ -37,6 +37,7 @@ from blis_simpy.engine.listener import InstanceListener
 from blis_simpy.metrics.autoscale import AutoscaleSetup
 from blis_simpy.plugins import call_failure, plugin_error, shown
 from blis_simpy.routing.base import as_index
+from blis_simpy.snapshot import SnapshotProvider, make_snapshot
 
 log = logging.getLogger("blis_simpy.cluster")
 
@@ -144,10 +145,14 @@ class Autoscaler:
         return states.count(SERVING), states.count(LOADING), states.count(DRAINING)
 
     def state(self, now_us: int) -> AutoscaleState:
-        """What the policy sees now (one pool, named ``""``)."""
+        """What the policy sees now (one pool, named ``""``): every snapshot read now, as a
+        metrics server would report it, without touching the routers' snapshot cache (with a
+        periodic refresh a read would move the cache's next refresh)."""
         serving, loading, draining = self.counts()
-        snaps = tuple(self.cluster.snapshot(inst) for u in self.units if u.state == SERVING
-                      for inst in u.ranks)
+        inflight = self.cluster.inflight
+        snaps = tuple(make_snapshot(inst.id, inst.index, *SnapshotProvider.read(inst),
+                                    inflight[inst.index], inst.model)
+                      for u in self.units if u.state == SERVING for inst in u.ranks)
         pool = PoolState("", snaps, serving, loading, draining, self.min, self.max,
                          self.max_num_running_reqs, self.dp)
         return AutoscaleState((pool,), now_us)

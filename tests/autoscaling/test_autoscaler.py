@@ -172,3 +172,22 @@ def test_time_varying_load_scales_up_in_the_burst_and_back_down():
     assert all(s + lo == 1 for t, s, lo, _ in rec.changes if t < 4 * S)
     assert rec.changes[-1][1:] == (1, 0, 0)
     assert rec.gpu_us < peak * rec.end_us
+
+
+def test_a_decision_leaves_the_routers_stale_snapshots_as_they_were():
+    """With a periodic snapshot refresh (300 ms), the autoscaler's reads do not refresh the
+    routers' cache. request_0 (0.2 s) runs on instance_0 until ~1.13 s; the decision at 1 s
+    must not refresh the cache, so routing request_1 at 1.2 s refreshes it and sees instance_0
+    idle (least-loaded, ties to the first): the placements of the fixed deployment."""
+    reqs = lambda: [request(0, arrival=200_000, n_in=64, n_out=180, seed=0),  # noqa: E731
+                    request(1, arrival=1_200_000, n_in=64, n_out=10, seed=1)]
+    sc = scaled([{"at_s": 0, "instances": 2}], initial=2, hi=2)
+    sc = sc.model_copy(update={"cluster": sc.cluster.model_copy(
+        update={"snapshot_refresh_interval_us": 300_000})})
+    fixed = sc.model_copy(update={"cluster": sc.cluster.model_copy(update={"autoscaler": None})})
+    _, a = simulate(sc, reqs())
+    _, b = simulate(fixed, reqs())
+    done_0 = b.instances[0].completion_time["request_0"]
+    assert 1_000_000 < done_0 < 1_200_000
+    assert where(a) == where(b) and where(b)["request_1"][0] == "instance_0"
+    assert a.autoscale.decisions[0][0] == 1_000_000
