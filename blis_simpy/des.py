@@ -60,6 +60,12 @@ ARRIVAL, QUEUED, STEP, SCHEDULED, REQUEST_LEFT, TIMEOUT = range(6)
 FRONTEND = INSTANCE_BASE - 1
 
 
+#: the autoscaler's decisions and its instances becoming ready
+#: (:mod:`blis_simpy.cluster.autoscaler`): before every cluster and instance event at the same
+#: time, so an instance ready at ``t`` takes a request arriving at ``t``, and a decision at ``t``
+#: sees the state every event before ``t`` left. SimPy's NORMAL, which no model event uses.
+AUTOSCALE = 1
+
 #: an observer's sample (:mod:`blis_simpy.cluster.monitor`): before every model event at the
 #: same time (model keys are >= 2)
 OBSERVER_BEFORE = 0
@@ -230,16 +236,34 @@ class SimEnv(simpy.Environment):
         head = q[0]
         return head[0] > self._now or head[1] > key
 
-    def latest_due_us(self, limit_us: int) -> int | None:
-        """The latest time (µs) of an event now queued at or before ``limit_us``; None when
-        no queued event is. Read-only (an observer uses it to never outlive the run:
+    def latest_due_us(self, limit_us: int, ignore=None) -> int | None:
+        """The latest time (µs) of an event now queued at or before ``limit_us``, leaving out
+        observers' last looks (key :data:`OBSERVER_AFTER`: two observers waiting on each other
+        would never stop) and the events for which ``ignore(event)`` is true; None when no
+        such event is queued. Read-only (an observer uses it to never outlive the run:
         :mod:`blis_simpy.cluster.monitor`); O(queued events)."""
         best = None
         for item in self._queue:
             t = item[0]
-            if t <= limit_us and (best is None or t > best):
+            if (t <= limit_us and (best is None or t > best) and item[1] != OBSERVER_AFTER
+                    and (ignore is None or not ignore(item[3]))):
                 best = t
         return None if best is None else int(best)
+
+
+def wait_until_due(env: SimEnv, time_us: int, limit_us: int, ignore=None):
+    """An observer's wait (a generator for ``yield from``): until an event at or after
+    ``time_us`` (within ``limit_us``; not one ``ignore`` leaves out, :meth:`SimEnv.latest_due_us`)
+    is queued, wake after the latest queued one (key :data:`OBSERVER_AFTER`) and look again.
+    Returns True when one is queued, False when none is left (the run is over). So the
+    observer never schedules anything after the run's last event."""
+    while True:
+        last = env.latest_due_us(limit_us, ignore)
+        if last is None:
+            return False
+        if last >= time_us:
+            return True
+        yield env.wake_at(last, OBSERVER_AFTER)
 
 
 class Mailbox(simpy.Store):

@@ -206,10 +206,11 @@ def registered(family: str) -> Rule:
 def families() -> dict[str, type]:
     from blis_simpy.admission.base import AdmissionPolicy
     from blis_simpy.admission.gateway import GatewayPolicy
+    from blis_simpy.autoscaling import AutoscalePolicy
     from blis_simpy.disagg.deciders import DisaggregationDecider
     from blis_simpy.engine.scheduling import PriorityPolicy, Scheduler
     from blis_simpy.latency.base import LatencyModel
     from blis_simpy.routing.base import Router
     return {"latency": LatencyModel, "admission": AdmissionPolicy, "routing": Router,
             "scheduler": Scheduler, "priority": PriorityPolicy, "decider": DisaggregationDecider,
-            "gateway": GatewayPolicy}
+            "gateway": GatewayPolicy, "autoscaling": AutoscalePolicy}

@@ -51,6 +51,7 @@ PD = "Prefill/decode disaggregation"
 SLO = "SLOs and cost"
 GW = "Gateway queue"
 LOAD = "Closed-loop clients (run, replay)"
+AUTOSCALE = "Autoscaling"
 
 
 # ---------------------------------------------------------------------------- the table
@@ -211,6 +212,14 @@ FLAGS: tuple[Flag, ...] = (
     F("--gateway-dispatch-tick", integer, "cluster.gateway.dispatch_tick_us", positive, "utilization detector: re-check every this many µs while requests wait, at most 3600000000 (default 1000; BLIS --dispatch-tick-interval)", panel=GW),
     F("--gateway-fair-key", text, "cluster.gateway.fair_share.key", one_of("tenant", "slo_class"), "gateway fair share between tenants (default) or SLO classes", panel=GW),
     F("--gateway-fair-share", weights_text, "cluster.gateway.fair_share.weights", None, "gateway weighted fair share 'flow:weight,...' (weights > 0; other flows weigh 1)", panel=GW),
+    # autoscaling (docs/control-plane.md, "Autoscaling"); any of them turns the autoscaler on
+    F("--autoscaler", text, "cluster.autoscaler.policy", registered("autoscaling"), "autoscaling policy (default: none, a fixed deployment; its params from the scenario)", panel=AUTOSCALE),
+    F("--autoscaler-interval", number, "cluster.autoscaler.interval_s", positive, "seconds between autoscaling decisions, 0.001 to 86400 (default 15)", panel=AUTOSCALE),
+    F("--min-instances", integer, "cluster.autoscaler.min_instances", at_least_one, "fewest instances the autoscaler keeps (default 1)", panel=AUTOSCALE),
+    F("--max-instances", integer, "cluster.autoscaler.max_instances", at_least_one, "most instances the autoscaler starts, at most 4096 (default 1)", panel=AUTOSCALE),
+    F("--initial-instances", integer, "cluster.autoscaler.initial_instances", at_least_one, "instances serving at time 0 (default --num-instances within [min, max])", panel=AUTOSCALE),
+    F("--load-bandwidth", number, "cluster.autoscaler.load_bandwidth_gbps", positive, "GB/s at which a new instance loads the model's weights, 0.001 to 1e6 (default 2)", panel=AUTOSCALE),
+    F("--instance-startup", number, "cluster.autoscaler.startup_s", non_negative, "fixed start-up of a new instance before its weights load, s, at most 3600 (default 0)", panel=AUTOSCALE),
     # SLOs and cost (docs/metrics.md, "SLOs and goodput", "Deployment and cost")
     F("--slo-ttft", number, "slo.ttft_ms", positive, "TTFT target, ms: attainment and goodput in the results", panel=SLO),
     F("--slo-itl", number, "slo.itl_ms", positive, "mean inter-token latency target per request, ms", panel=SLO),

@@ -66,6 +66,9 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         self.snapshots = SnapshotProvider(instances, snapshot_refresh_interval_us)
         self.trace = trace
         self.inflight = [0] * len(instances)
+        #: the instances routing chooses among when no pool restricts it: all of them, or with
+        #: an autoscaler the serving ones (:mod:`blis_simpy.cluster.autoscaler` replaces the list)
+        self.routable = instances
         self.counters = ControlPlaneCounters()
         #: with PD pools: prefill sub-requests routed in place of their parents, and decode
         #: sub-requests injected after their transfer (always 0 here; see PDCluster)
@@ -139,7 +142,7 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         now_us = self.env.now
         snap = self.snapshots.snapshot
         inflight = self.inflight
-        insts = self.instances if among is None else among
+        insts = self.routable if among is None else among
         model = req.model if req is not None else ""
         if model:
             snaps = tuple(snap(inst, inflight[inst.index], now_us) for inst in insts

@@ -129,3 +129,32 @@ def check_causality(inst) -> None:
             raise InvariantError(
                 f"causality broken: scheduled +{sd} us, first token +{ttft} us, "
                 f"completed +{e2e} us after arrival {arr}", instance=inst.id, request=rid)
+
+
+def check_autoscale(record, instances, dp: int) -> None:
+    """INV-AS (docs/determinism.md): the autoscaler's spans of an instance lie in the run and
+    do not overlap, an instance serves only after its loading delay, and every request an
+    instance holds (its registry, when kept) was enqueued while it served or drained."""
+    by_unit: dict[int, list[tuple[int, int, int]]] = {}
+    for unit, start, serving, end in record.spans:
+        where = f"instance_{unit}"
+        if not 0 <= start <= end <= max(record.end_us, start):
+            raise InvariantError(f"autoscaler span [{start}, {end}] us outside the run "
+                                 f"(ends {record.end_us} us)", instance=where)
+        if serving >= 0 and start > 0 and serving - start < record.loading_delay_us:
+            raise InvariantError(f"served from {serving} us, before its loading delay "
+                                 f"({record.loading_delay_us} us from {start} us) ended",
+                                 instance=where)
+        by_unit.setdefault(unit, []).append((start, serving, end))
+    for unit, spans in by_unit.items():
+        spans.sort()
+        for (_, _, e0), (s1, _, _) in zip(spans, spans[1:], strict=False):
+            if s1 < e0:
+                raise InvariantError(f"autoscaler spans overlap at {s1} us", instance=f"instance_{unit}")
+    for inst in instances:
+        spans = by_unit.get(inst.index // dp, [])
+        for rid, req in inst.metrics.registry.items():
+            enq = req.enqueue_us
+            if enq >= 0 and not any(0 <= serving <= enq <= end for _, serving, end in spans):
+                raise InvariantError(f"enqueued at {enq} us while the instance was not serving",
+                                     instance=inst.id, request=rid)

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from blis_simpy.des import OBSERVER_AFTER, OBSERVER_BEFORE
-from blis_simpy.metrics.timeline_file import COLUMNS, GATEWAY_COLUMN, columns_of
+from blis_simpy.des import OBSERVER_AFTER, OBSERVER_BEFORE, wait_until_due
+from blis_simpy.metrics.timeline_file import COLUMNS, GATEWAY_COLUMN, STATE
 
 __all__ = ["AFTER_KEY", "COLUMNS", "MAX_INTERVAL_US", "MAX_ROWS", "MAX_SAMPLES", "MIN_INTERVAL_US",
            "SAMPLE_KEY", "Monitor", "Timeline"]
@@ -55,15 +55,24 @@ MAX_ROWS = 2_000_000
 class Timeline:
     """The samples, as columns (see :data:`COLUMNS`): row ``s * n + i`` is instance ``i`` at
     sample ``s``. ``role`` is ``prefill``/``decode`` with pools, else empty;
-    ``kv_transfers_in_flight`` is None without pools."""
+    ``kv_transfers_in_flight`` is None without pools. With an autoscaler (``scaled``) one more
+    column, ``state``: the instance's ``off``/``loading``/``serving``/``draining``."""
 
     interval_us: int
     instances: list[str]
     roles: list[str]
     pd: bool = False
+    scaled: bool = False
     truncated: bool = False
     times_us: list[int] = field(default_factory=list)        # one per sample
-    cols: dict[str, list] = field(default_factory=lambda: {c: [] for c in COLUMNS})
+    cols: dict[str, list] = field(default_factory=lambda: {c: [] for c in (*COLUMNS, STATE)})
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns written: :data:`COLUMNS`, ``gateway_queue_depth`` with a gateway queue
+        and ``state`` with an autoscaler."""
+        return (COLUMNS + ((GATEWAY_COLUMN,) if GATEWAY_COLUMN in self.cols else ())
+                + ((STATE,) if self.scaled else ()))
 
     @property
     def n_samples(self) -> int:
@@ -76,7 +85,7 @@ class Timeline:
 
     def rows(self) -> list[dict]:
         """The rows as dicts (column order)."""
-        names = columns_of(self)
+        names = self.columns
         cols = [self.cols[c] for c in names]
         return [dict(zip(names, vals, strict=True)) for vals in zip(*cols, strict=True)]
 
@@ -101,8 +110,9 @@ class Monitor:
         self.fabric = getattr(cluster, "fabric", None) if sim.pools.enabled else None
         roles = list(getattr(cluster, "roles", [])) if self.fabric is not None else []
         roles += [""] * (len(self.insts) - len(roles))
+        self.autoscaler = getattr(sim, "autoscaler", None)
         self.timeline = Timeline(interval_us, [i.id for i in self.insts], roles,
-                                 pd=self.fabric is not None)
+                                 pd=self.fabric is not None, scaled=self.autoscaler is not None)
         self.gateway = getattr(cluster, "gateway", None)
         if self.gateway is not None:
             self.timeline.cols[GATEWAY_COLUMN] = []
@@ -129,6 +139,8 @@ class Monitor:
             c["preemptions"].append(inst.metrics.preemption_count)
             c["kv_transfers_in_flight"].append(transfers)
             c["steps"].append(inst.step_count)
+            if self.autoscaler is not None:
+                c[STATE].append(self.autoscaler.state_of(inst.index))
 
     def _run(self):
         env, limit, step = self.env, self.limit_us, self.timeline.interval_us
@@ -141,13 +153,8 @@ class Monitor:
             if self.timeline.n_samples >= self.max_samples:
                 self.timeline.truncated = True
                 return
-            while True:    # wait until a model event at or after nxt is queued
-                last = env.latest_due_us(limit)
-                if last is None:          # the run is over: the final state, without waking
-                    self._sample(nxt)     # (within the cap: checked above)
-                    return
-                if last >= nxt:
-                    break
-                yield env.wake_at(last, AFTER_KEY)
+            if not (yield from wait_until_due(env, nxt, limit)):
+                self._sample(nxt)     # the run is over: the final state, without waking
+                return                # (within the cap: checked above)
             yield env.wake_at(nxt, SAMPLE_KEY)
             t = nxt

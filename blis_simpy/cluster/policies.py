@@ -1,9 +1,11 @@
-"""Build the control plane's policies from a scenario (admission, routers, the gateway policy)."""
+"""Build the control plane's policies from a scenario (admission, routers, the gateway
+policy, autoscaling)."""
 
 from __future__ import annotations
 
 from blis_simpy.admission.base import AdmissionPolicy
 from blis_simpy.admission.gateway import GatewayPolicy, GatewaySettings
+from blis_simpy.autoscaling import AutoscalePolicy
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.rng import RngStreams
@@ -62,3 +64,10 @@ def build_gateway_policy(scenario: Scenario) -> GatewayPolicy:
     policy = cls(settings, params)
     policy.config_field = "cluster.gateway"
     return policy
+def build_autoscale_policy(scenario: Scenario) -> AutoscalePolicy:
+    """The scenario's autoscaling policy with its validated parameters
+    (``cluster.autoscaler``, which must be set)."""
+    a = scenario.cluster.autoscaler
+    cls = AutoscalePolicy.lookup(a.policy, field="cluster.autoscaler.policy")
+    params = cls.parse_params(a.params, field="cluster.autoscaler.params")
+    return cls(params, interval_us=round(a.interval_s * 1e6))

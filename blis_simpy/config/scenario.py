@@ -266,6 +266,49 @@ class GatewayConfig(Strict):
         1000, description="utilization: re-check every this many µs while requests wait")
     fair_share: FairShareConfig | None = Field(
         None, description="weighted fair share between flows; None = the best-ranked head first")
+#: the autoscaler's decision interval, s (1 ms to one simulated day), and its start-up delay, s
+MIN_AUTOSCALE_INTERVAL_S, MAX_AUTOSCALE_INTERVAL_S = 0.001, 86_400.0
+MAX_STARTUP_S = MAX_DELAY_US / 1e6
+
+
+class AutoscalerConfig(Strict):
+    """The autoscaler (docs/control-plane.md, "Autoscaling"): every ``interval_s`` a policy
+    sets the number of instances between ``min_instances`` and ``max_instances``. A new
+    instance serves after its loading delay: ``startup_s`` + the model's weight bytes over
+    ``load_bandwidth_gbps`` (GB/s, 1 GB = 1e9 B; None = no weight loading, start-up only).
+    ``initial_instances`` (None = ``cluster.num_instances`` clamped to [min, max]) serve from
+    time 0."""
+
+    policy: str = Field("target-utilization", description="registered autoscaling policy: "
+                        "target-utilization | queue-depth | scheduled | a plugin's name")
+    params: dict = Field(default_factory=dict, description="the policy's own parameters (its Params)")
+    interval_s: Annotated[float, Field(ge=MIN_AUTOSCALE_INTERVAL_S, le=MAX_AUTOSCALE_INTERVAL_S,
+                                       allow_inf_nan=False)] = Field(
+        15.0, description="seconds between decisions, 0.001 to 86400 (default 15, the Kubernetes "
+                          "HPA's sync period)")
+    min_instances: Annotated[int, Field(gt=0, le=MAX_INSTANCES)] = 1
+    max_instances: Annotated[int, Field(gt=0, le=MAX_INSTANCES)] = 1
+    initial_instances: Annotated[int, Field(gt=0, le=MAX_INSTANCES)] | None = None
+    load_bandwidth_gbps: Annotated[float, Field(ge=MIN_FABRIC_GBPS, le=MAX_FABRIC_GBPS,
+                                                allow_inf_nan=False)] | None = Field(
+        2.0, description="GB/s at which a new instance loads its weights (0.001 to 1e6); None = "
+                         "no weight loading")
+    startup_s: Annotated[float, Field(ge=0, le=MAX_STARTUP_S, allow_inf_nan=False)] = Field(
+        0.0, description="fixed start-up of a new instance before its weights load, s (at most 1 h)")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalerConfig:
+        def bad(field: str, problem: str, value):
+            return ValidationError.from_exception_data(type(self).__name__, [InitErrorDetails(
+                type=PydanticCustomError("autoscaler_bounds", problem), loc=(field,), input=value)])
+        if self.min_instances > self.max_instances:
+            raise bad("min_instances", f"min_instances {self.min_instances} is above "
+                      f"max_instances {self.max_instances}", self.min_instances)
+        n = self.initial_instances
+        if n is not None and not self.min_instances <= n <= self.max_instances:
+            raise bad("initial_instances", f"initial_instances {n} is outside [min_instances "
+                      f"{self.min_instances}, max_instances {self.max_instances}]", n)
+        return self
 
 
 class ClusterConfig(Strict):
@@ -283,6 +326,27 @@ class ClusterConfig(Strict):
                           "with prefill/decode pools, else standard")
     gateway: GatewayConfig | None = Field(
         None, description="a gateway queue with flow control after admission; None = none")
+    autoscaler: AutoscalerConfig | None = Field(
+        None, description="scale the instances over the run (docs/control-plane.md, "
+                          "\"Autoscaling\"); None = a fixed deployment of num_instances")
+
+    @property
+    def built_instances(self) -> int:
+        """Instances the simulation builds: ``max_instances`` with an autoscaler (those not
+        serving take no request), else ``num_instances``."""
+        a = self.autoscaler
+        return a.max_instances if a is not None else self.num_instances
+
+    @property
+    def initial_instances(self) -> int:
+        """Instances serving at time 0: ``num_instances``, or with an autoscaler its
+        ``initial_instances`` (None: ``num_instances`` clamped to [min, max])."""
+        a = self.autoscaler
+        if a is None:
+            return self.num_instances
+        if a.initial_instances is not None:
+            return a.initial_instances
+        return min(max(self.num_instances, a.min_instances), a.max_instances)
 
 
 class TraceConfig(Strict):
@@ -587,14 +651,15 @@ class Scenario(Strict):
     @model_validator(mode="after")
     def _engine_ranks(self) -> Scenario:
         """At most :data:`MAX_INSTANCES` simulated engine ranks (instances x dp) in all."""
-        n = self.cluster.num_instances
+        n = self.cluster.built_instances
         if n * self.dp > MAX_INSTANCES:
             raise ValidationError.from_exception_data(type(self).__name__, [InitErrorDetails(
                 type=PydanticCustomError(
                     "too_many_ranks", "{n} instances x dp {dp} = {ranks} engine ranks; at most "
                     "{cap} can be simulated", {"n": n, "dp": self.dp, "ranks": n * self.dp,
                                                "cap": MAX_INSTANCES}),
-                loc=("cluster", "num_instances"), input={"num_instances": n, "dp": self.dp})])
+                loc=("cluster", "num_instances") if self.cluster.autoscaler is None else
+                ("cluster", "autoscaler", "max_instances"), input={"num_instances": n, "dp": self.dp})])
         return self
 
     @model_validator(mode="after")

@@ -79,6 +79,13 @@ def kv_heads(model: ModelConfig) -> int:
     return model.num_kv_heads if model.num_kv_heads > 0 else model.num_heads
 
 
+def weight_bytes(model: ModelConfig) -> int:
+    """The model's weights in bytes, all GPUs together: :func:`total_params` × the (possibly
+    quantised) bytes per weight (BLIS's count; the KV capacity and the autoscaler's loading
+    delay use it)."""
+    return int(float(total_params(model)) * model.effective_weight_bytes_per_param)
+
+
 def total_params(model: ModelConfig) -> int:
     """Parameter count with a 3-matrix MLP (docs/kv-capacity.md); MoE: all experts + shared + router."""
     h = model.hidden_size
@@ -114,7 +121,7 @@ def kv_capacity_blocks(model: ModelConfig, gpu: GPUSpec, tp: int, block_size: in
     if bb <= 0:
         raise KVCapacityError(f"KV block size in bytes is {bb}; the model's KV footprint is too small")
     avail_gib = gpu.memory_gib * gpu_memory_utilization * float(tp)
-    weights_gib = float(int(float(total_params(model)) * model.effective_weight_bytes_per_param)) / float(GIB)
+    weights_gib = float(weight_bytes(model)) / float(GIB)
     activation_gib = ACTIVATION_GIB_MOE if model.is_moe else ACTIVATION_GIB_DENSE
     non_torch_gib = (NON_TORCH_GIB_TP1 if tp == 1 else NON_TORCH_GIB_PER_GPU) * float(tp)
     overhead = weights_gib + activation_gib + non_torch_gib

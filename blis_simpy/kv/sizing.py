@@ -35,7 +35,7 @@ def blis_kv_capacity(model: ModelConfig, gpu: GPUSpec, tp: int, block_size: int,
     converted (``total`` = datasheet memory × TP)."""
     blocks = blis.kv_capacity_blocks(model, gpu, tp, block_size, gpu_memory_utilization)
     total = gpu.memory_gib * tp
-    weights = int(float(blis.total_params(model)) * model.effective_weight_bytes_per_param)
+    weights = blis.weight_bytes(model)
     act_gib = blis.ACTIVATION_GIB_MOE if model.is_moe else blis.ACTIVATION_GIB_DENSE
     nt_gib = (blis.NON_TORCH_GIB_TP1 if tp == 1 else blis.NON_TORCH_GIB_PER_GPU) * tp
     requested = int(total * gpu_memory_utilization * GIB)

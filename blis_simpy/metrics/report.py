@@ -61,6 +61,9 @@ Then, only when asked for (:func:`planning_part`; docs/metrics.md, "SLOs and goo
 ``"slo"`` when an SLO target is set (:meth:`~blis_simpy.metrics.slo.SLOReport.to_dict`) and
 ``"deployment"`` (``{"total_gpus", "gpu_hour_usd", "cost_per_hour_usd",
 "cost_per_million_output_tokens_usd"}``) when an SLO target or a GPU-hour price is known.
+With an autoscaler (``cluster.autoscaler``) the last key is ``"autoscaling"``
+(:mod:`blis_simpy.metrics.autoscale`: instance count over time, GPU-hours, cost, per-interval
+SLO attainment); the ``--results-path`` file never carries it.
 
 Every latency is in ms with the unit in its key (docs/metrics.md, "The JSON document").
 Distribution objects are ``{"mean_ms", "p50_ms", "p95_ms", "p99_ms", "min_ms", "max_ms",
@@ -280,6 +283,9 @@ class Report:
     #: the gateway queue's results (:class:`~blis_simpy.metrics.gateway.GatewayReport`); None:
     #: no gateway queue; see :func:`gateway_part`
     gateway: object | None = None
+    #: what the autoscaler did (:class:`~blis_simpy.metrics.autoscale.AutoscaleReport`); None:
+    #: no autoscaler; see :func:`autoscaling_part`
+    autoscaling: object | None = None
 
     def __post_init__(self) -> None:
         self.instances = list(self.instances)
@@ -342,12 +348,19 @@ def report_dict(report: Report) -> dict:
         "kv_capacity": report.kv_capacity,
         "request_accounting": report.request_accounting,
     } | (sessions_part(report) | offload_part(report) | gateway_part(report) | _streaming_part(report)
-         | planning_part(report))
+         | planning_part(report) | autoscaling_part(report))
 
 
 def gateway_part(report: Report) -> dict:
     """``"gateway"`` with a gateway queue (absent otherwise)."""
     return {} if report.gateway is None else {"gateway": report.gateway.to_dict()}
+
+
+def autoscaling_part(report: Report) -> dict:
+    """``"autoscaling"`` with an autoscaler (absent otherwise): instance count over time,
+    GPU-hours and cost, per-interval SLO attainment (docs/metrics.md, "Autoscaling")."""
+    a = report.autoscaling
+    return {"autoscaling": a.to_dict()} if a is not None else {}
 
 
 def offload_part(report: Report) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from blis_simpy.metrics.autoscale import autoscale_tables
 from blis_simpy.metrics.report import PDMetrics, Report, is_idle_ratio
 from blis_simpy.metrics.slo import SLOReport
 from blis_simpy.metrics.summary import SCOPE_STATS, scope_output
@@ -142,6 +143,9 @@ def render_tables(report: Report, console) -> None:
 
     if report.gateway is not None:
         for t in gateway_tables(report.gateway):
+            console.print(t)
+    if report.autoscaling is not None:
+        for t in autoscale_tables(report.autoscaling):
             console.print(t)
 
     if report.fitness is not None:

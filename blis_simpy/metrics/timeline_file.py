@@ -7,7 +7,8 @@ else empty), ``running``, ``waiting``, ``kv_blocks_used``, ``kv_blocks_total``,
 pools), ``steps`` (engine steps the instance has begun, cumulative: the difference of two samples
 is the steps of that interval, which shows a prefill instance busy although its requests leave
 ``running`` when their only step begins). Files written before ``steps`` existed are read
-without it (:data:`REQUIRED`). The format follows the suffix (``.csv`` or ``.parquet``). Writing is atomic
+without it (:data:`REQUIRED`). A run with an autoscaler has one more column, ``state``
+(``off``, ``loading``, ``serving`` or ``draining``; docs/control-plane.md, "Autoscaling"). The format follows the suffix (``.csv`` or ``.parquet``). Writing is atomic
 (:mod:`blis_simpy.atomic`): a temporary file next to the path, renamed over it when complete.
 
 :func:`read_timeline` reads either format back as a :class:`pyarrow.Table` and checks the
@@ -20,24 +21,21 @@ import os
 
 from blis_simpy.errors import ConfigError
 
-__all__ = ["COLUMNS", "FORMATS", "GATEWAY_COLUMN", "REQUIRED", "check_timeline_path", "read_timeline",
-           "write_timeline"]
+__all__ = ["COLUMNS", "FORMATS", "GATEWAY_COLUMN", "REQUIRED", "STATE", "check_timeline_path",
+           "read_timeline", "write_timeline"]
 
 #: the columns of a timeline, one row per (sample time, instance)
 COLUMNS = ("t_us", "instance", "role", "running", "waiting", "kv_blocks_used", "kv_blocks_total",
            "preemptions", "kv_transfers_in_flight", "steps")
 #: the column of a run with a gateway queue (after :data:`COLUMNS`; absent otherwise)
 GATEWAY_COLUMN = "gateway_queue_depth"
+#: the column a run with an autoscaler adds: each instance's state
+STATE = "state"
 #: the columns a timeline file must have to be read (``steps`` came later: optional)
 REQUIRED = COLUMNS[:-1]
 FORMATS = (".csv", ".parquet")
 _INTS = ("t_us", "running", "waiting", "kv_blocks_used", "kv_blocks_total", "preemptions",
          "kv_transfers_in_flight", "steps", GATEWAY_COLUMN)
-
-
-def columns_of(tl) -> tuple[str, ...]:
-    """The columns of timeline ``tl``: :data:`COLUMNS`, and :data:`GATEWAY_COLUMN` when it has it."""
-    return COLUMNS + ((GATEWAY_COLUMN,) if GATEWAY_COLUMN in tl.cols else ())
 
 
 def check_timeline_path(path: str, field: str) -> None:
@@ -55,10 +53,10 @@ def check_timeline_path(path: str, field: str) -> None:
 
 def _table(tl):
     import pyarrow as pa
-    cols = columns_of(tl)
-    schema = pa.schema([(c, pa.string() if c in ("instance", "role") else pa.int64())
-                        for c in cols])
-    return pa.Table.from_pydict({c: tl.cols[c] for c in cols}, schema=schema)
+    names = tl.columns
+    schema = pa.schema([(c, pa.string() if c in ("instance", "role", STATE) else pa.int64())
+                        for c in names])
+    return pa.Table.from_pydict({c: tl.cols[c] for c in names}, schema=schema)
 
 
 def write_timeline(path: str, tl, *, field: str = "--timeline", batch=None) -> None:
@@ -75,10 +73,10 @@ def write_timeline(path: str, tl, *, field: str = "--timeline", batch=None) -> N
             pq.write_table(_table(tl), f)
         else:
             import csv
-            cols = columns_of(tl)
             w = csv.writer(f, lineterminator="\n")
-            w.writerow(cols)
-            w.writerows(zip(*(tl.cols[c] for c in cols), strict=True))
+            names = tl.columns
+            w.writerow(names)
+            w.writerows(zip(*(tl.cols[c] for c in names), strict=True))
 
 
 def read_timeline(path: str, *, field: str | None = None):
@@ -98,7 +96,7 @@ def read_timeline(path: str, *, field: str | None = None):
         else:
             import pyarrow.csv as pcsv
             types = {c: pa.int64() for c in _INTS}
-            types.update(instance=pa.string(), role=pa.string())
+            types.update(instance=pa.string(), role=pa.string(), state=pa.string())
             table = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
                 column_types=types, strings_can_be_null=False))
     except (pa.ArrowInvalid, OSError) as exc:

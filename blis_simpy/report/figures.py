@@ -10,6 +10,9 @@ size and style (:mod:`blis_simpy.report.style`), and no date or software version
   results input, each run's SLO threshold of the metric as a dashed vertical line;
 * ``timeline_<input>`` — per-instance running, waiting, KV blocks in use (% of the
   instance's blocks), cumulative preemptions and engine steps per second over simulated time;
+* ``autoscaling_<input>`` — a run with an autoscaler (its timeline has the ``state`` column):
+  instances serving, loading and draining, and the requests waiting (queue depth) and running
+  over all instances, over simulated time (:mod:`blis_simpy.report.autoscale_figure`);
 * ``pd_transfers_<input>`` — KV transfers in flight, running requests per pool, and engine
   steps per second per instance (PD runs): a prefill instance's requests leave ``running``
   when their only step begins, so its activity shows in its steps;
@@ -29,10 +32,10 @@ from dataclasses import dataclass, field
 
 import matplotlib
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from blis_simpy.atomic import Batch, atomic_write
 from blis_simpy.metrics.timeline_file import GATEWAY_COLUMN
+from blis_simpy.report.autoscale_figure import autoscale_figure
 from blis_simpy.report.inputs import Input
 from blis_simpy.report.knee import DEFAULT_FACTOR
 from blis_simpy.report.style import (
@@ -45,9 +48,11 @@ from blis_simpy.report.style import (
     place_labels,
     plain_numbers,
 )
+from blis_simpy.report.style import count_axis as _count_axis
+from blis_simpy.report.style import finish_time_axes as _finish_time_axes
 from blis_simpy.report.sweep_figures import TARGET_PCT, heatmap_figure, latency_rate_figure, num
 
-__all__ = ["DPI", "FIGSIZE", "FigureSpec", "build_figures", "cdf_figure", "has_data",
+__all__ = ["DPI", "FIGSIZE", "FigureSpec", "autoscale_figure", "build_figures", "cdf_figure", "has_data",
            "heatmap_figure", "latency_rate_figure", "pareto_figure", "save_png",
            "timeline_figure", "transfer_figure", "gateway_figure"]
 
@@ -193,25 +198,6 @@ def timeline_figure(tl: Input) -> Figure | None:
     return fig
 
 
-def _count_axis(ax) -> None:
-    """A panel of counts (requests, preemptions, transfers): integer ticks from 0 (up to 1 when
-    every count is 0), a sliver below 0 so a line at 0 is not hidden by the frame."""
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    top = max(1.0, ax.get_ylim()[1])
-    ax.set_ylim(-0.02 * top, top)
-
-
-def _finish_time_axes(fig: Figure, axes) -> None:
-    """Plain numbers and a time label on every panel of a shared-x time figure; the legend
-    outside, on the right."""
-    for ax in axes:
-        plain_numbers(ax.yaxis)
-        plain_numbers(ax.xaxis)
-        ax.set_xlabel("simulated time (s)")
-        ax.tick_params(labelbottom=True)
-    outside_legend(fig, axes)
-
-
 def transfer_figure(tl: Input) -> Figure | None:
     """PD runs: KV transfers in flight, running requests summed per pool and (when the file
     has the ``steps`` column) engine steps per second per instance, over time."""
@@ -283,6 +269,16 @@ def gateway_figure(tl: Input) -> Figure | None:
     _count_axis(axes[1][0])
     _finish_time_axes(fig, axes[:, 0])
     return fig
+#: the figures of a timeline, in page order: ``(figure function, file stem, title, caption)``
+_TIMELINE_FIGURES = (
+    (timeline_figure, "timeline", "Per-instance timeline", "Sampled at a fixed simulated interval."),
+    (autoscale_figure, "autoscaling", "Autoscaling",
+     "Instances serving, loading (weights) and draining, and the requests waiting and running "
+     "over all instances, at each timeline sample."),
+    (transfer_figure, "pd_transfers", "PD KV transfers",
+     "A prefill instance's requests leave running when their only step begins, so its "
+     "activity shows in its engine steps per second."),
+)
 
 
 # ---------------------------------------------------------------------------- plans
@@ -380,6 +376,11 @@ def build_figures(inputs: list[Input], factor: float = DEFAULT_FACTOR) -> list[F
                 specs.append(FigureSpec(
                     f"gateway_{tag}", f"Gateway queue: {inp.label}", fig, [inp.path],
                     "Requests waiting in the gateway queue, and in and on the instances."))
+            for make, stem, title, caption in _TIMELINE_FIGURES:
+                fig = make(inp)
+                if fig is not None:
+                    specs.append(FigureSpec(f"{stem}_{tag}", f"{title}: {inp.label}", fig,
+                                            [inp.path], caption))
         elif inp.kind == "sweep":
             made = latency_rate_figure(inp, factor)
             if made is not None:

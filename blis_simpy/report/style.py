@@ -23,9 +23,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
-__all__ = ["DPI", "FIGSIZE", "STYLE", "log_axis", "new_figure", "outside_legend", "place_labels",
+__all__ = ["DPI", "FIGSIZE", "STYLE", "count_axis", "finish_time_axes", "log_axis", "new_figure", "outside_legend", "place_labels",
            "log_ticks", "plain", "plain_numbers"]
 
 FIGSIZE = (9.0, 5.0)
@@ -137,3 +137,22 @@ def place_labels(ax, points: list[tuple[float, float, str]]) -> list[str]:
         else:
             left_out.append(text)
     return left_out
+
+
+def count_axis(ax) -> None:
+    """A panel of counts (requests, preemptions, transfers): integer ticks from 0 (up to 1 when
+    every count is 0), a sliver below 0 so a line at 0 is not hidden by the frame."""
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    top = max(1.0, ax.get_ylim()[1])
+    ax.set_ylim(-0.02 * top, top)
+
+
+def finish_time_axes(fig: Figure, axes) -> None:
+    """Plain numbers and a time label on every panel of a shared-x time figure; the legend
+    outside, on the right."""
+    for ax in axes:
+        plain_numbers(ax.yaxis)
+        plain_numbers(ax.xaxis)
+        ax.set_xlabel("simulated time (s)")
+        ax.tick_params(labelbottom=True)
+    outside_legend(fig, axes)

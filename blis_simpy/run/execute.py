@@ -150,7 +150,8 @@ def _partial_result(sim: Simulation) -> SimulationResult:
         cluster, pd = finish_pd(sim.cluster, metrics, sim.pools)
     return SimulationResult(sim.scenario, metrics, sim.cluster.counters, now, 0, 0.0, sim.trace,
                             sessions, cluster=cluster, pd=pd, gpus=sim.gpus, tp=sim.tp,
-                            end_states=sim.end_states(metrics, cluster))
+                            end_states=sim.end_states(metrics, cluster),
+                            autoscale=sim.finish_autoscaler())
 
 
 def _run(d, sim, tap, requests, horizon, sessions, workload_seed, progress, batch,
@@ -167,7 +168,7 @@ def _run(d, sim, tap, requests, horizon, sessions, workload_seed, progress, batc
     tap.finish(result.instances)
     c = result.counters
     report = Report(result.instances, cluster=result.cluster, pd=result.pd,
-                    num_instances=s.cluster.num_instances,
+                    num_instances=sim.scenario.cluster.num_instances,
                     rejected_by_admission=c.rejected_by_admission,
                     rejected_at_routing=c.rejected_at_routing, shed_by_tier=dict(c.shed_by_tier),
                     priority_policy=s.engine.priority_policy, is_replay=d.mode == "replay")

@@ -16,6 +16,8 @@ The row it returns is flat (one value per key, ready for a Parquet column)::
                  m.ttft_p99_ms, m.e2e_mean_ms, m.responses_per_sec, m.completed_requests, ...
     slo.<...>    the report's "slo" object, flattened, when present
     deployment.<...>  the report's "deployment" object, flattened, when present
+    autoscaling.<...> with an autoscaler: autoscaling.gpu_hours, .cost_usd, .peak_instances,
+                 ...; its instance_count and intervals lists as JSON text
 
 The metrics are exactly those of ``blis-simpy run --scenario S --format json`` for the same
 scenario (:func:`blis_simpy.metrics.report.report_dict`).
@@ -33,7 +35,7 @@ from blis_simpy.run.execute import execute
 __all__ = ["check_point", "flatten", "prepare_point", "report_row", "run_point"]
 
 #: objects of the report flattened into the row besides the cluster block (prefix = key)
-EXTRA_SECTIONS = ("slo", "deployment")
+EXTRA_SECTIONS = ("slo", "deployment", "autoscaling")
 
 
 def prepare_point(point: dict, allow_plugins: bool = False) -> RunDescription:

@@ -26,10 +26,12 @@ from typing import TYPE_CHECKING
 
 import blis_simpy.admission  # noqa: F401  (registers the built-in admission policies)
 import blis_simpy.routing  # noqa: F401  (registers the built-in routers and scorers)
+from blis_simpy.cluster.autoscaler import Autoscaler, AutoscaleRecord
 from blis_simpy.cluster.clients import ClosedLoopClients
 from blis_simpy.cluster.cluster import Cluster, ControlPlaneCounters
 from blis_simpy.cluster.invariants import (
     RequestEndStates,
+    check_autoscale,
     check_causality,
     check_end_states,
     check_gateway_conservation,
@@ -44,8 +46,14 @@ from blis_simpy.cluster.plugin_checks import (
     plugin_failure,
     with_plugin_hint,
 )
-from blis_simpy.cluster.policies import build_admission, build_gateway_policy, build_router
+from blis_simpy.cluster.policies import (
+    build_admission,
+    build_autoscale_policy,
+    build_gateway_policy,
+    build_router,
+)
 from blis_simpy.config.scenario import FRONTEND_CHECKOUT, Scenario
+from blis_simpy.deploy.loading import loading_delay_us
 from blis_simpy.deploy.pools import resolve_pools
 from blis_simpy.deploy.resolve import Deployment, resolve
 from blis_simpy.des import SimEnv
@@ -91,6 +99,8 @@ class SimulationResult:
     tp: int = 0          # TP of every instance (0 when prefill/decode pools differ)
     #: where every offered request is at the end (a balance checked at the end of every run)
     end_states: RequestEndStates | None = None
+    #: what the autoscaler did (:class:`~blis_simpy.cluster.autoscaler.AutoscaleRecord`); None without one
+    autoscale: AutoscaleRecord | None = None
 
 
 def component_classes(scenario: Scenario, pools: bool, *, instance_class: type[Instance] | None = None,
@@ -124,6 +134,37 @@ def component_classes(scenario: Scenario, pools: bool, *, instance_class: type[I
                           "(disaggregation.prefill_instances and decode_instances > 0)",
                           field="cluster.implementation")
     return inst, cluster, fabric
+
+
+def with_built_instances(scenario: Scenario) -> Scenario:
+    """``scenario`` as the simulation builds it: with an autoscaler, ``max_instances``
+    instances (``cluster.num_instances``) of which ``initial_instances`` (resolved) serve at
+    time 0; without one, unchanged."""
+    cl = scenario.cluster
+    a = cl.autoscaler
+    if a is None or (cl.num_instances == a.max_instances and a.initial_instances is not None):
+        return scenario
+    auto = a.model_copy(update={"initial_instances": cl.initial_instances})
+    return scenario.model_copy(update={"cluster": cl.model_copy(update={
+        "num_instances": a.max_instances, "autoscaler": auto})})
+
+
+def build_autoscaler(sim: Simulation, scenario: Scenario, layout) -> Autoscaler:
+    """The autoscaler of ``sim`` (built, not yet run); a ConfigError on its scenario keys
+    (prefill/decode pools are not scaled yet)."""
+    a = scenario.cluster.autoscaler
+    if layout.enabled:
+        raise ConfigError("is not supported with prefill/decode pools yet: scale a deployment "
+                          "without disaggregation", field="cluster.autoscaler")
+    policy = build_autoscale_policy(scenario)
+    d = layout.global_deployment
+    return Autoscaler(sim.env, sim.cluster, sim.instances, policy,
+                      interval_us=round(a.interval_s * 1e6), min_instances=a.min_instances,
+                      max_instances=a.max_instances, initial=a.initial_instances,
+                      loading_delay_us=loading_delay_us(scenario, d),
+                      gpus_per_instance=max(d.tp, 1) * scenario.dp, dp=scenario.dp,
+                      max_num_running_reqs=scenario.engine.max_num_running_reqs,
+                      horizon_us=sim.horizon_us)
 
 
 class Simulation:
@@ -163,6 +204,7 @@ class Simulation:
 
     def _build(self, scenario, requests, horizon_us, deployment, sessions, instance_class,
                cluster_class, fabric_class) -> None:
+        scenario = with_built_instances(scenario)
         self.scenario = scenario
         self.deployment = dep = deployment if deployment is not None else resolve(scenario)
         self.requests = requests
@@ -260,6 +302,10 @@ class Simulation:
             self.cluster.attach_gateway(build_gateway_policy(scenario), cl.gateway)
         if isinstance(sessions, ClosedLoopClients):   # closed-loop clients start on the clock
             sessions.attach(self.cluster)
+        #: the autoscaler (docs/control-plane.md, "Autoscaling"), or None
+        self.autoscaler = None
+        if cl.autoscaler is not None:
+            self.autoscaler = build_autoscaler(self, scenario, layout)
 
     def _attach_frontend(self, inst: Instance, scenario: Scenario) -> None:
         """Put an API server in front of ``inst`` (docs/frontend.md): the scenario's
@@ -346,10 +392,22 @@ class Simulation:
             cluster_metrics, pd = finish_pd(self.cluster, metrics, self.pools, client_instances=client)
         end = self.end_states(metrics, cluster_metrics)
         check_end_states(end)
+        autoscale = self.finish_autoscaler()
+        if autoscale is not None:
+            check_autoscale(autoscale, self.instances, self.scenario.dp)
         return SimulationResult(self.scenario, metrics, self.cluster.counters, limit, n,
                                 time.perf_counter() - t0, self.trace, sessions,
                                 cluster=cluster_metrics, pd=pd, gpus=self.gpus, tp=self.tp,
-                                end_states=end)
+                                end_states=end, autoscale=autoscale)
+
+    def finish_autoscaler(self):
+        """The autoscaler's record, its spans closed at the run's end (None without one): the
+        horizon when an event after it was left, else the last event's time."""
+        if self.autoscaler is None:
+            return None
+        env, limit = self.env, self.horizon_us
+        end = limit if env.peek() != float("inf") else min(env.now, limit)
+        return self.autoscaler.finish(int(end))
 
     def end_states(self, metrics: list[InstanceMetrics],
                    cluster: InstanceMetrics | None = None) -> RequestEndStates:

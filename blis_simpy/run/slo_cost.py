@@ -8,12 +8,13 @@ simulation (its resolved per-instance deployments) and its result.
 
 from __future__ import annotations
 
+from blis_simpy.metrics.autoscale import autoscale_report
 from blis_simpy.metrics.cost import deployment_cost
 from blis_simpy.metrics.gateway import gateway_report
 from blis_simpy.metrics.report import Report
 from blis_simpy.metrics.slo import SLOSpec, slo_report, tally_metrics
 
-__all__ = ["attach", "attach_gateway", "instance_gpus"]
+__all__ = ["attach", "attach_gateway", "autoscale_section", "instance_gpus"]
 
 
 def instance_gpus(sim) -> list[tuple[int, float | None]]:
@@ -41,6 +42,31 @@ def attach(scenario, sim, result, report: Report) -> None:
         tokens_per_sec = float(cluster.total_output_tokens) / duration_s
     report.deployment = deployment_cost(instance_gpus(sim), tokens_per_sec,
                                         gpu_hour_usd=scenario.cost.gpu_hour_usd)
+    if result.autoscale is not None:
+        report.autoscaling = autoscale_section(scenario, sim, result, spec)
+
+
+def autoscale_section(scenario, sim, result, spec: SLOSpec):
+    """The ``"autoscaling"`` section (docs/metrics.md, "Autoscaling"): the record of the
+    autoscaler, the per-interval SLO attainment from the completed requests (not kept under
+    ``--streaming-metrics``), GPU-hours priced as the deployment is."""
+    done = None
+    if not scenario.metrics.streaming:
+        done = []
+        for m in result.instances:
+            reg, ttft, itl = m.registry, m.ttft, m.itl
+            for rid in sorted(m.e2e):
+                req = reg.get(rid)
+                if req is None:
+                    continue
+                ok = spec.targets_for(req.slo_class).meets(ttft.get(rid), itl.get(rid), m.e2e[rid])
+                done.append((req.arrival_us, all(ok)))
+    price = scenario.cost.gpu_hour_usd
+    if price is None:
+        gpu = sim.pools.global_deployment.gpu
+        price = gpu.price_per_hour_usd if gpu is not None else None
+    return autoscale_report(result.autoscale, result.counters.arrived, done, judged=spec.active,
+                            gpu_hour_usd=price)
 
 
 def attach_gateway(scenario, sim, report: Report) -> None:

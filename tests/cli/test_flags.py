@@ -67,13 +67,16 @@ SAMPLES = {
     "--gateway-fair-share": ("a:2,b:1", {"a": 2.0, "b": 1.0}),
     "--rate-schedule": ("day.csv", "day.csv"),
     "--think-time-dist": ("exponential", "exponential"),
+    "--autoscaler": ("queue-depth", "queue-depth"),
+    "--autoscaler-interval": ("2.5", 2.5),
 }
 # Flags that are only valid together with others (PD pools need both sizes and instances).
 _POOLS = {"--prefill-instances": "1", "--decode-instances": "1", "--num-instances": "4"}
 COMPANIONS = {"--prefill-instances": _POOLS, "--decode-instances": _POOLS, "--pd-decider": _POOLS,
               "--pd-contention-mode": _POOLS,
               **dict.fromkeys(("--think-time-dist", "--think-time-ms", "--think-time-sigma"),
-                              {"--concurrency": "2"})}
+                              {"--concurrency": "2"}),
+              "--min-instances": {"--max-instances": "4"}, "--initial-instances": {"--max-instances": "4"}}
 # Only one member of these families is registered so far: the sample equals quickstart's value.
 SAME_AS_QUICKSTART = {"--latency-model"}
 

@@ -1,0 +1,138 @@
+"""The ``"autoscaling"`` section of a run with an autoscaler (docs/metrics.md, "Autoscaling").
+
+* ``instance_count``: ``{t_us, pool, serving, loading, draining}`` after every change (the
+  first at 0);
+* ``gpu_hours``: Σ over the instances of TP × DP × the time each was loading, serving or
+  draining (from the decision that started it, or 0, to when it turned off or the run ended),
+  in hours; ``cost_usd`` = ``gpu_hours`` × USD per GPU-hour (``cost.gpu_hour_usd``, else the
+  GPU catalog's price; None when unknown);
+* ``mean_instances``: GPU-hours over the run's length in GPU-hours of one instance;
+* ``intervals``: one row per decision interval ``[start_us, end_us)`` — ``instances`` chosen
+  at its start, requests ``arrived`` in it, those of them ``completed`` and ``met`` (every SLO
+  target), ``attainment_pct`` = 100 · met / arrived (None without an SLO target, or when no
+  per-request data is kept: ``--streaming-metrics``).
+
+Times in µs. Built from the autoscaler's record
+(:class:`~blis_simpy.cluster.autoscaler.AutoscaleRecord`, duck-typed here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+
+__all__ = ["TABLE_INTERVALS", "US_PER_HOUR", "AutoscaleReport", "AutoscaleSetup", "autoscale_report", "autoscale_tables"]
+
+US_PER_HOUR = 3_600_000_000
+
+
+@dataclass
+class AutoscaleSetup:
+    """How the autoscaler was set up: its policy's name, the decision interval and loading
+    delay (µs), the bounds, and the GPUs of one instance (TP × DP)."""
+
+    policy: str
+    interval_us: int
+    loading_delay_us: int
+    min_instances: int
+    max_instances: int
+    gpus_per_instance: int
+
+    def setup(self) -> dict:
+        """The set-up fields, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(AutoscaleSetup)}
+
+
+@dataclass
+class AutoscaleReport(AutoscaleSetup):
+    gpu_hours: float
+    gpu_hour_usd: float | None
+    cost_usd: float | None
+    scale_ups: int
+    scale_downs: int
+    peak_instances: int
+    mean_instances: float
+    instance_count: list[dict] = field(default_factory=list)
+    intervals: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def autoscale_report(record, arrived_total: int, done: Iterable[tuple[int, bool]] | None, *,
+                     judged: bool, gpu_hour_usd: float | None) -> AutoscaleReport:
+    """The section from the autoscaler's ``record``, the requests ``arrived_total`` by the end,
+    and ``done``: ``(arrival_us, met every SLO target)`` of each completed request (None: not
+    kept). ``judged``: an SLO target is set. ``gpu_hour_usd``: the price, or None."""
+    iv = record.interval_us
+    end = record.end_us
+    gpu_us = record.gpu_us
+    gpu_hours = gpu_us / US_PER_HOUR
+    counts = [{"t_us": t, "pool": "", "serving": s, "loading": lo, "draining": dr}
+              for t, s, lo, dr in record.changes]
+    peak = max((s + lo + dr for _, s, lo, dr in record.changes), default=0)
+    per_instance_us = end * record.gpus_per_instance
+    mean = gpu_us / per_instance_us if per_instance_us > 0 else 0.0
+    # the intervals: [0, I), [I, 2I), ... up to the last decision, then [K·I, end]
+    initial = record.changes[0][1] + record.changes[0][2] if record.changes else 0
+    starts = [(0, initial, 0)] + list(record.decisions)
+    n = len(starts)
+    completed = [0] * n
+    met = [0] * n
+    if done is not None:
+        for arrival_us, ok in done:
+            k = min(arrival_us // iv, n - 1) if iv > 0 else 0
+            completed[k] += 1
+            met[k] += ok
+    rows = []
+    for k, (t, chosen, arrived_before) in enumerate(starts):
+        nxt_arrived = starts[k + 1][2] if k + 1 < n else arrived_total
+        arrived = nxt_arrived - arrived_before
+        rows.append({
+            "start_us": t, "end_us": starts[k + 1][0] if k + 1 < n else max(end, t),
+            "instances": chosen, "arrived": arrived,
+            "completed": completed[k] if done is not None else None,
+            "met": met[k] if done is not None and judged else None,
+            "attainment_pct": (100.0 * met[k] / arrived if arrived else None)
+            if done is not None and judged else None,
+        })
+    return AutoscaleReport(**record.setup(), gpu_hours=gpu_hours, gpu_hour_usd=gpu_hour_usd,
+                           cost_usd=gpu_hours * gpu_hour_usd if gpu_hour_usd is not None else None,
+                           scale_ups=record.scale_ups, scale_downs=record.scale_downs,
+                           peak_instances=peak, mean_instances=mean, instance_count=counts,
+                           intervals=rows)
+
+
+#: intervals the table shows (the JSON has them all)
+TABLE_INTERVALS = 48
+
+
+def autoscale_tables(a: AutoscaleReport) -> list:
+    """The ``--format table`` view of the section: the totals, then the intervals (the first
+    :data:`TABLE_INTERVALS`) with the instances chosen, arrivals and SLO attainment."""
+    from rich.table import Table
+
+    t = Table(title="Autoscaling", title_justify="left")
+    t.add_column("Metric")
+    t.add_column("Value", justify="right")
+    cost = "-" if a.cost_usd is None else f"${a.cost_usd:,.4f} (${a.gpu_hour_usd:,.3f} per GPU-hour)"
+    for label, v in (("Policy", a.policy), ("Interval", f"{a.interval_us / 1e6:g} s"),
+                     ("Loading delay", f"{a.loading_delay_us / 1e6:,.3f} s"),
+                     ("Instances (min / max)", f"{a.min_instances} / {a.max_instances}"),
+                     ("Instances (peak / mean)", f"{a.peak_instances} / {a.mean_instances:,.2f}"),
+                     ("Scale-ups / scale-downs", f"{a.scale_ups:,} / {a.scale_downs:,}"),
+                     ("GPUs per instance", f"{a.gpus_per_instance}"),
+                     ("GPU-hours", f"{a.gpu_hours:,.4f}"), ("Cost", cost)):
+        t.add_row(label, v)
+    iv = Table(title="Autoscaling intervals", title_justify="left")
+    for h in ("start (s)", "instances", "arrived", "completed", "SLO attainment"):
+        iv.add_column(h, justify="right")
+    for r in a.intervals[:TABLE_INTERVALS]:
+        pct = r["attainment_pct"]
+        iv.add_row(f"{r['start_us'] / 1e6:,.3f}", str(r["instances"]), f"{r['arrived']:,}",
+                   "-" if r["completed"] is None else f"{r['completed']:,}",
+                   "-" if pct is None else f"{pct:.2f}%")
+    more = len(a.intervals) - TABLE_INTERVALS
+    if more > 0:
+        iv.caption = f"{more:,} more intervals in --format json"
+    return [t, iv]
