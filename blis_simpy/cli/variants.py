@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from blis_simpy.cli import runner
 from blis_simpy.cli.flags import REPLAY
 from blis_simpy.config.loader import Source, dotted, load_raw, undotted
+from blis_simpy.metrics.autoscale import US_PER_HOUR
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import BlisError, ConfigError, SimulationError
 from blis_simpy.metrics.report import report_dict, write_results
@@ -173,7 +174,9 @@ def _signature(requests) -> list[tuple]:
 # ---------------------------------------------------------------------------- output
 def deployment(s: Scenario) -> str:
     """``4 co-located``, ``2P + 2D``, ``2P + 1D + 1 idle``, with a non-``always`` decider."""
-    n, d = s.cluster.num_instances, s.disaggregation
+    n, d, a = s.cluster.num_instances, s.disaggregation, s.cluster.autoscaler
+    if a is not None:
+        return f"{a.min_instances} to {a.max_instances} autoscaled"
     if not d.enabled:
         return f"{n} co-located"
     text = f"{d.prefill_instances}P + {d.decode_instances}D"
@@ -185,9 +188,19 @@ def deployment(s: Scenario) -> str:
     return text
 
 
-def comparison_row(vp: VariantInvocation, out: runner.Outcome) -> dict:
+def gpu_hours(out: runner.Outcome) -> float:
+    """GPU-hours of a variant's run: the autoscaler's (GPUs of the instances loading, serving
+    or draining, over time), else its GPUs over the run's simulated duration."""
+    a = out.report.autoscaling
+    if a is not None:
+        return a.gpu_hours
+    return out.result.gpus * out.report.cluster.sim_ended_time / US_PER_HOUR
+
+
+def comparison_row(vp: VariantInvocation, out: runner.Outcome, *, with_gpu_hours: bool = False) -> dict:
     """The comparison-table values of one variant (times in ms; ``None`` where no request has
-    the latency, as in the JSON document's scope objects)."""
+    the latency, as in the JSON document's scope objects); ``gpu_hours`` too when
+    ``with_gpu_hours`` (a comparison with an autoscaled variant)."""
     r = out.report
     c = scope_output(r.cluster)
     xfer = r.pd.transfer_duration.mean / 1000 if r.pd is not None and r.pd.transfer_duration.count else None
@@ -198,7 +211,13 @@ def comparison_row(vp: VariantInvocation, out: runner.Outcome) -> dict:
             "ttft_mean_ms": c["ttft_mean_ms"], "ttft_p50_ms": c["ttft_p50_ms"], "ttft_p99_ms": c["ttft_p99_ms"],
             "itl_mean_ms": c["itl_mean_ms"], "itl_p99_ms": c["itl_p99_ms"],
             "e2e_mean_ms": c["e2e_mean_ms"], "e2e_p99_ms": c["e2e_p99_ms"],
-            "transfer_mean_ms": xfer, "cache_hit_rate": r.kv_rates[1]}
+            "transfer_mean_ms": xfer, "cache_hit_rate": r.kv_rates[1]} | (
+                {"gpu_hours": gpu_hours(out)} if with_gpu_hours else {})
+
+
+def autoscaled(outs: list[runner.Outcome]) -> bool:
+    """Does any variant run with an autoscaler? (Its cost is then GPU-hours, not GPUs.)"""
+    return any(o.report.autoscaling is not None for o in outs)
 
 
 def render(base: runner.Invocation, vps: list[VariantInvocation], outs: list[runner.Outcome], fmt: str) -> str:
@@ -210,7 +229,8 @@ def render(base: runner.Invocation, vps: list[VariantInvocation], outs: list[run
     if fmt == "json":
         from blis_simpy.metrics import gojson
         doc = {"command": base.command, "scenario": base.scenario.name,
-               "comparison": [comparison_row(vp, o) for vp, o in zip(vps, outs, strict=True)],
+               "comparison": [comparison_row(vp, o, with_gpu_hours=autoscaled(outs))
+                              for vp, o in zip(vps, outs, strict=True)],
                "variants": [{"variant": vp.name, "description": vp.description,
                              "overrides": vp.overrides, **report_dict(o.report)}
                             for vp, o in zip(vps, outs, strict=True)]}
@@ -244,19 +264,45 @@ def cost_text(usd_per_hour: float | None, gpus: int) -> str:
 
 def verdict(vps: list[VariantInvocation], outs: list[runner.Outcome]) -> str:
     """One line: the variant meeting the SLOs (every offered request met every target) at the
-    lowest cost — USD/h when every variant is priced, else GPUs; ties: higher goodput, then
-    the first listed — or, when none meets them, the one with the highest attainment."""
+    lowest cost — USD/h when every variant is priced, else GPUs (GPU-hours over the run when
+    a variant is autoscaled); ties: higher goodput, then the first listed — or, when none
+    meets them, the one with the highest attainment. With autoscaled variants, one more line
+    each: its GPU-hours against the smallest fixed variant with at least its attainment."""
     rows = []
+    by_hours = autoscaled(outs)
     for k, (vp, o) in enumerate(zip(vps, outs, strict=True)):
         att, good, cost = slo_cells(o)
-        rows.append((vp.name, att or 0.0, good or 0.0, cost, o.result.gpus, k))
+        size = gpu_hours(o) if by_hours else o.result.gpus
+        rows.append((vp.name, att or 0.0, good or 0.0, None if by_hours else cost, size, k))
     priced = all(r[3] is not None for r in rows)
-    cost = lambda r: cost_text(r[3] if priced else None, r[4])  # noqa: E731
+    cost = ((lambda r: f"{r[4]:,.3f} GPU-h") if by_hours  # noqa: E731
+            else (lambda r: cost_text(r[3] if priced else None, r[4])))  # noqa: E731
+    line = _verdict_line(rows, priced, cost, by_hours)
+    if by_hours:
+        line += "".join("\n" + _against_fixed(r, rows, outs) for r in rows
+                        if outs[r[5]].report.autoscaling is not None)
+    return line
+
+
+def _against_fixed(r: tuple, rows: list[tuple], outs: list[runner.Outcome]) -> str:
+    """``autoscaled: 0.31 GPU-h at 99.6 % attainment; the smallest fixed variant with at least
+    that: fixed-2, 0.53 GPU-h (1.71x)``."""
+    fixed = [f for f in rows if outs[f[5]].report.autoscaling is None and f[1] >= r[1]]
+    head = f"{r[0]}: {r[4]:,.3f} GPU-h at {r[1]:.1f} % attainment; "
+    if not fixed:
+        return head + "no fixed variant reaches that attainment."
+    f = min(fixed, key=lambda x: (x[4], x[5]))
+    ratio = f"{f[4] / r[4]:.2f}x" if r[4] > 0 else "-"
+    return head + f"the smallest fixed variant with at least that: {f[0]}, {f[4]:,.3f} GPU-h ({ratio})."
+
+
+def _verdict_line(rows: list[tuple], priced: bool, cost, by_hours: bool) -> str:
 
     meeting = sorted((r for r in rows if r[1] >= 100.0),
                      key=lambda r: (r[3] if priced else r[4], -r[2], r[5]))
     basis = (". Meeting the SLOs: every offered request met every target"
-             + ("" if priced else "; cost: GPUs (no GPU price: --gpu-hour-cost)") + ".")
+             + ("; cost: GPU-hours over the run (a variant is autoscaled)" if by_hours
+                else "" if priced else "; cost: GPUs (no GPU price: --gpu-hour-cost)") + ".")
     if meeting:
         best = meeting[0]
         also = ", ".join(f"{r[0]} ({cost(r)})" for r in meeting[1:])
@@ -292,6 +338,7 @@ def _tables(base: runner.Invocation, vps: list[VariantInvocation], outs: list[ru
         return t
 
     with_slo = any(o.report.slo is not None for o in outs)
+    by_hours = autoscaled(outs)
     slo_heads = ("SLO\nmet %", "goodput\nreq/s", "cost") if with_slo else ()
     t = table("Variants (times in ms)", ("Variant", "Instances", "GPUs", *slo_heads, "Done", "req/s", "tok/s",
               "TTFT\nmean", "TTFT\np50", "TTFT\np99", "ITL\nmean", "ITL\np99", "E2E\nmean", "E2E\np99",
@@ -299,8 +346,10 @@ def _tables(base: runner.Invocation, vps: list[VariantInvocation], outs: list[ru
     for vp, o in zip(vps, outs, strict=True):
         r = comparison_row(vp, o)
         att, good, cost = slo_cells(o)
-        slo = (f(att), f(good, 2), cost_text(cost, o.result.gpus)) if with_slo else ()
-        t.add_row(vp.name, r["deployment"], f"{r['gpus']:,}", *slo, f"{r['completed']:,}",
+        slo = ((f(att), f(good, 2), f"{gpu_hours(o):,.3f} GPU-h" if by_hours else cost_text(cost, o.result.gpus))
+               if with_slo else ())
+        gpus = f"{r['gpus']:,}" if o.report.autoscaling is None else f"≤{r['gpus']:,}"
+        t.add_row(vp.name, r["deployment"], gpus, *slo, f"{r['completed']:,}",
                   f(r["throughput_rps"], 2), f(r["tokens_per_sec"], 0), f(r["ttft_mean_ms"]), f(r["ttft_p50_ms"]),
                   f(r["ttft_p99_ms"]), f(r["itl_mean_ms"], 2), f(r["itl_p99_ms"], 2),
                   f(r["e2e_mean_ms"]), f(r["e2e_p99_ms"]),

@@ -54,7 +54,7 @@ from blis_simpy.report.sweep_figures import TARGET_PCT, heatmap_figure, latency_
 
 __all__ = ["DPI", "FIGSIZE", "FigureSpec", "autoscale_figure", "build_figures", "cdf_figure", "has_data",
            "heatmap_figure", "latency_rate_figure", "pareto_figure", "save_png",
-           "timeline_figure", "transfer_figure", "gateway_figure"]
+           "gateway_figure", "timeline_figure", "transfer_figure"]
 
 MAX_LINES = 12           # lines of one axes (instances): the rest are left out
 
@@ -269,6 +269,8 @@ def gateway_figure(tl: Input) -> Figure | None:
     _count_axis(axes[1][0])
     _finish_time_axes(fig, axes[:, 0])
     return fig
+
+
 #: the figures of a timeline, in page order: ``(figure function, file stem, title, caption)``
 _TIMELINE_FIGURES = (
     (timeline_figure, "timeline", "Per-instance timeline", "Sampled at a fixed simulated interval."),
@@ -278,6 +280,8 @@ _TIMELINE_FIGURES = (
     (transfer_figure, "pd_transfers", "PD KV transfers",
      "A prefill instance's requests leave running when their only step begins, so its "
      "activity shows in its engine steps per second."),
+    (gateway_figure, "gateway", "Gateway queue",
+     "Requests waiting in the gateway queue, and in and on the instances."),
 )
 
 
@@ -361,21 +365,6 @@ def build_figures(inputs: list[Input], factor: float = DEFAULT_FACTOR) -> list[F
     for inp in inputs:
         tag = _slug(inp.label)
         if inp.kind == "timeline":
-            fig = timeline_figure(inp)
-            if fig is not None:
-                specs.append(FigureSpec(f"timeline_{tag}", f"Per-instance timeline: {inp.label}",
-                                        fig, [inp.path], "Sampled at a fixed simulated interval."))
-            fig = transfer_figure(inp)
-            if fig is not None:
-                specs.append(FigureSpec(
-                    f"pd_transfers_{tag}", f"PD KV transfers: {inp.label}", fig, [inp.path],
-                    "A prefill instance's requests leave running when their only step begins, "
-                    "so its activity shows in its engine steps per second."))
-            fig = gateway_figure(inp)
-            if fig is not None:
-                specs.append(FigureSpec(
-                    f"gateway_{tag}", f"Gateway queue: {inp.label}", fig, [inp.path],
-                    "Requests waiting in the gateway queue, and in and on the instances."))
             for make, stem, title, caption in _TIMELINE_FIGURES:
                 fig = make(inp)
                 if fig is not None:
