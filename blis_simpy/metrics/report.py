@@ -51,7 +51,9 @@ With vLLM's CPU offload tier (``engine.kv_cpu_gib > 0``) one more key follows: `
 {"cluster": {counters}, "instances": [{counters}, ...]}`` (durations in ms; docs/metrics.md,
 "CPU KV offload";
 absent otherwise). With ``--streaming-metrics`` one more key follows: ``"streaming_metrics": {"relative_accuracy":
-0.01, "note": "..."}`` (the percentiles are DDSketch estimates, docs/metrics.md).
+0.01, "note": "..."}`` (the percentiles are DDSketch estimates, docs/metrics.md). When the
+offered load exceeds what the deployment sustains, ``"saturation"`` follows
+(:meth:`~blis_simpy.metrics.saturation.SaturationVerdict.to_dict`; absent otherwise).
 
 Then, only when asked for (:func:`planning_part`; docs/metrics.md, "SLOs and goodput"):
 ``"slo"`` when an SLO target is set (:meth:`~blis_simpy.metrics.slo.SLOReport.to_dict`) and
@@ -90,6 +92,7 @@ from blis_simpy.metrics.raw import (
     slo_distributions,
 )
 from blis_simpy.metrics.records import InstanceMetrics
+from blis_simpy.metrics.saturation import SaturationVerdict
 from blis_simpy.metrics.slo import SLOReport
 from blis_simpy.metrics.streaming import RELATIVE_ACCURACY, accuracy_note
 from blis_simpy.metrics.summary import aggregate, scope_output
@@ -101,6 +104,7 @@ __all__ = [
     "TraceSummary",
     "is_idle_ratio",
     "planning_part",
+    "saturation_part",
     "render_json",
     "report_dict",
     "write_results",
@@ -272,6 +276,9 @@ class Report:
     #: the CPU offload tier's counters per instance (``OffloadKVCache.offload_stats``); None:
     #: no offload tier; see :func:`offload_part`
     kv_offload: list[dict] | None = None
+    #: the saturation test (:class:`~blis_simpy.metrics.saturation.SaturationVerdict`); None:
+    #: not run; shown only when it fires (:func:`saturation_part`)
+    saturation: SaturationVerdict | None = None
 
     def __post_init__(self) -> None:
         self.instances = list(self.instances)
@@ -333,7 +340,17 @@ def report_dict(report: Report) -> dict:
         "total_kv_blocks": report.total_kv_blocks,
         "kv_capacity": report.kv_capacity,
         "request_accounting": report.request_accounting,
-    } | sessions_part(report) | offload_part(report) | _streaming_part(report) | planning_part(report)
+    } | (sessions_part(report) | offload_part(report) | _streaming_part(report)
+         | saturation_part(report) | planning_part(report))
+
+
+def saturation_part(report: Report) -> dict:
+    """``"saturation"`` when the saturation test fired (absent otherwise, so a run that
+    sustains its load prints the document it always did; docs/metrics.md, "Saturation")."""
+    v = report.saturation
+    if v is None or not v.saturated:
+        return {}
+    return {"saturation": v.to_dict()}
 
 
 def offload_part(report: Report) -> dict:

@@ -19,6 +19,7 @@ import logging
 from blis_simpy.cluster.monitor import Monitor
 from blis_simpy.errors import ConfigError
 from blis_simpy.metrics.collect import RequestCollector
+from blis_simpy.metrics.saturation import probe_metrics
 from blis_simpy.metrics.sink import RequestSink
 from blis_simpy.metrics.slo import SLOSpec
 from blis_simpy.metrics.summary import request_rows
@@ -47,6 +48,12 @@ class RunTap:
         queued or running."""
         if self.collector is not None:
             self.collector.finish(metrics)
+
+    def saturation(self, cluster_metrics):
+        """The saturation test of the run (docs/metrics.md, "Saturation"): from the probe the
+        streamed requests fed, or from the cluster's exact records (``cluster_metrics``)."""
+        probe = self.collector.probe if self.collector is not None else None
+        return (probe if probe is not None else probe_metrics(cluster_metrics)).verdict()
 
     def commit(self, report, batch=None) -> None:
         """Complete the rows file: exact metrics write the cluster's rows now (the results
