@@ -113,12 +113,13 @@ class BacklogProbe:
     """Binned counts of when requests arrived, left the backlog and completed (module
     docstring). Times are integer µs >= 0."""
 
-    __slots__ = ("shift", "arrivals", "leaves", "completions", "first_arrival_us",
+    __slots__ = ("shift", "arrivals", "reentries", "leaves", "completions", "first_arrival_us",
                  "last_arrival_us", "n")
 
     def __init__(self):
         self.shift = 0                       # bin width 2**shift µs
         self.arrivals = np.zeros(MAX_BINS, dtype=np.int64)
+        self.reentries = np.zeros(MAX_BINS, dtype=np.int64)    # back in a queue (PD decode)
         self.leaves = np.zeros(MAX_BINS, dtype=np.int64)
         self.completions = np.zeros(MAX_BINS, dtype=np.int64)
         self.first_arrival_us = -1
@@ -128,7 +129,7 @@ class BacklogProbe:
     def _fit(self, t_us: int) -> None:
         """Widen the bins until time ``t_us`` falls in one."""
         while (t_us >> self.shift) >= MAX_BINS:
-            for a in (self.arrivals, self.leaves, self.completions):
+            for a in (self.arrivals, self.reentries, self.leaves, self.completions):
                 merged = a.reshape(-1, 2).sum(axis=1)
                 a[: MAX_BINS // 2] = merged
                 a[MAX_BINS // 2:] = 0
@@ -146,6 +147,19 @@ class BacklogProbe:
         if done_us is not None:
             self.completions[done_us >> s] += 1
         self._saw(arrival_us, arrival_us, 1)
+
+    def add_again(self, enter_us: int | None, left_us: int | None, done_us: int | None) -> None:
+        """A request counted at its arrival waits again (a PD parent's decode sub-request, in
+        its decode instance's queue from ``enter_us`` until ``left_us``; None: it did not,
+        or did not leave) or completes at ``done_us`` (None: not yet)."""
+        self._fit(max(enter_us or 0, left_us or 0, done_us or 0))
+        s = self.shift
+        if enter_us is not None:
+            self.reentries[enter_us >> s] += 1
+        if left_us is not None:
+            self.leaves[left_us >> s] += 1
+        if done_us is not None:
+            self.completions[done_us >> s] += 1
 
     def add_many(self, arrival_us, left_us, done_us) -> None:
         """Many requests at once: int64 arrays of equal length, -1 for "never"."""
@@ -181,7 +195,7 @@ class BacklogProbe:
         k = min(MAX_SAMPLES, hi - lo + 1)
         edges = np.unique(np.round(np.linspace(lo, hi, k)).astype(np.int64))
         cum_a = np.concatenate(([0], np.cumsum(self.arrivals)))   # cum[j]: events before edge j
-        cum_l = np.concatenate(([0], np.cumsum(self.leaves)))
+        cum_l = np.concatenate(([0], np.cumsum(self.leaves) - np.cumsum(self.reentries)))
         cum_c = np.concatenate(([0], np.cumsum(self.completions)))
         backlog = cum_a[edges] - cum_l[edges]
         x = edges.astype(np.float64) * (w / 1e6)                   # seconds
@@ -223,22 +237,32 @@ def request_times(req, sched_us, done_us) -> tuple[int, int | None, int | None]:
     return req.arrival_us, left, done_us
 
 
-def probe_metrics(metrics) -> BacklogProbe:
+def probe_metrics(metrics, parents=None) -> BacklogProbe:
     """A probe of every request in an :class:`~blis_simpy.metrics.records.InstanceMetrics`
-    (the cluster's, exact metrics: its registry, scheduling delays and completion times)."""
+    (exact metrics: its registry, scheduling delays and completion times).
+
+    With prefill/decode pools pass the instances' own records aggregated (sub-requests, not
+    the projected parents) and ``parents`` (the cluster's parent records by ID): a parent
+    arrives and waits with its prefill sub-request, waits again with its decode
+    sub-request (``is_decode_sub``: from its enqueue at the decode instance until scheduled
+    there), and completes when the cluster saw its decode finish (``completion_us``)."""
     probe = BacklogProbe()
     reg = metrics.registry
     sched = metrics.scheduling_delay
     done = metrics.completion_time
-    n = len(reg)
-    arr = np.empty(n, dtype=np.int64)
-    left = np.empty(n, dtype=np.int64)
-    comp = np.empty(n, dtype=np.int64)
-    for i, (rid, req) in enumerate(reg.items()):
+    subs = frozenset(p.prefill_sub_id for p in parents.values()) if parents else frozenset()
+    arr, left, comp = [], [], []
+    for rid, req in reg.items():
         a, lv, c = request_times(req, sched.get(rid), done.get(rid))
-        arr[i] = a
-        left[i] = -1 if lv is None else lv
-        comp[i] = -1 if c is None else c
+        if getattr(req, "is_decode_sub", False):
+            enq = getattr(req, "enqueue_us", -1)
+            probe.add_again(enq if enq >= 0 else a, lv, None)
+            continue
+        arr.append(a)
+        left.append(-1 if lv is None else lv)
+        comp.append(-1 if c is None or rid in subs else c)
     probe.add_many(arr, left, comp)
+    for p in (parents or {}).values():
+        if p.completed:
+            probe.add_again(None, None, p.completion_us)
     return probe
-

@@ -110,20 +110,26 @@ class _Saturated(Exception):
     """Raised by the saturation check: the run is saturated at its last arrival."""
 
 
-def _stop_if_saturated(sim: Simulation, at_us: int) -> None:
-    """At ``at_us`` (the last pre-generated arrival), after every model event then, test the
-    run so far for saturation (docs/metrics.md) and end it if saturated. Standard clusters
-    only: with PD pools the requests are projected from their sub-requests at the end."""
+#: the run is tested for saturation at these fractions of its last arrival time
+#: (``outputs.stop_when_saturated``)
+SATURATION_CHECKS = (0.25, 0.5, 0.75, 1.0)
+
+
+def _stop_if_saturated(sim: Simulation, last_us: int) -> None:
+    """At a quarter, half, three quarters of ``last_us`` (the last pre-generated arrival) and
+    at it, after every model event then, test the run so far (its arrivals up to then) for
+    saturation (docs/metrics.md) and end it if saturated. With PD pools a parent's arrival
+    and scheduling are its prefill sub-request's, its completion its decode sub-request's.
+    Not with streamed metrics (they leave the records as requests complete)."""
     from blis_simpy.des import OBSERVER_AFTER
-    from blis_simpy.metrics.saturation import probe_metrics
-    from blis_simpy.metrics.summary import aggregate
-    if sim.pools.enabled or at_us <= 0:
+    if sim.scenario.metrics.streaming or last_us <= 0:
         return
 
     def check(_arg) -> None:
-        if probe_metrics(aggregate([inst.metrics for inst in sim.instances])).verdict().saturated:
+        if O.sim_probe(sim, [inst.metrics for inst in sim.instances]).verdict().saturated:
             raise _Saturated
-    sim.env.call_at(at_us, OBSERVER_AFTER, check)
+    for f in SATURATION_CHECKS:
+        sim.env.call_at(int(last_us * f), OBSERVER_AFTER, check)
 
 
 def _raise_stop(_arg) -> None:
@@ -212,7 +218,7 @@ def _run(d, sim, tap, requests, horizon, sessions, workload_seed, progress, batc
     cap = sim.pools.global_deployment.kv_capacity
     report.kv_capacity = cap.to_dict() if cap is not None else None
     report.sessions = result.sessions    # how the closed-loop sessions ended (tables, JSON)
-    report.saturation = tap.saturation(report.cluster)   # docs/metrics.md, "Saturation"
+    report.saturation = tap.saturation(sim, result)   # docs/metrics.md, "Saturation"
     if report.saturation.saturated and not interrupted:
         log.warning("%s", report.saturation.warning())
     if not interrupted:

@@ -139,3 +139,29 @@ def test_streaming_metrics_give_the_same_verdict():
     d["metrics"] = {"streaming": True}
     streamed = run.execute(run.prepare(d)).report.saturation
     assert streamed == exact
+
+
+def test_pd_pools_count_the_decode_queue_and_the_parents_completions():
+    """1 prefill + 1 decode instance, one request at a time each: a parent's prefill takes one
+    10 ms step, its decode 9 (90 ms), so the decode instance completes 1/0.09 = 11.1 req/s.
+    At 30 req/s the backlog (here in the decode queue) grows 30 - 11.1 = 18.9 req/s."""
+    d = scenario(30, n=600)
+    d["cluster"] = {"num_instances": 2}
+    d["disaggregation"] = {"prefill_instances": 1, "decode_instances": 1,
+                           "decider": {"policy": "always"}}
+    v = run.execute(run.prepare(d)).report.saturation
+    assert v.saturated
+    assert v.achieved_rps == pytest.approx(1 / 0.09, abs=0.05)
+    assert v.backlog_slope_rps == pytest.approx(1e6 / 33_333 - 1 / 0.09, abs=0.05)   # arrivals 33,333 µs apart
+
+
+def test_a_run_stopped_when_saturated_ends_at_a_check():
+    from blis_simpy.run.describe import Outputs
+    out = run.execute(run.prepare(scenario(1.5 * CAPACITY_RPS),
+                                  outputs=Outputs(stop_when_saturated=True)))
+    last_us = 300 * (1_000_000 // 15)                      # the 300th arrival, 66,666 µs apart
+    assert out.stopped_saturated_us == last_us // 4        # saturated at the first check
+    assert out.report.saturation.saturated
+    under = run.execute(run.prepare(scenario(0.7 * CAPACITY_RPS),
+                                    outputs=Outputs(stop_when_saturated=True)))
+    assert under.stopped_saturated_us is None and under.report.cluster.completed_requests == 300
