@@ -208,9 +208,9 @@ def render(doc: dict, console) -> None:
                       highlight=False)
         sat = doc.get("saturation")
         if sat and sat["deployments_dropped"]:
-            console.print(f"saturated (dropped early): {sat['deployments_dropped']} deployments; "
-                          f"{sat['runs_stopped_early']} runs ended at their last arrival, "
-                          f"{sat['seed_runs_skipped']} runs of other seeds not made",
+            console.print(f"saturated deployments dropped early: {sat['deployments_dropped']} "
+                          f"({sat['runs_stopped_early']} runs ended early, "
+                          f"{sat['seed_runs_skipped']} runs of other seeds skipped)",
                           highlight=False)
         # wall-clock times go to stderr: stdout is then the same for the same plan
         print(f"plan: the search took {c['wall_s']:.1f} s", file=sys.stderr)
