@@ -13,6 +13,12 @@ KV utilisation / free blocks / cache-hit rate) of an instance are re-read only w
 ``clock − last_refresh >= I``. Last refresh starts at 0 and the cached values start at zero,
 so before ``clock >= I`` policies see zeros. The in-flight count and the model are always
 fresh (the cluster owns them).
+
+An :class:`InstanceView` per instance (``RouterState.views``) answers what a snapshot does
+not carry because it costs more than a field read: the prompt tokens waiting and running
+on the instance and the blocks its KV cache holds for a prompt. It reads the instance now
+(the scorers that use it document their own delay), through the instance's public
+attributes only, and changes nothing.
 """
 
 from __future__ import annotations
@@ -39,12 +45,64 @@ class InstanceSnapshot:
         return self.queue_depth + self.batch_size + self.in_flight_requests
 
 
+def leading_run(hashes, held) -> int:
+    """How many of ``hashes``, from the first, are in ``held`` (a set or mapping)."""
+    n = 0
+    for h in hashes:
+        if h not in held:
+            break
+        n += 1
+    return n
+
+
+class InstanceView:
+    """A read-only view of one instance for scorers (docs/control-plane.md, "Weighted scoring").
+
+    ``inst`` is an engine instance (anything with ``id``, ``index``, ``waitq``, ``running``
+    and ``kv``, whose ``hash_to_block`` maps the chained hash of every block the GPU cache
+    holds, in use or free but not yet reused, to its block). Token counts are in tokens.
+    """
+
+    __slots__ = ("_inst",)
+
+    def __init__(self, inst):
+        self._inst = inst
+
+    @property
+    def id(self) -> str:
+        return self._inst.id
+
+    @property
+    def index(self) -> int:
+        return self._inst.index
+
+    def waiting_tokens(self) -> int:
+        """Prompt tokens of the requests in the instance's wait queue."""
+        return sum(r.input_len for r in self._inst.waitq)
+
+    def running_tokens(self) -> int:
+        """Prompt tokens of the requests in the instance's running batch."""
+        return sum(r.input_len for r in self._inst.running)
+
+    def cached_prefix_blocks(self, hashes) -> int:
+        """How many of ``hashes`` (a prompt's chained full-block hashes, in order) the KV cache
+        holds as a leading run: the longest cached prefix, in blocks."""
+        return leading_run(hashes, self._inst.kv.hash_to_block)
+
+    def cached_block_hashes(self) -> frozenset:
+        """The hashes of every block the KV cache holds now (a copy)."""
+        return frozenset(self._inst.kv.hash_to_block)
+
+
 @dataclass(frozen=True, slots=True)
 class RouterState:
-    """What admission and routing policies see for one request."""
+    """What admission and routing policies see for one request. ``views``: the cluster's
+    :class:`InstanceView` of every instance, by instance index (None when the caller has
+    none: a hand-built state)."""
 
     snapshots: tuple[InstanceSnapshot, ...]
     clock_us: int
+    views: tuple[InstanceView, ...] | None = None
 
 
 def _snapshot_maker():

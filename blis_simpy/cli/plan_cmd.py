@@ -106,7 +106,7 @@ def _plan_key(plan, exc) -> tuple | None:
 
 
 def execute(plan, *, scheduler: str | None, workers: int | None, serial: bool,
-            parallel: int | None, brute: bool, progress: bool) -> dict:
+            parallel: int | None, brute: bool, progress: bool, keep_saturated: bool = False) -> dict:
     """Run the plan on the executor (or serially); the plan output document."""
     from functools import partial
 
@@ -116,12 +116,13 @@ def execute(plan, *, scheduler: str | None, workers: int | None, serial: bool,
     run_point = partial(run_point, allow_plugins=plugin_optin.allowed())   # (to the workers too)
     status = _Status(progress)
     k = parallel or DEFAULT_PARALLEL
+    drop = False if keep_saturated else None      # None: the plan's slo.drop_saturated
     try:
         if serial:
             old = quiet_simulator_logs()
             try:
                 return run_plan(plan, lambda pts: [run_point(p) for p in pts], parallel=k,
-                                brute=brute, on_batch=status.advance)
+                                brute=brute, on_batch=status.advance, drop_saturated=drop)
             finally:
                 quiet_simulator_logs(old)
         from blis_simpy.planner.executor import Executor
@@ -129,7 +130,7 @@ def execute(plan, *, scheduler: str | None, workers: int | None, serial: bool,
             if scheduler is None:     # our own local workers (a shared cluster keeps its logging)
                 ex.client.run(quiet_simulator_logs)
             return run_plan(plan, lambda pts: ex.map(run_point, pts, progress=False), parallel=k,
-                            brute=brute, on_batch=status.advance)
+                            brute=brute, on_batch=status.advance, drop_saturated=drop)
     finally:
         status.stop()
 
@@ -205,6 +206,12 @@ def render(doc: dict, console) -> None:
                       f"{c['families_searched']} of {c['families']} families searched, "
                       f"{c['families_skipped']} skipped by the cost bound; {c['method']})",
                       highlight=False)
+        sat = doc.get("saturation")
+        if sat and sat["deployments_dropped"]:
+            console.print(f"saturated deployments dropped early: {sat['deployments_dropped']} "
+                          f"({sat['runs_stopped_early']} runs ended early, "
+                          f"{sat['seed_runs_skipped']} runs of other seeds skipped)",
+                          highlight=False)
         # wall-clock times go to stderr: stdout is then the same for the same plan
         print(f"plan: the search took {c['wall_s']:.1f} s", file=sys.stderr)
         if c["non_monotone_families"]:
@@ -260,6 +267,9 @@ def register(app: typer.Typer) -> None:
                                           "whatever the executor: the points run depend on it)"),
         brute_force: bool = typer.Option(False, "--brute-force",
                                          help="run the whole cross product instead of the search"),
+        keep_saturated: bool = typer.Option(False, "--keep-saturated",
+                                            help="judge saturated runs by their SLOs only: run them "
+                                                 "to the end and every seed (slo.drop_saturated: false)"),
         allow_plugins: bool = plugin_optin.option(),
     ) -> None:
         """Find the cheapest deployment meeting the SLOs (instances x TP x DP/EP x PD split,
@@ -277,7 +287,8 @@ def register(app: typer.Typer) -> None:
             check_target(out, field="--out")
         precheck(plan)
         doc = execute(plan, scheduler=scheduler, workers=workers, serial=serial, parallel=parallel,
-                      brute=brute_force, progress=fmt is PlanFormat.table)
+                      brute=brute_force, progress=fmt is PlanFormat.table,
+                      keep_saturated=keep_saturated)
         text = to_json(doc)
         if out:
             write_atomic(out, text)

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from blis_simpy.cli import runner
 from blis_simpy.cli.flags import REPLAY
 from blis_simpy.config.loader import Source, dotted, load_raw, undotted
-from blis_simpy.metrics.autoscale import US_PER_HOUR
 from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import BlisError, ConfigError, SimulationError
+from blis_simpy.metrics.autoscale import US_PER_HOUR
 from blis_simpy.metrics.report import report_dict, write_results
 from blis_simpy.metrics.summary import metrics_output, replay_results, scope_output
 

@@ -27,7 +27,7 @@ from blis_simpy.engine.listener import InstanceListener
 from blis_simpy.plugins import Pluggable, call_failure, plugin_error
 from blis_simpy.request_view import as_view
 from blis_simpy.routing.base import Router, as_index, decision_problem, shown
-from blis_simpy.snapshot import RouterState, SnapshotProvider
+from blis_simpy.snapshot import InstanceView, RouterState, SnapshotProvider
 
 log = logging.getLogger("blis_simpy.cluster")
 
@@ -64,6 +64,8 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
         self.admission_latency_us = admission_latency_us
         self.routing_latency_us = routing_latency_us
         self.snapshots = SnapshotProvider(instances, snapshot_refresh_interval_us)
+        #: read-only views of the instances for scorers (RouterState.views), by index
+        self.views = tuple(InstanceView(inst) for inst in instances)
         self.trace = trace
         self.inflight = [0] * len(instances)
         #: the instances routing chooses among when no pool restricts it: all of them, or with
@@ -149,7 +151,7 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
                           if not inst.model or inst.model == model)
         else:
             snaps = tuple(snap(inst, inflight[inst.index], now_us) for inst in insts)
-        return RouterState(snaps, now_us)
+        return RouterState(snaps, now_us, self.views)
 
     def snapshot(self, inst: Instance):
         """The snapshot of one instance, as a policy would see it now."""

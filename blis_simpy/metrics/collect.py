@@ -22,6 +22,7 @@ prefill/decode cluster projects its parents from the sub-requests at the end of 
 from __future__ import annotations
 
 from blis_simpy.metrics.raw import DEFAULT_SLO_CLASS
+from blis_simpy.metrics.saturation import BacklogProbe, request_times
 from blis_simpy.metrics.sink import RequestSink
 from blis_simpy.metrics.slo import SLOSpec, SLOTally
 from blis_simpy.metrics.streaming import StreamingStats
@@ -86,6 +87,8 @@ class RequestCollector:
         self.sink = sink
         self.keep_order = keep_order
         self.slo = slo if slo is not None and slo.active else None
+        #: streaming: the saturation probe fed as requests leave (docs/metrics.md, "Saturation")
+        self.probe = BacklogProbe() if streaming else None
 
     def attach(self, instances) -> None:
         for inst in instances:
@@ -108,11 +111,13 @@ class RequestCollector:
                 met.registry[rid] = DoneRequest(req)
             return
         del met.registry[rid]
-        met.completion_time.pop(rid, None)
         self._take(met, rid, req, met.ttft.pop(rid, None), met.e2e.pop(rid, None),
-                   met.scheduling_delay.pop(rid, None), met.itl.pop(rid, None))
+                   met.scheduling_delay.pop(rid, None), met.itl.pop(rid, None),
+                   met.completion_time.pop(rid, None))
 
-    def _take(self, met, rid, req, ttft, e2e, sched, itl) -> None:
+    def _take(self, met, rid, req, ttft, e2e, sched, itl, done=None) -> None:
+        if req is not None:
+            self.probe.add(*request_times(req, sched, done))
         cls = (req.slo_class if req is not None else "") or DEFAULT_SLO_CLASS
         met.streaming.add_request(req, cls, ttft, e2e, sched, req is not None)
         if e2e is not None and self.slo is not None:
@@ -127,8 +132,9 @@ class RequestCollector:
         for met in metrics:
             reg, ttft, e2e, sched, itl = (met.registry, met.ttft, met.e2e, met.scheduling_delay,
                                           met.itl)
+            done = met.completion_time
             for rid in sorted(set(reg) | set(ttft) | set(e2e) | set(sched)):
                 self._take(met, rid, reg.get(rid), ttft.get(rid), e2e.get(rid), sched.get(rid),
-                           itl.get(rid))
+                           itl.get(rid), done.get(rid))
             for table in (reg, ttft, e2e, sched, itl, met.completion_time):
                 table.clear()

@@ -55,7 +55,9 @@ absent otherwise). With a gateway queue (``cluster.gateway``) one more key follo
 Distribution, "per_flow": {flow: {...}}, "jain_fairness_index"}``
 (:meth:`~blis_simpy.metrics.gateway.GatewayReport.to_dict`; docs/metrics.md, "Gateway queue";
 absent otherwise). With ``--streaming-metrics`` one more key follows: ``"streaming_metrics": {"relative_accuracy":
-0.01, "note": "..."}`` (the percentiles are DDSketch estimates, docs/metrics.md).
+0.01, "note": "..."}`` (the percentiles are DDSketch estimates, docs/metrics.md). When the
+offered load exceeds what the deployment sustains, ``"saturation"`` follows
+(:meth:`~blis_simpy.metrics.saturation.SaturationVerdict.to_dict`; absent otherwise).
 
 Then, only when asked for (:func:`planning_part`; docs/metrics.md, "SLOs and goodput"):
 ``"slo"`` when an SLO target is set (:meth:`~blis_simpy.metrics.slo.SLOReport.to_dict`) and
@@ -97,6 +99,7 @@ from blis_simpy.metrics.raw import (
     slo_distributions,
 )
 from blis_simpy.metrics.records import InstanceMetrics
+from blis_simpy.metrics.saturation import SaturationVerdict
 from blis_simpy.metrics.slo import SLOReport
 from blis_simpy.metrics.streaming import RELATIVE_ACCURACY, accuracy_note
 from blis_simpy.metrics.summary import aggregate, scope_output
@@ -109,6 +112,7 @@ __all__ = [
     "TraceSummary",
     "is_idle_ratio",
     "planning_part",
+    "saturation_part",
     "render_json",
     "report_dict",
     "write_results",
@@ -286,6 +290,9 @@ class Report:
     #: what the autoscaler did (:class:`~blis_simpy.metrics.autoscale.AutoscaleReport`); None:
     #: no autoscaler; see :func:`autoscaling_part`
     autoscaling: object | None = None
+    #: the saturation test (:class:`~blis_simpy.metrics.saturation.SaturationVerdict`); None:
+    #: not run; shown only when it fires (:func:`saturation_part`)
+    saturation: SaturationVerdict | None = None
 
     def __post_init__(self) -> None:
         self.instances = list(self.instances)
@@ -348,7 +355,7 @@ def report_dict(report: Report) -> dict:
         "kv_capacity": report.kv_capacity,
         "request_accounting": report.request_accounting,
     } | (sessions_part(report) | offload_part(report) | gateway_part(report) | _streaming_part(report)
-         | planning_part(report) | autoscaling_part(report))
+         | saturation_part(report) | planning_part(report) | autoscaling_part(report))
 
 
 def gateway_part(report: Report) -> dict:
@@ -361,6 +368,15 @@ def autoscaling_part(report: Report) -> dict:
     GPU-hours and cost, per-interval SLO attainment (docs/metrics.md, "Autoscaling")."""
     a = report.autoscaling
     return {"autoscaling": a.to_dict()} if a is not None else {}
+
+
+def saturation_part(report: Report) -> dict:
+    """``"saturation"`` when the saturation test fired (absent otherwise, so a run that
+    sustains its load prints the document it always did; docs/metrics.md, "Saturation")."""
+    v = report.saturation
+    if v is None or not v.saturated:
+        return {}
+    return {"saturation": v.to_dict()}
 
 
 def offload_part(report: Report) -> dict:

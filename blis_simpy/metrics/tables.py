@@ -46,6 +46,10 @@ def render_tables(report: Report, console) -> None:
             per_m = dep.cost_per_million_output_tokens_usd
             summary.add_row("Cost per 1M output tokens",
                             f"${_f(per_m, 4)}" if per_m is not None else "n/a (no output)")
+    sat = report.saturation
+    if sat is not None and sat.saturated:     # only when it fires (docs/metrics.md, "Saturation")
+        summary.add_row("Saturated", f"yes: {_f(sat.achieved_rps)} of {_f(sat.offered_rps)} req/s "
+                                     f"completed; backlog +{_f(sat.backlog_slope_rps)} req/s")
     console.print(summary)
 
     lat = Table(title="Latency (ms)", title_justify="left")

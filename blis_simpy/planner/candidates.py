@@ -226,6 +226,8 @@ def judge_row(row: Mapping, slo_ms: Mapping[str, float], min_completed: float,
     """Does one run meet the SLOs? Returns (meets, why-not text, empty when it meets)."""
     if row.get("status") != "ok":
         return False, f"run failed: {row.get('error') or row.get('status')}"
+    if row.get("saturated"):           # only points that ask (PlanRunner, drop_saturated)
+        return False, f"saturated: {row.get('saturation')}"
     done = row.get("m.completed_requests")
     total = offered if offered is not None else row.get("m.injected_requests")
     if done is None or not total:

@@ -138,6 +138,9 @@ class SLO(Strict):
     e2e_p99_ms: PosFloat | None = None
     scheduling_delay_p99_ms: PosFloat | None = None
     min_completed_fraction: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.99
+    #: a saturated run (docs/metrics.md, "Saturation") fails, ends at its last arrival, and
+    #: its deployment's other seeds are not run (``plan --keep-saturated``: False)
+    drop_saturated: bool = True
 
     @model_validator(mode="after")
     def _some(self) -> SLO:

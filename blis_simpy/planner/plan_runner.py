@@ -96,7 +96,8 @@ def scenario_slo(thresholds_ms: dict[str, float]) -> dict:
 class PlanRunner:
     """Judges candidates by running them (one point per seed); caches and records every run."""
 
-    def __init__(self, plan, run_points: RunPoints, *, on_batch: Callable[[int], None] | None = None):
+    def __init__(self, plan, run_points: RunPoints, *, on_batch: Callable[[int], None] | None = None,
+                 drop_saturated: bool | None = None):
         self.plan = plan
         self.spec = plan.spec
         self.run_points = run_points
@@ -105,26 +106,47 @@ class PlanRunner:
         self.cache: dict[tuple, Verdict] = {}
         self.seeds = self.spec.search.seeds if self.spec.search is not None else [42]
         self.slo_targets = scenario_slo(self.spec.slo.thresholds_ms)
+        #: drop saturated deployments early (docs/planning.md, "Saturated deployments")
+        self.drop_saturated = self.spec.slo.drop_saturated if drop_saturated is None else drop_saturated
+        self.seed_runs_skipped = 0       # runs of other seeds not made: the first was saturated
 
     def _point(self, dep: Candidate, seed: int, rate: float | None) -> dict:
         pt = point(self.plan, dep, seed, rate)
         if self.slo_targets:
             pt["scenario"]["slo"] = dict(self.slo_targets)
+        if self.drop_saturated:
+            pt["stop_when_saturated"] = True
         return pt
 
-    def judge(self, items: Sequence[tuple[Candidate, float | None]], phase: str) -> list[Verdict]:
-        todo = list(dict.fromkeys(k for k in items if k not in self.cache))
+    def _run(self, todo: list[tuple], seeds: Sequence[int]) -> list[tuple[tuple, int, dict, dict]]:
+        """Run every seed of ``seeds`` for every key of ``todo``, as one batch:
+        ``(key, seed, point, row)``."""
         pts, owners = [], []
         for key in todo:
-            for seed in self.seeds:
+            for seed in seeds:
                 pts.append(self._point(key[0], seed, key[1]))
                 owners.append((key, seed))
         rows = self.run_points(pts) if pts else []
         if self.on_batch is not None and pts:
             self.on_batch(len(pts))
+        return [(key, seed, pt, row) for (key, seed), pt, row in zip(owners, pts, rows, strict=True)]
+
+    def judge(self, items: Sequence[tuple[Candidate, float | None]], phase: str) -> list[Verdict]:
+        todo = list(dict.fromkeys(k for k in items if k not in self.cache))
+        if self.drop_saturated and len(self.seeds) > 1:
+            # the first seed of each, then the other seeds of those not saturated
+            done = self._run(todo, self.seeds[:1])
+            dropped = {key for key, _, _, row in done if row.get("saturated")}
+            self.seed_runs_skipped += len(dropped) * (len(self.seeds) - 1)
+            done += self._run([k for k in todo if k not in dropped], self.seeds[1:])
+            order = {(k, s): i for i, (k, s) in
+                     enumerate((k, s) for k in todo for s in self.seeds)}
+            done.sort(key=lambda r: order[(r[0], r[1])])
+        else:
+            done = self._run(todo, self.seeds)
         by_key: dict[tuple, list[tuple[int, dict, dict]]] = {}
         slo = self.spec.slo
-        for pt, (key, seed), row in zip(pts, owners, rows, strict=True):
+        for key, seed, pt, row in done:
             meets, why = judge_row(row, slo.thresholds_ms, slo.min_completed_fraction,
                                    offered_requests(pt))
             dep, rate = key
@@ -135,6 +157,9 @@ class PlanRunner:
                    "wall_s": row.get("wall_s"), "config_hash": row.get("config_hash"),
                    "metrics": {k: row.get(f"m.{k}") for k in KEPT_METRICS},
                    "goodput_rps": goodput_rps(row)}
+            if self.drop_saturated:
+                rec["saturated"] = bool(row.get("saturated"))
+                rec["stopped_early_s"] = row.get("stopped_early_s")
             self.records.append(rec)
             by_key.setdefault(key, []).append((rec["id"], rec, row))
         for key, runs in by_key.items():
@@ -180,12 +205,13 @@ def _found(f: Found) -> dict:
 
 
 def run_plan(plan, run_points: RunPoints, *, parallel: int = 1, brute: bool = False,
-             on_batch: Callable[[int], None] | None = None) -> dict:
+             on_batch: Callable[[int], None] | None = None, drop_saturated: bool | None = None) -> dict:
     """Answer the plan: (a) the cheapest deployment (``brute``: by running the whole cross
     product instead of the pruned search), (b) the highest sustained rate. Returns the plan
-    output document (docs/planning.md, "Plan output")."""
+    output document (docs/planning.md, "Plan output"). ``drop_saturated``: overrides the
+    plan's ``slo.drop_saturated``."""
     spec = plan.spec
-    runner = PlanRunner(plan, run_points, on_batch=on_batch)
+    runner = PlanRunner(plan, run_points, on_batch=on_batch, drop_saturated=drop_saturated)
     t0 = time.perf_counter()
     doc: dict = {"format": "blis-simpy-plan", "version": FORMAT_VERSION, "plan": _plan_summary(plan),
                  "cheapest": None, "max_rate": None}
@@ -226,6 +252,7 @@ def run_plan(plan, run_points: RunPoints, *, parallel: int = 1, brute: bool = Fa
                 "runs": sum(1 for rec in runner.records if rec["phase"] == "max_rate"),
                 "wall_s": time.perf_counter() - t1,
             }
+    doc["saturation"] = saturation_summary(runner)
     doc["pareto"] = pareto_fronts(runner)
     doc["deployments"] = deployments(runner)
     doc["runs"] = len(runner.records)
@@ -234,10 +261,27 @@ def run_plan(plan, run_points: RunPoints, *, parallel: int = 1, brute: bool = Fa
     return doc
 
 
+def saturation_summary(runner: PlanRunner) -> dict:
+    """How many deployments were dropped as saturated (docs/planning.md, "Saturated
+    deployments"): ``drop_saturated`` (on or off), ``deployments_dropped`` (verdicts whose
+    runs were saturated), ``runs_stopped_early`` (runs ended at their last arrival) and
+    ``seed_runs_skipped`` (runs of other seeds not made)."""
+    recs = runner.records
+    return {"drop_saturated": runner.drop_saturated,
+            "deployments_dropped": sum(1 for v in runner.cache.values()
+                                       if any(recs[i].get("saturated") for i in v.runs)),
+            "runs_stopped_early": sum(1 for r in recs if r.get("stopped_early_s") is not None),
+            "seed_runs_skipped": runner.seed_runs_skipped}
+
+
 def pareto_fronts(runner: PlanRunner) -> dict:
     """Fronts over the deployments judged at the plan's rate (the search's), by verdict id."""
     verdicts = [v for (dep, rate), v in runner.cache.items() if rate is None]
-    verdicts = [v for v in verdicts if all(runner.records[i]["status"] == "ok" for i in v.runs)]
+    # runs that failed, or were ended at their last arrival (saturated: their latencies
+    # cover only the requests done by then), have no place on a front
+    verdicts = [v for v in verdicts if all(runner.records[i]["status"] == "ok"
+                                           and runner.records[i].get("stopped_early_s") is None
+                                           for i in v.runs)]
     cost = lambda v: v.cost  # noqa: E731
     summary = lambda v: {"deployment": v.deployment.as_dict(), "cost": v.cost, "meets": v.meets,  # noqa: E731
                          "ttft_p99_ms": v.metrics.get("ttft_p99_ms"), "goodput_rps": v.goodput_rps,
@@ -251,12 +295,13 @@ def pareto_fronts(runner: PlanRunner) -> dict:
 def deployments(runner: PlanRunner) -> list[dict]:
     """Every deployment judged at the plan's rate, flat (what ``blis-simpy report`` plots):
     ``label, gpus, cost_per_hour_usd`` (None without prices) ``, ttft_p99_ms, goodput_rps,
-    meets_slo``, cheapest first."""
+    meets_slo, saturated``, cheapest first."""
     priced = runner.spec.priced
     out = [{"label": v.deployment.label, "gpus": v.deployment.gpus,
             "cost_per_hour_usd": v.cost if priced else None,
             "ttft_p99_ms": v.metrics.get("ttft_p99_ms"), "goodput_rps": v.goodput_rps,
-            "meets_slo": v.meets}
+            "meets_slo": v.meets,
+            "saturated": any(runner.records[i].get("saturated", False) for i in v.runs)}
            for (_, rate), v in runner.cache.items() if rate is None]
     return sorted(out, key=lambda d: (d["gpus"] if d["cost_per_hour_usd"] is None else d["cost_per_hour_usd"],
                                       d["label"]))

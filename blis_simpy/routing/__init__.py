@@ -9,7 +9,9 @@ from blis_simpy.routing.policies import AlwaysBusiest, LeastLoaded, Weighted
 from blis_simpy.routing.prefix_index import PrefixIndex
 from blis_simpy.routing.scorers import (
     KVUtilization,
+    LoadAware,
     LoadBalance,
+    PrecisePrefixCache,
     PrefixAffinity,
     QueueDepth,
     Scorer,
@@ -18,7 +20,8 @@ from blis_simpy.routing.scorers import (
 )
 
 __all__ = [
-    "AlwaysBusiest", "KVUtilization", "LeastLoaded", "LoadBalance", "PrefixAffinity",
+    "AlwaysBusiest", "KVUtilization", "LeastLoaded", "LoadAware", "LoadBalance",
+    "PrecisePrefixCache", "PrefixAffinity",
     "PrefixIndex", "QueueDepth", "RoundRobin", "Router", "RoutingDecision", "Scorer",
     "ScorerSpec", "Weighted", "break_tie", "parse_scorers",
 ]

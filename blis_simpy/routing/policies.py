@@ -92,6 +92,7 @@ class Weighted(Router, name="weighted"):
         self.weights = [spec.weight / total for spec in specs]
         self.specs = list(specs)
         self._observers = [s for s in self.scorers if s.stateful]
+        self._seers = [s for s in self.scorers if s.sees_state]
 
     def composite(self, req, snaps) -> list[float]:
         """The weighted composite score of each snapshot (in order)."""
@@ -131,6 +132,14 @@ class Weighted(Router, name="weighted"):
 
     def route(self, req, state: RouterState) -> RoutingDecision:
         snaps = state.snapshots
+        for scorer in self._seers:
+            if scorer._blis_builtin:
+                scorer.see(state)
+                continue
+            try:
+                scorer.see(state)
+            except Exception as exc:
+                raise call_failure(scorer, "see", exc, field=self._field(scorer)) from None
         comp = self.composite(req, snaps)
         best = max(comp)
         tied = [j for j, x in enumerate(comp) if x == best]

@@ -49,11 +49,15 @@ class Outputs:
     request object is needed after the run (a trace is then read whole, not streamed);
     ``fitness``: add the fitness section when the scenario has ``fitness_weights``;
     ``labels``: what the caller calls an output file in error lines (``outputs.requests_out``,
-    ``output.timeline`` → e.g. the CLI's flag), that name when absent."""
+    ``output.timeline`` → e.g. the CLI's flag), that name when absent;
+    ``stop_when_saturated``: end the run at its last pre-generated arrival when it is
+    saturated by then (docs/metrics.md, "Saturation"; the plan's early drop, docs/planning.md):
+    the drain is not simulated."""
 
     requests_out: str | None = None
     keep_requests: bool = False
     fitness: bool = True
+    stop_when_saturated: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
 
     def label(self, key: str) -> str:

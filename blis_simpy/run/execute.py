@@ -25,7 +25,7 @@ from blis_simpy.run import outputs as O
 from blis_simpy.run import slo_cost
 from blis_simpy.run.describe import PluginsRefused, RunDescription
 from blis_simpy.run.simulation import Simulation, SimulationResult
-from blis_simpy.run.workload import build_workload
+from blis_simpy.run.workload import build_workload, last_arrival_us
 
 __all__ = ["Outcome", "execute", "simulate"]
 
@@ -47,6 +47,9 @@ class Outcome:
     workload_seed: int | None = None      # seed the workload was generated with (None: scenario seed)
     pools: object | None = None           # the PoolLayout the run was built from
     interrupted: bool = False             # Ctrl-C ended the run: the report covers it so far
+    #: ``outputs.stop_when_saturated``: the run was saturated at its last arrival and ended
+    #: there (µs; None: it ran to its end)
+    stopped_saturated_us: int | None = None
 
 
 def simulate(scenario, requests, *, horizon_us: int | None = None, deployment=None, sessions=None,
@@ -103,6 +106,32 @@ class _Stop(Exception):
     """Raised by the Ctrl-C event: the simulation stops between two events."""
 
 
+class _Saturated(Exception):
+    """Raised by the saturation check: the run is saturated at its last arrival."""
+
+
+#: the run is tested for saturation at these fractions of its last arrival time
+#: (``outputs.stop_when_saturated``)
+SATURATION_CHECKS = (0.25, 0.5, 0.75, 1.0)
+
+
+def _stop_if_saturated(sim: Simulation, last_us: int) -> None:
+    """At a quarter, half, three quarters of ``last_us`` (the last pre-generated arrival) and
+    at it, after every model event then, test the run so far (its arrivals up to then) for
+    saturation (docs/metrics.md) and end it if saturated. With PD pools a parent's arrival
+    and scheduling are its prefill sub-request's, its completion its decode sub-request's.
+    Not with streamed metrics (they leave the records as requests complete)."""
+    from blis_simpy.des import OBSERVER_AFTER
+    if sim.scenario.metrics.streaming or last_us <= 0:
+        return
+
+    def check(_arg) -> None:
+        if O.sim_probe(sim, [inst.metrics for inst in sim.instances]).verdict().saturated:
+            raise _Saturated
+    for f in SATURATION_CHECKS:
+        sim.env.call_at(int(last_us * f), OBSERVER_AFTER, check)
+
+
 def _raise_stop(_arg) -> None:
     raise _Stop
 
@@ -157,11 +186,17 @@ def _partial_result(sim: Simulation) -> SimulationResult:
 def _run(d, sim, tap, requests, horizon, sessions, workload_seed, progress, batch,
          interruptible) -> Outcome:
     s = d.scenario
+    stopped_us = None
+    if d.outputs.stop_when_saturated:
+        _stop_if_saturated(sim, last_arrival_us(requests))
     with _ctrl_c_stops(sim, interruptible) as hit:
         try:
             result = sim.run(progress=progress)
         except _Stop:
             result = _partial_result(sim)
+        except _Saturated:
+            result = _partial_result(sim)
+            stopped_us = result.horizon_us
         except ConfigError as exc:     # a plugin misbehaved: locate its scenario key
             raise d.attribute(exc) from None
     interrupted = bool(hit)
@@ -185,10 +220,13 @@ def _run(d, sim, tap, requests, horizon, sessions, workload_seed, progress, batc
     cap = sim.pools.global_deployment.kv_capacity
     report.kv_capacity = cap.to_dict() if cap is not None else None
     report.sessions = result.sessions    # how the closed-loop sessions ended (tables, JSON)
+    report.saturation = tap.saturation(sim, result)   # docs/metrics.md, "Saturation"
+    if report.saturation.saturated and not interrupted:
+        log.warning("%s", report.saturation.warning())
     if not interrupted:
         tap.commit(report, batch)
     return Outcome(d, result, report, requests, horizon, sessions, workload_seed,
-                   pools=sim.pools, interrupted=interrupted)
+                   pools=sim.pools, interrupted=interrupted, stopped_saturated_us=stopped_us)
 
 
 def add_optional_sections(d: RunDescription, result: SimulationResult, report: Report) -> None:

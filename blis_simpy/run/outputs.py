@@ -19,9 +19,10 @@ import logging
 from blis_simpy.cluster.monitor import Monitor
 from blis_simpy.errors import ConfigError
 from blis_simpy.metrics.collect import RequestCollector
+from blis_simpy.metrics.saturation import probe_metrics
 from blis_simpy.metrics.sink import RequestSink
 from blis_simpy.metrics.slo import SLOSpec
-from blis_simpy.metrics.summary import request_rows
+from blis_simpy.metrics.summary import aggregate, request_rows
 from blis_simpy.metrics.timeline_file import check_timeline_path, write_timeline
 
 __all__ = ["RunTap", "TimelineOut", "start_rows", "start_timeline"]
@@ -47,6 +48,13 @@ class RunTap:
         queued or running."""
         if self.collector is not None:
             self.collector.finish(metrics)
+
+    def saturation(self, sim, result):
+        """The saturation test of the run (docs/metrics.md, "Saturation"): from the probe the
+        streamed requests fed, or from the exact records."""
+        probe = self.collector.probe if self.collector is not None else None
+        return (probe if probe is not None else sim_probe(sim, result.instances)).verdict()
+
 
     def commit(self, report, batch=None) -> None:
         """Complete the rows file: exact metrics write the cluster's rows now (the results
@@ -120,3 +128,9 @@ def start_timeline(d, sim) -> TimelineOut:
     except ValueError as exc:
         raise d.attribute(ConfigError(str(exc), field="output.timeline_interval_ms")) from None
     return TimelineOut(monitor, out.timeline, field)
+
+
+def sim_probe(sim, metrics):
+    """The saturation probe of ``sim``'s instance records ``metrics`` (exact metrics; with
+    prefill/decode pools, their sub-requests and the cluster's parent records)."""
+    return probe_metrics(aggregate(metrics), getattr(sim.cluster, "parents", None))

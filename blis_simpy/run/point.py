@@ -21,6 +21,12 @@ The row it returns is flat (one value per key, ready for a Parquet column)::
 
 The metrics are exactly those of ``blis-simpy run --scenario S --format json`` for the same
 scenario (:func:`blis_simpy.metrics.report.report_dict`).
+
+A point with ``"stop_when_saturated": true`` (the plan's, docs/planning.md) ends its run at
+its last arrival when it is saturated then (docs/metrics.md, "Saturation"), and its row
+has three more keys: ``saturated`` (bool), ``stopped_early_s`` (the simulated time it ended
+at, s; None when it ran to its end) and ``saturation`` (the one-line summary; "" when not
+saturated).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import json
 import time
 
 from blis_simpy.errors import BlisError
-from blis_simpy.run.describe import RunDescription, prepare
+from blis_simpy.run.describe import Outputs, RunDescription, prepare
 from blis_simpy.run.execute import execute
 
 __all__ = ["check_point", "flatten", "prepare_point", "report_row", "run_point"]
@@ -43,6 +49,7 @@ def prepare_point(point: dict, allow_plugins: bool = False) -> RunDescription:
     scenario dict is copied); its plugin modules are looked up in its ``plugin_dirs`` first
     and imported only with ``allow_plugins``."""
     return prepare(point["scenario"], mode=point.get("command", "run"),
+                   outputs=Outputs(stop_when_saturated=bool(point.get("stop_when_saturated"))),
                    plugin_dirs=tuple(point.get("plugin_dirs") or ()), allow_plugins=allow_plugins)
 
 
@@ -91,6 +98,12 @@ def run_point(point: dict, allow_plugins: bool = False) -> dict:
             row["config_hash"] = config_hash(d.mode, resolved(d.scenario))
         out = execute(d)
         row.update(report_row(report_dict(out.report)))
+        if d.outputs.stop_when_saturated:
+            sat = out.report.saturation
+            row["saturated"] = bool(sat is not None and sat.saturated)
+            row["stopped_early_s"] = (out.stopped_saturated_us / 1e6
+                                      if out.stopped_saturated_us is not None else None)
+            row["saturation"] = sat.summary() if row["saturated"] else ""
     except Exception as exc:   # a point's failure is its row, never the sweep's end
         row["status"] = "error"
         text = (exc.one_line() if isinstance(exc, BlisError)

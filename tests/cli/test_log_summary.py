@@ -18,6 +18,8 @@ LINE = re.compile(r"^WARNING blis_simpy\.(?P<logger>\w+): (?P<what>.+?) (?P<n>[\
 def _lines(stderr: str) -> list[dict]:
     out = []
     for line in stderr.splitlines():
+        if line.startswith("WARNING blis_simpy.run: saturated: "):   # docs/metrics.md, "Saturation"
+            continue
         m = LINE.match(line)
         assert m, line                           # every stderr line is a per-cause summary
         out.append(m.groupdict() | {"n": int(m["n"].replace(",", ""))})
@@ -38,6 +40,8 @@ def test_drops_and_final_token_failures_are_summarised_per_cause(cli):
         "it cannot get the KV blocks it needs on instance_N (N KV blocks in all) and would be "
         "recomputed forever"]
     assert sum(ln["n"] for ln in dropped) == doc["anomaly_counters"]["dropped_unservable"] == 9
+    # 60 KV blocks cannot keep up with 50 req/s: the run is saturated, said once
+    assert doc["saturation"]["saturated"] and res.stderr.count("saturated: ") == 1
     final = [ln for ln in lines if ln["what"] == "KV allocation failed for the final token of"]
     assert [(ln["n"], ln["cause"]) for ln in final] == [
         (1, "the request completes (counted as KV allocation failures)")]   # WARNING, not ERROR

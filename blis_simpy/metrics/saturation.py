@@ -1,0 +1,268 @@
+"""Saturation detection: does the offered load exceed what the deployment sustains?
+(docs/metrics.md, "Saturation").
+
+A deployment is **saturated** when, over the arrival window (first to last arrival), both
+
+1. its **backlog** grows: the requests waiting (arrived, in the control plane, in a queueing
+   delay or in a wait queue, not yet scheduled) sampled at up to :data:`MAX_SAMPLES` evenly
+   spaced times have a least-squares slope ``b`` of at least ``(1 − MAX_ACHIEVED_RATIO)`` ×
+   the offered rate whose t statistic ``b / se(b)`` is at least :data:`MIN_T_STAT`; and
+2. its **completed throughput** falls short of the offered rate: over the second half of the
+   window, completions / arrivals is below :data:`MAX_ACHIEVED_RATIO`.
+
+Both are measured inside the arrival window, so a long drain after the last arrival hides
+nothing, and a burst that drains before the window ends has a falling backlog and as many
+completions as arrivals in the second half. Neither test has a per-model constant.
+
+A request is in the backlog from its arrival until it is scheduled (its arrival plus its
+scheduling delay: the last scheduling after a preemption), or until its deadline when it
+timed out unscheduled, or to the end when it never left. Requests rejected by admission or
+routing, or dropped, are never in it; requests still in the control plane at the end are not
+seen (they arrived in the last admission plus routing latency).
+
+:class:`BacklogProbe` keeps counts of arrivals, departures from the backlog and completions
+in bins of ``2**k`` µs (at most :data:`MAX_BINS`, doubled as time grows): memory is bounded
+whatever the run's length (it serves ``--streaming-metrics``, which feeds it as requests
+leave). Samples are taken at bin edges.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from blis_simpy.request import TIMED_OUT
+
+__all__ = ["BacklogProbe", "MAX_ACHIEVED_RATIO", "MAX_BINS", "MAX_SAMPLES", "MIN_SAMPLES",
+           "MIN_T_STAT", "SaturationVerdict", "probe_metrics"]
+
+#: bins of the probe (each an int64 count of three kinds)
+MAX_BINS = 1 << 14
+#: backlog samples the slope is fitted to (evenly spaced over the arrival window)
+MAX_SAMPLES = 64
+#: fewer bin edges than this inside the arrival window: no verdict
+MIN_SAMPLES = 8
+#: the backlog's slope must be at least this many standard errors above 0
+MIN_T_STAT = 3.0
+#: completions / arrivals over the window's second half must be below this
+MAX_ACHIEVED_RATIO = 0.9
+
+
+@dataclass(frozen=True)
+class SaturationVerdict:
+    """The test's result. Rates in requests/s, times in µs; ``undetermined``: why there is no
+    verdict ("" when there is one)."""
+
+    saturated: bool
+    undetermined: str = ""
+    samples: int = 0
+    window_start_us: int = 0
+    window_end_us: int = 0
+    backlog_first: int = 0
+    backlog_last: int = 0
+    backlog_slope_rps: float = 0.0
+    backlog_slope_stderr_rps: float = 0.0
+    offered_rps: float = 0.0
+    achieved_rps: float = 0.0
+
+    @property
+    def t_stat(self) -> float:
+        se = self.backlog_slope_stderr_rps
+        if se > 0:
+            return self.backlog_slope_rps / se
+        return math.inf if self.backlog_slope_rps > 0 else 0.0
+
+    @property
+    def achieved_over_offered(self) -> float:
+        return self.achieved_rps / self.offered_rps if self.offered_rps > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        """The JSON form (times in s, rates in requests/s)."""
+        t = self.t_stat
+        return {
+            "saturated": self.saturated,
+            "window_start_s": self.window_start_us / 1e6,
+            "window_end_s": self.window_end_us / 1e6,
+            "samples": self.samples,
+            "backlog_first": self.backlog_first,
+            "backlog_last": self.backlog_last,
+            "backlog_slope_rps": self.backlog_slope_rps,
+            "backlog_slope_stderr_rps": self.backlog_slope_stderr_rps,
+            "backlog_slope_t": t if math.isfinite(t) else None,
+            "offered_rps": self.offered_rps,
+            "achieved_rps": self.achieved_rps,
+            "achieved_over_offered": self.achieved_over_offered,
+        }
+
+    def summary(self) -> str:
+        """One line: what was measured."""
+        return (f"backlog +{self.backlog_slope_rps:.3g} ± {self.backlog_slope_stderr_rps:.2g} "
+                f"req/s over the arrivals {self.window_start_us / 1e6:.3f}-"
+                f"{self.window_end_us / 1e6:.3f} s ({self.backlog_first} -> {self.backlog_last} "
+                f"waiting); {self.achieved_rps:.3g} of {self.offered_rps:.3g} req/s completed "
+                f"({100 * self.achieved_over_offered:.0f} %)")
+
+    def warning(self) -> str:
+        """The one-line warning printed when saturated."""
+        return "saturated: the offered load exceeds what the deployment sustains: " + self.summary()
+
+
+class BacklogProbe:
+    """Binned counts of when requests arrived, left the backlog and completed (module
+    docstring). Times are integer µs >= 0."""
+
+    __slots__ = ("shift", "arrivals", "reentries", "leaves", "completions", "first_arrival_us",
+                 "last_arrival_us", "n")
+
+    def __init__(self):
+        self.shift = 0                       # bin width 2**shift µs
+        self.arrivals = np.zeros(MAX_BINS, dtype=np.int64)
+        self.reentries = np.zeros(MAX_BINS, dtype=np.int64)    # back in a queue (PD decode)
+        self.leaves = np.zeros(MAX_BINS, dtype=np.int64)
+        self.completions = np.zeros(MAX_BINS, dtype=np.int64)
+        self.first_arrival_us = -1
+        self.last_arrival_us = -1
+        self.n = 0
+
+    def _fit(self, t_us: int) -> None:
+        """Widen the bins until time ``t_us`` falls in one."""
+        while (t_us >> self.shift) >= MAX_BINS:
+            for a in (self.arrivals, self.reentries, self.leaves, self.completions):
+                merged = a.reshape(-1, 2).sum(axis=1)
+                a[: MAX_BINS // 2] = merged
+                a[MAX_BINS // 2:] = 0
+            self.shift += 1
+
+    def add(self, arrival_us: int, left_us: int | None, done_us: int | None) -> None:
+        """One request: its arrival, when it left the backlog (None: never) and when it
+        completed (None: it did not)."""
+        last = max(arrival_us, left_us or 0, done_us or 0)
+        self._fit(last)
+        s = self.shift
+        self.arrivals[arrival_us >> s] += 1
+        if left_us is not None:
+            self.leaves[left_us >> s] += 1
+        if done_us is not None:
+            self.completions[done_us >> s] += 1
+        self._saw(arrival_us, arrival_us, 1)
+
+    def add_again(self, enter_us: int | None, left_us: int | None, done_us: int | None) -> None:
+        """A request counted at its arrival waits again (a PD parent's decode sub-request, in
+        its decode instance's queue from ``enter_us`` until ``left_us``; None: it did not,
+        or did not leave) or completes at ``done_us`` (None: not yet)."""
+        self._fit(max(enter_us or 0, left_us or 0, done_us or 0))
+        s = self.shift
+        if enter_us is not None:
+            self.reentries[enter_us >> s] += 1
+        if left_us is not None:
+            self.leaves[left_us >> s] += 1
+        if done_us is not None:
+            self.completions[done_us >> s] += 1
+
+    def add_many(self, arrival_us, left_us, done_us) -> None:
+        """Many requests at once: int64 arrays of equal length, -1 for "never"."""
+        arrival_us = np.asarray(arrival_us, dtype=np.int64)
+        if not len(arrival_us):
+            return
+        left_us = np.asarray(left_us, dtype=np.int64)
+        done_us = np.asarray(done_us, dtype=np.int64)
+        self._fit(int(max(arrival_us.max(), left_us.max(), done_us.max())))
+        s = self.shift
+        np.add.at(self.arrivals, arrival_us >> s, 1)
+        np.add.at(self.leaves, left_us[left_us >= 0] >> s, 1)
+        np.add.at(self.completions, done_us[done_us >= 0] >> s, 1)
+        self._saw(int(arrival_us.min()), int(arrival_us.max()), len(arrival_us))
+
+    def _saw(self, first: int, last: int, n: int) -> None:
+        if self.first_arrival_us < 0 or first < self.first_arrival_us:
+            self.first_arrival_us = first
+        self.last_arrival_us = max(self.last_arrival_us, last)
+        self.n += n
+
+    def verdict(self) -> SaturationVerdict:
+        """The saturation test over the arrival window (module docstring)."""
+        if self.n < 2:
+            return SaturationVerdict(False, "fewer than two requests")
+        w = 1 << self.shift
+        a0, a1 = self.first_arrival_us, self.last_arrival_us
+        lo = -(-a0 // w)                  # first bin edge at or after the first arrival
+        hi = a1 // w                      # last edge at or before the last arrival
+        if hi - lo + 1 < MIN_SAMPLES:
+            return SaturationVerdict(False, f"fewer than {MIN_SAMPLES} samples in the arrival "
+                                            "window", window_start_us=a0, window_end_us=a1)
+        k = min(MAX_SAMPLES, hi - lo + 1)
+        edges = np.unique(np.round(np.linspace(lo, hi, k)).astype(np.int64))
+        cum_a = np.concatenate(([0], np.cumsum(self.arrivals)))   # cum[j]: events before edge j
+        cum_l = np.concatenate(([0], np.cumsum(self.leaves) - np.cumsum(self.reentries)))
+        cum_c = np.concatenate(([0], np.cumsum(self.completions)))
+        backlog = cum_a[edges] - cum_l[edges]
+        x = edges.astype(np.float64) * (w / 1e6)                   # seconds
+        y = backlog.astype(np.float64)
+        xm = x.mean()
+        sxx = float(((x - xm) ** 2).sum())
+        b = float(((x - xm) * (y - y.mean())).sum()) / sxx
+        resid = y - (y.mean() + b * (x - xm))
+        se = math.sqrt(float((resid ** 2).sum()) / (len(x) - 2) / sxx)
+        mid = int(edges[np.searchsorted(edges, (lo + hi) / 2)])
+        end = int(edges[-1])
+        span_s = (end - mid) * w / 1e6
+        arrived = int(cum_a[end] - cum_a[mid])
+        if arrived == 0 or span_s <= 0:
+            return SaturationVerdict(False, "no arrival in the second half of the window",
+                                     window_start_us=a0, window_end_us=a1)
+        offered = arrived / span_s
+        achieved = int(cum_c[end] - cum_c[mid]) / span_s
+        # the deficit, measured twice: the backlog grows by at least the share of the offered
+        # rate that a completed/offered ratio below MAX_ACHIEVED_RATIO leaves behind, and the
+        # completions do fall short
+        grows = (b >= (1 - MAX_ACHIEVED_RATIO) * offered
+                 and (se == 0 or b / se >= MIN_T_STAT))
+        saturated = grows and achieved < MAX_ACHIEVED_RATIO * offered
+        return SaturationVerdict(saturated, "", len(edges), a0, a1, int(backlog[0]),
+                                 int(backlog[-1]), b, se, offered, achieved)
+
+
+def request_times(req, sched_us, done_us) -> tuple[int, int | None, int | None]:
+    """``(arrival, left the backlog, completed)`` of one registry row (µs; None: never).
+    ``sched_us``: its scheduling delay (from ``origin_us``), ``done_us``: its completion time."""
+    if sched_us is not None:
+        left = req.origin_us + sched_us
+    elif done_us is not None:
+        left = done_us
+    else:
+        deadline = getattr(req, "deadline_us", 0)
+        left = deadline if deadline > 0 and getattr(req, "state", None) == TIMED_OUT else None
+    return req.arrival_us, left, done_us
+
+
+def probe_metrics(metrics, parents=None) -> BacklogProbe:
+    """A probe of every request in an :class:`~blis_simpy.metrics.records.InstanceMetrics`
+    (exact metrics: its registry, scheduling delays and completion times).
+
+    With prefill/decode pools pass the instances' own records aggregated (sub-requests, not
+    the projected parents) and ``parents`` (the cluster's parent records by ID): a parent
+    arrives and waits with its prefill sub-request, waits again with its decode
+    sub-request (``is_decode_sub``: from its enqueue at the decode instance until scheduled
+    there), and completes when the cluster saw its decode finish (``completion_us``)."""
+    probe = BacklogProbe()
+    reg = metrics.registry
+    sched = metrics.scheduling_delay
+    done = metrics.completion_time
+    subs = frozenset(p.prefill_sub_id for p in parents.values()) if parents else frozenset()
+    arr, left, comp = [], [], []
+    for rid, req in reg.items():
+        a, lv, c = request_times(req, sched.get(rid), done.get(rid))
+        if getattr(req, "is_decode_sub", False):
+            enq = getattr(req, "enqueue_us", -1)
+            probe.add_again(enq if enq >= 0 else a, lv, None)
+            continue
+        arr.append(a)
+        left.append(-1 if lv is None else lv)
+        comp.append(-1 if c is None or rid in subs else c)
+    probe.add_many(arr, left, comp)
+    for p in (parents or {}).values():
+        if p.completed:
+            probe.add_again(None, None, p.completion_us)
+    return probe
