@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
+import re
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from blis_simpy.atomic import Batch
 from blis_simpy.cli import runner
 from blis_simpy.cli.flags import REPLAY
 from blis_simpy.config.loader import Source, dotted, load_raw, undotted
@@ -102,6 +105,7 @@ def variant_invocations(base: runner.Invocation, given: dict[str, str]) -> list[
     data.pop("variants", None)
     out: list[VariantInvocation] = []
     seen: dict[str, int] = {}
+    paths: dict[str, str] = {}
     for i, v in enumerate(base.scenario.variants):
         if v.name in seen:
             raise src.error(f"duplicate variant name (variants[{seen[v.name]}] has it)",
@@ -113,14 +117,31 @@ def variant_invocations(base: runner.Invocation, given: dict[str, str]) -> list[
                                 "(seed, workload, horizon_us) and plugins",
                                 ("variants", i, "overrides", key))
         vsrc = _source(src, i)
+        vdata, vgiven = merge_patch(data, v.overrides), given
+        if base.scenario.output.timeline:        # each variant its own timeline file
+            path = variant_path(base.scenario.output.timeline, v.name)
+            if path in paths:
+                raise src.error(f"its timeline file would be {path}, as variant "
+                                f"{paths[path]!r}'s: rename one", ("variants", i, "name"))
+            paths[path] = v.name
+            vdata = merge_patch(vdata, {"output": {"timeline": path}})
+            if "--timeline" in given:
+                vgiven = dict(given) | {"--timeline": path}
         with _named(v.name):
             try:
-                inv = _prepare(base.command, given, merge_patch(data, v.overrides), vsrc,
+                inv = _prepare(base.command, vgiven, vdata, vsrc,
                                 base.unchecked if base.pending_plugins else None)
             except BlisError as exc:
                 raise _relocate(exc, i, v.name, src) from None
         out.append(VariantInvocation(i, v.name, v.description, v.overrides, inv, src))
     return out
+
+
+def variant_path(path: str, name: str) -> str:
+    """A variant's own output file: ``day.csv`` -> ``day.autoscaled.csv`` (the name's
+    characters other than letters, digits, ``.``, ``-`` and ``_`` become ``_``)."""
+    stem, suffix = os.path.splitext(path)
+    return f"{stem}.{re.sub(r'[^A-Za-z0-9._-]', '_', name)}{suffix}"
 
 
 def _prepare(command: str, given: dict, data: dict, src: Source,
@@ -149,13 +170,15 @@ def _named(name: str):
             h.removeFilter(tag)
 
 
-def execute(vps: list[VariantInvocation], run: Callable = runner.execute) -> list[runner.Outcome]:
-    """Run every variant; check they served the same requests."""
+def execute(vps: list[VariantInvocation], run: Callable = runner.execute,
+            outputs: Batch | None = None) -> list[runner.Outcome]:
+    """Run every variant; check they served the same requests. With ``outputs``, each run's
+    files (its timeline) are staged in that batch, to commit together."""
     outs = []
     for vp in vps:
         with _named(vp.name):
             try:
-                outs.append(run(vp.invocation))
+                outs.append(run(vp.invocation) if outputs is None else run(vp.invocation, outputs=outputs))
             except BlisError as exc:
                 raise _relocate(exc, vp.index, vp.name, vp.file_src) from None
     sig = [_signature(o.requests) for o in outs]
@@ -407,13 +430,14 @@ def simulate(base: runner.Invocation, given: dict[str, str], fmt: str,
         raise ConfigError("not supported with scenario variants (each variant has its own "
                           "decision trace); drop the variants or the flag",
                           field="--trace-output-decisions")
-    if base.scenario.output.timeline:
-        raise base.attribute(ConfigError("not supported with scenario variants (each variant "
-                                         "has its own timeline); drop the variants or the flag",
-                                         field="output.timeline"))
     vps = variant_invocations(base, given)
-    outs = execute(vps, run)
-    text = render(base, vps, outs, fmt)     # a summary that cannot be rendered: no file
+    outputs = Batch()      # the variants' timelines land together, or none
+    try:
+        outs = execute(vps, run, outputs)
+        text = render(base, vps, outs, fmt)     # a summary that cannot be rendered: no file
+        outputs.commit()
+    finally:
+        outputs.abort()
     results_path = base.given.get("--results-path")
     if results_path:
         write_results_file(vps, outs, results_path)

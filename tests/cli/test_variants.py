@@ -334,3 +334,41 @@ def test_a_summary_that_cannot_be_rendered_leaves_no_results_file(cli, scenario,
     res = cli("run", "--scenario", scenario, "--results-path", out, "--format", fmt)
     assert res.exit_code != 0 and "Out of range float" in res.stderr
     assert not out.exists()
+
+
+# ---------------------------------------------------------------------------- timelines
+def test_each_variant_writes_its_own_timeline(cli, scenario, tmp_path):
+    out = tmp_path / "tl.csv"
+    _ok(cli("run", "--scenario", scenario, "--timeline", out))
+    files = sorted(p.name for p in tmp_path.glob("tl.*.csv"))
+    assert files == ["tl.1P1D.csv", "tl.2P2D.csv", "tl.co-located.csv"] and not out.exists()
+    roles = {name: set(open(tmp_path / name).read().splitlines()[1].split(",")[2:3]) for name in files}
+    assert roles["tl.co-located.csv"] == {""} and roles["tl.2P2D.csv"] == {"prefill"}
+
+
+def test_variant_timeline_names(tmp_path):
+    assert V.variant_path("out/day.parquet", "fixed 2/x") == "out/day.fixed_2_x.parquet"
+    assert V.variant_path("day.csv", "a.b-c_d") == "day.a.b-c_d.csv"
+
+
+def test_variants_whose_timeline_files_would_collide_are_refused(cli, tmp_path):
+    p = tmp_path / "v.yaml"
+    p.write_text(BASE + "variants:\n  - name: a b\n  - name: a/b\n")
+    res = cli("run", "--scenario", p, "--timeline", tmp_path / "tl.csv")
+    assert res.exit_code == 2 and "variants[1].name" in res.stderr
+    assert "its timeline file would be" in res.stderr and not list(tmp_path.glob("tl*"))
+
+
+def test_a_failing_variant_leaves_no_timeline(cli, scenario, tmp_path, monkeypatch):
+    real = V.runner.execute
+    calls = []
+
+    def second_fails(inv, **kw):
+        calls.append(inv)
+        if len(calls) == 2:
+            raise SimulationError("boom")
+        return real(inv, **kw)
+    monkeypatch.setattr(V.runner, "execute", second_fails)
+    res = cli("run", "--scenario", scenario, "--timeline", tmp_path / "tl.csv")
+    assert res.exit_code != 0 and "boom" in res.stderr
+    assert len(calls) == 2 and not list(tmp_path.glob("tl*"))
