@@ -245,6 +245,9 @@ class Autoscaler:
         unit.state = SERVING
         unit.serving_us = self.env.now
         self._changed(self.env.now)
+        gateway = getattr(self.cluster, "gateway", None)
+        if gateway is not None:      # room for queued requests may have opened
+            gateway.ring()
 
     def _idle(self, u: Unit) -> bool:
         inflight = self.cluster.inflight

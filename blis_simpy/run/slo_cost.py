@@ -52,15 +52,7 @@ def autoscale_section(scenario, sim, result, spec: SLOSpec):
     ``--streaming-metrics``), GPU-hours priced as the deployment is."""
     done = None
     if not scenario.metrics.streaming:
-        done = []
-        for m in result.instances:
-            reg, ttft, itl = m.registry, m.ttft, m.itl
-            for rid in sorted(m.e2e):
-                req = reg.get(rid)
-                if req is None:
-                    continue
-                ok = spec.targets_for(req.slo_class).meets(ttft.get(rid), itl.get(rid), m.e2e[rid])
-                done.append((req.arrival_us, all(ok)))
+        done = [(req.arrival_us, ok) for m in result.instances for req, ok in _judged(m, spec)]
     price = scenario.cost.gpu_hour_usd
     if price is None:
         gpu = sim.pools.global_deployment.gpu
@@ -81,13 +73,8 @@ def attach_gateway(scenario, sim, report: Report) -> None:
     if spec.active and cluster.streaming is None:
         flow = gw.policy.flow
         met = {}
-        reg, ttft, itl = cluster.registry, cluster.ttft, cluster.itl
-        for rid in sorted(cluster.e2e):
-            req = reg.get(rid)
-            if req is None:
-                continue
-            ok = spec.targets_for(req.slo_class).meets(ttft.get(rid), itl.get(rid), cluster.e2e[rid])
-            if all(ok):
+        for req, ok in _judged(cluster, spec):
+            if ok:
                 f = flow(req)
                 met[f] = met.get(f, 0) + 1
     weight = getattr(gw.policy, "weight", lambda _f: 1.0)
@@ -95,3 +82,14 @@ def attach_gateway(scenario, sim, report: Report) -> None:
     report.gateway = gateway_report(gw.counters, flow_key=fs.key if fs is not None else "tenant",
                                     weight=weight, duration_s=float(cluster.sim_ended_time) / 1e6,
                                     met_by_flow=met)
+
+
+def _judged(m, spec: SLOSpec):
+    """``(request, met every target)`` of each completed request of the metrics record ``m``
+    (an instance's or the cluster's), in request-ID order."""
+    reg, ttft, itl = m.registry, m.ttft, m.itl
+    for rid in sorted(m.e2e):
+        req = reg.get(rid)
+        if req is not None:
+            ok = spec.targets_for(req.slo_class).meets(ttft.get(rid), itl.get(rid), m.e2e[rid])
+            yield req, all(ok)

@@ -191,3 +191,18 @@ def test_a_decision_leaves_the_routers_stale_snapshots_as_they_were():
     assert 1_000_000 < done_0 < 1_200_000
     assert where(a) == where(b) and where(b)["request_1"][0] == "instance_0"
     assert a.autoscale.decisions[0][0] == 1_000_000
+
+
+def test_a_gateway_queue_sends_on_when_a_new_instance_is_ready():
+    """A gateway queue letting one request in flight per serving instance: request_1 (at
+    0.25 s) waits while request_0 runs on the only instance; the second instance, decided at
+    1 s, is ready at 1.5 s and request_1 is sent to it then (enqueued after alpha0)."""
+    sc = scaled([{"at_s": 0, "instances": 1}, {"at_s": 1, "instances": 2}], initial=1)
+    sc = Scenario.model_validate(sc.model_dump() | {"cluster": sc.cluster.model_dump() | {
+        "gateway": {"detector": "concurrency", "max_concurrency": 1}}})
+    reqs = [request(0, arrival=0, n_in=64, n_out=300, seed=0),
+            request(1, arrival=250_000, n_in=64, n_out=10, seed=1)]
+    _, result = simulate(sc, reqs)
+    placed = where(result)
+    assert result.instances[0].completion_time["request_0"] > 1_500_000
+    assert placed["request_1"] == ("instance_1", 250_000, 1_501_000)

@@ -197,7 +197,7 @@ def test_verdict_names_the_cheapest_variant_meeting_the_slos_or_the_closest():
 
     def variant(name, att, good, usd, gpus):
         overall = NS(attainment_pct=lambda: {"all": att}, goodput_rps=good)
-        report = NS(slo=NS(overall=overall), deployment=NS(cost_per_hour_usd=usd))
+        report = NS(slo=NS(overall=overall), deployment=NS(cost_per_hour_usd=usd), autoscaling=None)
         return NS(name=name), NS(report=report, result=NS(gpus=gpus))
 
     vs = [variant("a", 100.0, 9.0, 12.0, 4), variant("b", 100.0, 8.0, 6.0, 2), variant("c", 80.0, 9.5, 3.0, 1)]
@@ -214,6 +214,32 @@ def test_verdict_names_the_cheapest_variant_meeting_the_slos_or_the_closest():
         "Verdict: no variant meets the SLOs; closest: rr, 83.3 % attainment, goodput 5.00 req/s, 4 GPUs. "
         "Meeting the SLOs: every offered request met every target; cost: GPUs (no GPU price: "
         "--gpu-hour-cost).")
+
+
+def test_verdict_with_an_autoscaled_variant_costs_gpu_hours():
+    from types import SimpleNamespace as NS
+
+    from blis_simpy.cli.variants import verdict
+
+    def variant(name, att, gpus, hours=None):
+        overall = NS(attainment_pct=lambda: {"all": att}, goodput_rps=5.0)
+        # a fixed variant: its GPUs over a run of 1,800 s; an autoscaled one: its own GPU-hours
+        report = NS(slo=NS(overall=overall), deployment=NS(cost_per_hour_usd=None),
+                    autoscaling=None if hours is None else NS(gpu_hours=hours),
+                    cluster=NS(sim_ended_time=1_800_000_000))
+        return NS(name=name), NS(report=report, result=NS(gpus=gpus))
+
+    vs = [variant("auto", 99.0, 3, hours=0.8), variant("one", 60.0, 1), variant("two", 99.0, 2),
+          variant("three", 99.5, 3)]
+    assert verdict(*map(list, zip(*vs, strict=True))) == (
+        "Verdict: no variant meets the SLOs; closest: three, 99.5 % attainment, goodput 5.00 req/s, "
+        "1.500 GPU-h. Meeting the SLOs: every offered request met every target; cost: GPU-hours over "
+        "the run (a variant is autoscaled).\n"
+        "auto: 0.800 GPU-h at 99.0 % attainment; the smallest fixed variant with at least that: two, "
+        "1.000 GPU-h (1.25x).")
+    vs = [variant("auto", 99.9, 3, hours=0.8), variant("two", 99.0, 2)]
+    assert verdict(*map(list, zip(*vs, strict=True))).endswith(
+        "auto: 0.800 GPU-h at 99.9 % attainment; no fixed variant reaches that attainment.")
 
 
 def test_one_request_is_singular(cli, monkeypatch, tmp_path):
