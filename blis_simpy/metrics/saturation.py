@@ -198,6 +198,9 @@ class BacklogProbe:
         cum_l = np.concatenate(([0], np.cumsum(self.leaves) - np.cumsum(self.reentries)))
         cum_c = np.concatenate(([0], np.cumsum(self.completions)))
         backlog = cum_a[edges] - cum_l[edges]
+        # ordinary least squares and the slope's standard error, as scipy.stats.linregress
+        # gives them; written out because importing scipy.stats costs ~2 s and every run
+        # takes this test
         x = edges.astype(np.float64) * (w / 1e6)                   # seconds
         y = backlog.astype(np.float64)
         xm = x.mean()
