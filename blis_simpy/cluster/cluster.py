@@ -215,7 +215,7 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
                                on_shed=self._gateway_shed, max_depth=cfg.max_depth,
                                band_queue_limit=cfg.band_queue_limit,
                                band_inflight_limit=cfg.band_inflight_limit,
-                               dispatch_tick_us=cfg.dispatch_tick_us)
+                               dispatch_tick_us=cfg.dispatch_tick_us, trace=self.trace)
 
     def _gateway_shed(self, req) -> None:
         """The gateway shed ``req``: a session ends, or a closed-loop client is freed, as on a

@@ -69,7 +69,7 @@ class Gateway:
 
     def __init__(self, env, policy: GatewayPolicy, *, route, state, on_shed=None, max_depth: int = 0,
                  band_queue_limit: int = 0, band_inflight_limit: int = 0,
-                 dispatch_tick_us: int = 1000, field_name: str = "cluster.gateway"):
+                 dispatch_tick_us: int = 1000, field_name: str = "cluster.gateway", trace=None):
         self.env = env
         self.policy = policy
         self._route = route
@@ -80,6 +80,8 @@ class Gateway:
         self.band_inflight_limit = band_inflight_limit
         self.dispatch_tick_us = dispatch_tick_us
         self.field = field_name
+        #: the run's :class:`~blis_simpy.trace.DecisionTrace` (every queue decision), or None
+        self.trace = trace
         self.counters = GatewayCounters()
         self._heaps: dict[tuple[str, int], list] = {}   # (flow, band) -> [(rank, seq, entry)]
         self._flow_len: Counter = Counter()
@@ -88,7 +90,9 @@ class Gateway:
         self._inflight: dict[str, tuple[int, str]] = {}  # dispatched request id -> (band, flow)
         self._seq = 0
         self._reqs: dict[int, object] = {}   # a plugin policy's entries hold views: seq -> request
-        self._pending = 0               # dispatched, not yet at the router (routing latency)
+        #: dispatched requests no instance holds: inside the routing latency, or with
+        #: prefill/decode pools in the disaggregation decision and the KV transfer
+        self._pending = 0
         self._tick_due = False
         self._bell = env.event()
         self.process = env.process(self._dispatcher())
@@ -135,6 +139,8 @@ class Gateway:
         self._band_len[entry.band] += 1
         c.queued += 1
         c.peak_depth = max(c.peak_depth, c.queued)
+        if self.trace is not None:
+            self.trace.record_gateway(req.id, now, "queued", entry, c.queued)
         pol.enqueued(entry, was_empty)
         self.ring()
 
@@ -145,6 +151,8 @@ class Gateway:
         c.shed_by_flow[entry.flow] += 1
         log.debug("gateway shed %s (%s)", entry.req.id, reason)
         req = self._reqs.pop(entry.seq, entry.req)
+        if self.trace is not None:
+            self.trace.record_gateway(req.id, self.env.now, "shed", entry, c.queued, reason)
         if self._on_shed is not None:
             self._on_shed(req)
 
@@ -179,8 +187,14 @@ class Gateway:
             self.ring()
 
     def routed(self) -> None:
-        """A dispatched request reached the router (after the routing latency)."""
+        """A dispatched request reached the router (after the routing latency; with
+        prefill/decode pools, its prefill or decode sub-request reached its pool's router)."""
         self._pending -= 1
+
+    def transferring(self) -> None:
+        """With prefill/decode pools: a dispatched request's prefill finished, and no instance
+        holds it while its KV moves (pending again until its decode pool routes it)."""
+        self._pending += 1
 
     def ring(self) -> None:
         """Wake the dispatcher at the current time (once, however often it is rung)."""
@@ -236,7 +250,11 @@ class Gateway:
             self._band_inflight[entry.band] += 1
             self._inflight[entry.req.id] = (entry.band, entry.flow)
             self._pending += 1
-            self._route(self._reqs.pop(entry.seq, entry.req))
+            req = self._reqs.pop(entry.seq, entry.req)
+            if self.trace is not None:
+                self.trace.record_gateway(req.id, now, "dispatched", entry, c.queued,
+                                          wait_us=now - entry.enqueue_us)
+            self._route(req)
         if c.queued and pol.polls and not self._tick_due:
             self._tick_due = True
             self.env.call_at(now + self.dispatch_tick_us, GATEWAY, self._tick)

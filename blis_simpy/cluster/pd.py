@@ -86,6 +86,16 @@ class PDCluster(Cluster, name="pd"):
 
     # ------------------------------------------------------------------ decision
     def _after_admission(self, req) -> None:
+        if self.gateway is not None:     # the queue sends it on to the decision (to_routing)
+            self.gateway.offer(req)
+            return
+        self.decision_inbox.deliver(req)
+
+    def to_routing(self, req) -> None:
+        """A request the gateway queue sends on: to the disaggregation decision, now (the
+        routing latency follows the decision, as without a queue). It counts as the gateway's
+        ``pending`` until an instance holds it or its prefill sub-request (docs/control-plane.md,
+        "Gateway queue")."""
         self.decision_inbox.deliver(req)
 
     def pool_view(self, req) -> PoolView:
@@ -126,6 +136,8 @@ class PDCluster(Cluster, name="pd"):
             self.prefill_inbox.hand_on(now_us + lat, parent)
 
     def _on_local_routing(self, req) -> None:
+        if self.gateway is not None:
+            self.gateway.routed()
         if self.local_routing == "all":
             inst = self.route(req, None, self.router)
         else:
@@ -143,9 +155,14 @@ class PDCluster(Cluster, name="pd"):
             parent: ParentRequest = yield get()
             sub = parent.prefill_sub
             chosen = self.choose(sub, self.prefill_pool, self.prefill_router, what="prefill sub-request")
+            gateway = self.gateway
+            if gateway is not None:
+                gateway.routed()
             if chosen is None:                  # a rejection at routing (disaggregation.md)
                 _drop_hashes(parent.original)
                 self.counters.rejected_at_routing += 1
+                if gateway is not None:
+                    gateway.left(parent.original)
                 if self.sessions is not None:
                     self.session_rejected(parent.original)
                 continue
@@ -185,6 +202,8 @@ class PDCluster(Cluster, name="pd"):
             sub.origin_us = req.origin_us = parent.prefill_sub.origin_us
             parent.decode_sub = sub
             chosen = self.choose(sub, self.decode_pool, self.decode_router, what="decode sub-request")
+            if self.gateway is not None:        # out of the transfer: held by an instance or ended
+                self.gateway.routed()
             if chosen is None:
                 self._drop_at_decode(parent, now_us, "no decode instance")
                 continue
@@ -225,6 +244,8 @@ class PDCluster(Cluster, name="pd"):
         if rid in self.pending_prefill:
             if req.state == COMPLETED:
                 self._prefill_done.append((rid, tick_us))
+                if self.gateway is not None:    # its parent is on no instance until decode
+                    self.gateway.transferring()
             else:                              # timed out or dropped on the prefill pool
                 self._parent_failed(self.pending_prefill[rid], tick_us, req.state)
         elif rid in self.pending_decode:
@@ -258,11 +279,11 @@ class PDCluster(Cluster, name="pd"):
                 # BLIS: detection time = start of the last decode step; ours: its end
                 parent.completion_us = tick if self.transfer_at_step_end else now_us
                 self.decode_completed += 1
-                if self.on_parent_done is not None:
+                if self.on_parent_done is not None or self.gateway is not None:
                     orig = parent.original
                     orig.state = COMPLETED
                     orig.pi = parent.decode_sub.pi
-                    self.on_parent_done(orig, tick)
+                    self._parent_ended(orig, tick)
 
     def _kv_bytes(self, parent: ParentRequest) -> float:
         """Bytes of ``parent``'s prompt KV the fabric moves: whole blocks × block size ×
@@ -272,9 +293,17 @@ class PDCluster(Cluster, name="pd"):
     def _parent_failed(self, parent: ParentRequest, tick_us: int, state: int) -> None:
         """A sub-request timed out or was dropped: the parent ends in that state."""
         _drop_hashes(parent.original)
-        if self.on_parent_done is not None:
+        if self.on_parent_done is not None or self.gateway is not None:
             parent.original.state = state
-            self.on_parent_done(parent.original, tick_us)
+            self._parent_ended(parent.original, tick_us)
+
+    def _parent_ended(self, orig, tick_us: int) -> None:
+        """A disaggregated request ended (completed, timed out or dropped) at ``tick_us``: the
+        gateway queue has one in flight fewer, and closed-loop sessions hear of it."""
+        if self.gateway is not None:
+            self.gateway.left(orig)
+        if self.on_parent_done is not None:
+            self.on_parent_done(orig, tick_us)
 
 
 def _share_hashes(src, dst) -> None:

@@ -296,9 +296,6 @@ class Simulation:
         self.sessions = sessions
         self.cluster.sessions = sessions
         if cl.gateway is not None:
-            if layout.enabled:
-                raise ConfigError("a gateway queue is not supported with prefill/decode pools",
-                                  field="cluster.gateway")
             self.cluster.attach_gateway(build_gateway_policy(scenario), cl.gateway)
         if isinstance(sessions, ClosedLoopClients):   # closed-loop clients start on the clock
             sessions.attach(self.cluster)

@@ -13,6 +13,7 @@ from blis_simpy.trace.records import (
     AdmissionRecord,
     Candidate,
     DisaggregationRecord,
+    GatewayRecord,
     KVTransferRecord,
     PoolRoutingRecord,
     RoutingRecord,
@@ -34,6 +35,12 @@ class DecisionTrace(TraceRecords):
 
     def record_admission(self, req, clock_us: int, admitted: bool, reason: str) -> None:
         self.admissions.append(AdmissionRecord(req.id, clock_us, admitted, reason))
+
+    def record_gateway(self, req_id: str, clock_us: int, action: str, entry, queue_depth: int,
+                       reason: str = "", wait_us: int = 0) -> None:
+        """A gateway-queue decision on the queued ``entry`` (:class:`GatewayRecord`)."""
+        self.gateway.append(GatewayRecord(req_id, clock_us, action, entry.flow, entry.band,
+                                          queue_depth, reason, wait_us))
 
     def record_routing(self, req, state, decision, chosen_id: str) -> None:
         scores = dict(decision.scores) if decision.scores is not None else None
@@ -65,6 +72,6 @@ class DecisionTrace(TraceRecords):
 
 __all__ = [
     "TRACE_LEVELS", "AdmissionRecord", "Candidate", "DecisionTrace", "DisaggregationRecord",
-    "KVTransferRecord", "PoolRoutingRecord", "RoutingRecord", "TraceRecords", "counterfactual",
+    "GatewayRecord", "KVTransferRecord", "PoolRoutingRecord", "RoutingRecord", "TraceRecords", "counterfactual",
     "summarize",
 ]

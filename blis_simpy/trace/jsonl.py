@@ -4,7 +4,7 @@
 One JSON object per record, ``"kind"`` first, then the record's fields as
 :mod:`blis_simpy.trace.records` names them (times in integer µs, the ``_us`` keys; ``scores``
 an object or null; ``candidates`` a list of objects). The kinds come in this order, each in
-event order: ``admission``, ``routing``, ``disaggregation``, ``prefill_routing``,
+event order: ``admission``, ``gateway`` (with a gateway queue), ``routing``, ``disaggregation``, ``prefill_routing``,
 ``decode_routing``, ``kv_transfer``. The file is written all-or-nothing
 (:mod:`blis_simpy.atomic`).
 """
@@ -19,7 +19,7 @@ from dataclasses import asdict
 from blis_simpy.trace.records import TraceRecords
 
 #: (kind, the TraceRecords list it comes from), in file order
-KINDS = (("admission", "admissions"), ("routing", "routings"), ("disaggregation", "disaggregations"),
+KINDS = (("admission", "admissions"), ("gateway", "gateway"), ("routing", "routings"), ("disaggregation", "disaggregations"),
          ("prefill_routing", "prefill_routings"), ("decode_routing", "decode_routings"),
          ("kv_transfer", "kv_transfers"))
 

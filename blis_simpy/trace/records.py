@@ -19,6 +19,23 @@ class AdmissionRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class GatewayRecord:
+    """A gateway-queue decision (docs/control-plane.md, "Gateway queue"): ``action`` is
+    ``queued`` (the request entered the queue), ``dispatched`` (it left for the router after
+    ``wait_us``) or ``shed`` (``reason``: queue_full, band_full or displaced); ``queue_depth``
+    is the number of queued requests after the decision."""
+
+    request_id: str
+    clock_us: int
+    action: str
+    flow: str
+    band: int
+    queue_depth: int
+    reason: str = ""
+    wait_us: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Candidate:
     """One counterfactual alternative: an instance, its score and what the router saw."""
 
@@ -78,6 +95,8 @@ class TraceRecords:
     """Every record of one run, by kind, each list in event order."""
 
     admissions: list[AdmissionRecord] = field(default_factory=list)
+    #: with a gateway queue only (empty otherwise)
+    gateway: list[GatewayRecord] = field(default_factory=list)
     routings: list[RoutingRecord] = field(default_factory=list)
     disaggregations: list[DisaggregationRecord] = field(default_factory=list)
     prefill_routings: list[PoolRoutingRecord] = field(default_factory=list)

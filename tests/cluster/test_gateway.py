@@ -154,10 +154,13 @@ def test_jain_index_bounds():
     assert jain_index([0, 0]) is None and jain_index([]) is None
 
 
+@pytest.mark.parametrize("pools", [False, True], ids=["one-pool", "pd"])
 @pytest.mark.parametrize("seed", range(6))
-def test_conservation_on_random_workloads(seed):
-    """Random arrivals, classes, tenants and settings: every request is sent on, shed or still
-    queued; the depth never passes its cap; the run's own invariants hold (it raises if not)."""
+def test_conservation_on_random_workloads(seed, pools):
+    """Random arrivals, classes, tenants and settings, with and without prefill/decode pools:
+    every request is sent on, shed or still queued; the depth never passes its cap; the run's
+    own invariants hold (it raises if not); with pools, nothing is left counted as pending
+    once every request has ended."""
     rng = np.random.default_rng(seed)
     n_req = 60
     times = np.sort(rng.integers(0, 200_000, size=n_req))
@@ -170,7 +173,8 @@ def test_conservation_on_random_workloads(seed):
           "shed": ["arriving", "lowest"][seed % 2], "band_inflight_limit": int(rng.integers(0, 3)),
           "fair_share": {"weights": {"a": 3.0}} if seed % 2 else None}
     horizon = int(rng.integers(50_000, 400_000))
-    sim, res = simulate(_scenario(gw, n=2, slo={"ttft_ms": 50.0}), reqs, horizon_us=horizon)
+    sc = _pd(gw, slo={"ttft_ms": 50.0}) if pools else _scenario(gw, n=2, slo={"ttft_ms": 50.0})
+    sim, res = simulate(sc, reqs, horizon_us=horizon)
     c = sim.cluster.gateway.counters
     assert c.offered == c.dispatched + c.shed + c.queued
     assert sum(c.shed_by_reason.values()) == c.shed == sum(c.shed_by_flow.values())
@@ -181,6 +185,8 @@ def test_conservation_on_random_workloads(seed):
     end = res.end_states.to_dict()
     assert sum(v for k, v in end.items() if k != "offered") == end["offered"] == n_req
     assert end["still_in_gateway"] == c.queued and end["shed_gateway"] == c.shed
+    if sum(v for k, v in end.items() if k.startswith("still")) == 0 and pools:
+        assert sim.cluster.gateway._pending == 0 and not sim.cluster.fabric.active
 
 
 def test_concurrency_detector_never_exceeds_its_limit():
@@ -207,17 +213,43 @@ def test_concurrency_detector_never_exceeds_its_limit():
     assert max(seen) == 5          # the cap is reached: the load needs it
 
 
-def test_gateway_with_pd_pools_is_refused():
-    sc = Scenario.model_validate({
-        "model": "m", "latency": {"model": "blackbox", "alpha_coeffs": [0.0, 0.0, 0.0],
-                                  "beta_coeffs": [5000.0, 10.0, 100.0]},
-        "engine": {"total_kv_blocks": 2000},
-        "cluster": {"num_instances": 2, "gateway": {}},
-        "disaggregation": {"prefill_instances": 1, "decode_instances": 1,
-                           "transfer": {"kv_bytes_per_token": 512}}})
-    with pytest.raises(ConfigError) as exc:
-        simulate(sc, [_req("r0", 0)], horizon_us=1_000_000)
-    assert exc.value.field == "cluster.gateway"
+PD = {"prefill_instances": 1, "decode_instances": 1, "decider": {"policy": "always"},
+      "transfer": {"kv_bytes_per_token": 512}}
+
+
+def _pd(gateway: dict, **kw) -> Scenario:
+    return Scenario.model_validate({**_scenario(gateway, n=2, **kw).model_dump(),
+                                    "disaggregation": PD})
+
+
+def test_with_pd_pools_a_request_in_its_kv_transfer_still_counts_in_flight():
+    """One prefill and one decode instance, at most 1 in flight per instance (2 in all).
+    r0 (0) and r1 (10) go on at once; r2 (20) waits. r0: prefill 0 -> 6000; its KV (7 blocks x
+    16 tokens x 512 B = 57,344 B at 25 GB/s, 2.3 us, + 50 us) arrives at 6053; decode steps
+    6053 -> 11153 -> 16253; it leaves at 11153, when its last step begins, and r2 goes on then.
+    Had the transfer counted nowhere, r2 would have gone at 6000, r0's prefill end."""
+    sim, res = simulate(_pd(ONE_AT_A_TIME), [_req("r0", 0), _req("r1", 10), _req("r2", 20)],
+                        horizon_us=10_000_000)
+    c = sim.cluster.gateway.counters
+    r0 = sim.cluster.parents["r0"]
+    assert (r0.prefill_complete_us, r0.transfer_complete_us, r0.completion_us) == (6000, 6053, 16_253)
+    assert c.order == ["r0", "r1", "r2"]
+    assert c.waits_us == [0, 0, 11_153 - 20]
+    assert sim.cluster.parents["r2"].phase_times()[1] == 11_153   # its prefill is routed then
+    assert res.end_states.completed == 3 and sim.cluster.gateway._pending == 0
+
+
+def test_with_pd_pools_a_shed_or_rejected_request_frees_its_place():
+    """Depth 1: r2 is shed. The gateway's in-flight per band falls when a parent ends, so the
+    band limit of 1 lets r1 go only when r0 has finished on its decode instance (its last
+    step begins at 11153)."""
+    sim, res = simulate(_pd({"band_inflight_limit": 1, "max_depth": 1}),
+                        [_req("r0", 0), _req("r1", 10), _req("r2", 20)], horizon_us=10_000_000)
+    c = sim.cluster.gateway.counters
+    assert c.order == ["r0", "r1"] and c.shed_by_reason == {"queue_full": 1}
+    assert c.waits_us == [0, 11_153 - 10]
+    end = res.end_states
+    assert (end.completed, end.shed_gateway, end.still_in_gateway) == (2, 1, 0)
 
 
 def test_utilization_detector_rechecks_on_its_tick():
@@ -249,3 +281,20 @@ def test_a_plugin_pick_outside_the_heads_is_its_error():
     with pytest.raises(ConfigError) as exc:
         sim.run()
     assert exc.value.field == "cluster.gateway.policy" and "pick() returned None" in str(exc.value)
+
+
+def test_every_gateway_decision_is_in_the_decision_trace(tmp_path):
+    """The depth-one case traced: r0 queued and sent at 0, r1 queued at 10 and sent at 11100,
+    r2 shed at 20 (the queue held r1); the JSON Lines file carries them as ``gateway``
+    records right after the admissions."""
+    from blis_simpy.trace.jsonl import record_lines
+    sc = Scenario.model_validate({**_scenario({**ONE_AT_A_TIME, "max_depth": 1}).model_dump(),
+                                  "trace": {"level": "decisions"}})
+    sim, _ = simulate(sc, [_req("r0", 0), _req("r1", 10), _req("r2", 20)], horizon_us=10_000_000)
+    got = [(r.request_id, r.clock_us, r.action, r.queue_depth, r.reason, r.wait_us)
+           for r in sim.trace.gateway]
+    assert got == [("r0", 0, "queued", 1, "", 0), ("r0", 0, "dispatched", 0, "", 0),
+                   ("r1", 10, "queued", 1, "", 0), ("r2", 20, "shed", 1, "queue_full", 0),
+                   ("r1", LAST_STEP_US, "dispatched", 0, "", LAST_STEP_US - 10)]
+    kinds = [line.split('"kind":"')[1].split('"')[0] for line in record_lines(sim.trace)]
+    assert kinds == ["admission"] * 3 + ["gateway"] * 5 + ["routing"] * 2
