@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -130,11 +130,13 @@ class QueueDepth(_HPARule, name="queue-depth"):
 
 
 class ScheduleEntry(BaseModel):
-    """From ``at_s`` (seconds after midnight) on, ``instances`` instances."""
+    """From ``at_s`` (seconds after midnight) on, ``instances`` instances: one count for every
+    pool, or ``{pool: count}`` (prefill/decode pools; a pool not named keeps its count)."""
 
     model_config = ConfigDict(extra="forbid")
     at_s: float = Field(ge=0, lt=86_400, allow_inf_nan=False)
-    instances: int = Field(ge=0, le=1_000_000)
+    instances: Annotated[int, Field(ge=0, le=1_000_000)] | dict[
+        Literal["", "prefill", "decode"], Annotated[int, Field(ge=0, le=1_000_000)]]
 
 
 class Scheduled(AutoscalePolicy, name="scheduled"):
@@ -162,8 +164,8 @@ class Scheduled(AutoscalePolicy, name="scheduled"):
         self.counts = [e.instances for e in self.params.schedule]
         self.start_us = round(self.params.start_s * 1e6)
 
-    def count_at(self, t_us: int) -> int:
-        """The scheduled count at simulated time ``t_us`` (µs)."""
+    def count_at(self, t_us: int) -> int | dict[str, int]:
+        """The scheduled count (or counts by pool) at simulated time ``t_us`` (µs)."""
         tod = (self.start_us + t_us) % DAY_US
         k = -1                       # the last entry (yesterday's) until the first one
         for i, at in enumerate(self.times_us):
@@ -175,4 +177,6 @@ class Scheduled(AutoscalePolicy, name="scheduled"):
 
     def desired(self, state: AutoscaleState) -> dict[str, int]:
         n = self.count_at(state.clock_us)
+        if isinstance(n, dict):
+            return {p.name: n.get(p.name, p.current) for p in state.pools}
         return {p.name: n for p in state.pools}

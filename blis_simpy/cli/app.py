@@ -281,15 +281,22 @@ def _with_progress(inv: runner.Invocation, **kw) -> runner.Outcome:
             bar.stop()
 
 
-def _deployment_text(n: int, tp: int, dp: int, gpus: int) -> str:
+def _deployment_text(n: int, tp: int, dp: int, gpus: int, autoscaled: str = "") -> str:
     """``2 instances x TP 2 x DP 2 = 8 GPUs`` for the run header (TP omitted when the
-    pools' TPs differ, i.e. ``tp == 0``; DP when it is 1)."""
-    text = f"{n} instance{'s' if n != 1 else ''}"
+    pools' TPs differ, i.e. ``tp == 0``; DP when it is 1). ``autoscaled``: the autoscaler's
+    bounds (``1-3`` or ``prefill 1-2 + decode 1-3``); ``gpus`` is then the most it uses."""
+    text = f"{autoscaled} instances autoscaled" if autoscaled else f"{n} instance{'s' if n != 1 else ''}"
     if tp > 0:
         text += f" x TP {tp}"
     if dp > 1:
         text += f" x DP {dp}"
-    return f"{text} = {gpus} GPU{'s' if gpus != 1 else ''}"
+    return f"{text} {'<=' if autoscaled else '='} {gpus} GPU{'s' if gpus != 1 else ''}"
+
+
+def _autoscaled_text(scenario) -> str:
+    """The autoscaler's bounds for the run header ("" without one)."""
+    from blis_simpy.cli.variants import autoscaled_bounds
+    return autoscaled_bounds(scenario)
 
 
 def _render_summary(out: runner.Outcome, fmt: Format) -> str:
@@ -311,7 +318,7 @@ def _render_summary(out: runner.Outcome, fmt: Format) -> str:
     n = s.cluster.num_instances
     with console.capture() as captured:
         console.print(f"[bold]{out.description.mode}[/bold]: {runner.offered_text(out)}, "
-                      f"{_deployment_text(n, out.result.tp, s.dp, out.result.gpus)}, {s.latency.model}, "
+                      f"{_deployment_text(n, out.result.tp, s.dp, out.result.gpus, _autoscaled_text(out.result.scenario))}, {s.latency.model}, "
                       f"horizon {runner.horizon_text(out.horizon_us)}")
         console.print(run_header_line(out.pools), highlight=False, soft_wrap=True)
         render_tables(out.report, console)

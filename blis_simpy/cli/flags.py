@@ -218,6 +218,12 @@ FLAGS: tuple[Flag, ...] = (
     F("--min-instances", integer, "cluster.autoscaler.min_instances", at_least_one, "fewest instances the autoscaler keeps (default 1)", panel=AUTOSCALE),
     F("--max-instances", integer, "cluster.autoscaler.max_instances", at_least_one, "most instances the autoscaler starts, at most 4096 (default 1)", panel=AUTOSCALE),
     F("--initial-instances", integer, "cluster.autoscaler.initial_instances", at_least_one, "instances serving at time 0 (default --num-instances within [min, max])", panel=AUTOSCALE),
+    F("--prefill-min-instances", integer, "cluster.autoscaler.pools.prefill.min_instances", at_least_one, "prefill pool under the autoscaler: fewest instances (default 1)", panel=AUTOSCALE),
+    F("--prefill-max-instances", integer, "cluster.autoscaler.pools.prefill.max_instances", at_least_one, "prefill pool under the autoscaler: most instances, at most 4096 (default 1)", panel=AUTOSCALE),
+    F("--prefill-initial-instances", integer, "cluster.autoscaler.pools.prefill.initial_instances", at_least_one, "prefill pool under the autoscaler: instances serving at time 0 (default --prefill-instances within [min, max])", panel=AUTOSCALE),
+    F("--decode-min-instances", integer, "cluster.autoscaler.pools.decode.min_instances", at_least_one, "decode pool under the autoscaler: fewest instances (default 1)", panel=AUTOSCALE),
+    F("--decode-max-instances", integer, "cluster.autoscaler.pools.decode.max_instances", at_least_one, "decode pool under the autoscaler: most instances, at most 4096 (default 1)", panel=AUTOSCALE),
+    F("--decode-initial-instances", integer, "cluster.autoscaler.pools.decode.initial_instances", at_least_one, "decode pool under the autoscaler: instances serving at time 0 (default --decode-instances within [min, max])", panel=AUTOSCALE),
     F("--load-bandwidth", number, "cluster.autoscaler.load_bandwidth_gbps", positive, "GB/s at which a new instance loads the model's weights, 0.001 to 1e6 (default 2)", panel=AUTOSCALE),
     F("--instance-startup", number, "cluster.autoscaler.startup_s", non_negative, "fixed start-up of a new instance before its weights load, s, at most 3600 (default 0)", panel=AUTOSCALE),
     # SLOs and cost (docs/metrics.md, "SLOs and goodput", "Deployment and cost")

@@ -195,11 +195,26 @@ def _signature(requests) -> list[tuple]:
 
 
 # ---------------------------------------------------------------------------- output
+def autoscaled_bounds(s: Scenario) -> str:
+    """The autoscaler's bounds: ``1 to 3``, or with prefill/decode pools ``prefill 1 to 2 +
+    decode 1 to 3`` (a pool not scaled shows its size); "" without an autoscaler."""
+    a, d = s.cluster.autoscaler, s.disaggregation
+    if a is None:
+        return ""
+    if d.enabled and a.pools:
+        bounds = a.pool_bounds({"prefill": d.prefill_instances, "decode": d.decode_instances})
+        return " + ".join(f"{name} {b.min_instances} to {b.max_instances}"
+                          if b.min_instances != b.max_instances else f"{name} {b.max_instances}"
+                          for name, b in bounds.items())
+    return f"{a.min_instances} to {a.max_instances}"
+
+
 def deployment(s: Scenario) -> str:
-    """``4 co-located``, ``2P + 2D``, ``2P + 1D + 1 idle``, with a non-``always`` decider."""
+    """``4 co-located``, ``2P + 2D``, ``2P + 1D + 1 idle``, with a non-``always`` decider;
+    ``1 to 3 autoscaled`` with an autoscaler."""
     n, d, a = s.cluster.num_instances, s.disaggregation, s.cluster.autoscaler
     if a is not None:
-        return f"{a.min_instances} to {a.max_instances} autoscaled"
+        return f"{autoscaled_bounds(s)} autoscaled"
     if not d.enabled:
         return f"{n} co-located"
     text = f"{d.prefill_instances}P + {d.decode_instances}D"

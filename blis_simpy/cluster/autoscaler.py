@@ -19,6 +19,13 @@ instances, clamps it to ``[min, max]`` and moves instances:
 GPU time: an instance counts its TP × DP GPUs from when it starts loading (time 0 for the
 initial ones) until it turns off or the run ends (:attr:`AutoscaleRecord.spans`).
 
+**Pools.** The instances form one or more :class:`ScaledPool`: one pool named ``""``, or with
+prefill/decode disaggregation ``prefill`` and ``decode``, each with its own bounds, GPUs per
+instance and loading delay. The policy sees one :class:`PoolState` per pool and returns a count
+per pool; each pool scales as above on its own instances. The cluster routes only to the
+serving instances (:meth:`Cluster.set_serving <blis_simpy.cluster.cluster.Cluster.set_serving>`;
+a PD cluster recomputes its two pools from them).
+
 The process never outlives the run: as the timeline monitor (:mod:`blis_simpy.cluster.monitor`)
 it wakes for a decision at ``t`` only while an event at or after ``t`` (within the horizon),
 other than an instance of its own becoming ready, is queued. A decision reads only snapshots
@@ -62,6 +69,25 @@ class Unit:
     token: int = 0         # bumped when a loading is cancelled: its ready event does nothing
 
 
+@dataclass(slots=True)
+class ScaledPool:
+    """One pool the autoscaler scales: its name (``""``, ``prefill`` or ``decode``), its
+    instances (:class:`Unit`, index order), its bounds, the GPUs of one instance (TP × DP) and
+    its loading delay (µs)."""
+
+    name: str
+    units: list[Unit]
+    min_instances: int
+    max_instances: int
+    gpus_per_instance: int
+    loading_delay_us: int
+
+    def counts(self) -> tuple[int, int, int]:
+        """Instances ``(serving, loading, draining)``."""
+        states = [u.state for u in self.units]
+        return states.count(SERVING), states.count(LOADING), states.count(DRAINING)
+
+
 @dataclass
 class AutoscaleRecord(AutoscaleSetup):
     """What the autoscaler did (times in µs).
@@ -70,7 +96,12 @@ class AutoscaleRecord(AutoscaleSetup):
     first at 0); ``spans``: ``(instance, start_us, serving_us, end_us)``, each span of GPU
     time and when in it the instance began serving (-1: cancelled while loading);
     ``decisions``: ``(t_us, instances chosen, arrived so far)`` per decision (arrivals counted
-    before any arrival of that µs); the set-up (:class:`AutoscaleSetup`) first."""
+    before any arrival of that µs); the set-up (:class:`AutoscaleSetup`) first. Counts are
+    summed over the pools; with more than one pool, ``pools`` holds each pool's set-up
+    (``name``, bounds, ``initial_instances``, ``gpus_per_instance``, ``loading_delay_us``),
+    ``pool_changes`` rows ``(t_us, pool, serving, loading, draining)`` and ``pool_decisions``
+    ``(t_us, {pool: instances chosen})``; ``unit_gpus`` and ``unit_delay_us`` give each
+    instance's GPUs and loading delay where they differ from the set-up's."""
 
     changes: list[tuple[int, int, int, int]] = field(default_factory=list)
     spans: list[tuple[int, int, int, int]] = field(default_factory=list)
@@ -78,11 +109,28 @@ class AutoscaleRecord(AutoscaleSetup):
     scale_ups: int = 0          # instances started
     scale_downs: int = 0        # instances removed (cancelled or drained)
     end_us: int = 0
+    pools: list[dict] = field(default_factory=list)
+    pool_changes: list[tuple[int, str, int, int, int]] = field(default_factory=list)
+    pool_decisions: list[tuple[int, dict[str, int]]] = field(default_factory=list)
+    unit_gpus: dict[int, int] = field(default_factory=dict)
+    unit_delay_us: dict[int, int] = field(default_factory=dict)
+
+    def gpus_of(self, unit: int) -> int:
+        """GPUs of configured instance ``unit``."""
+        return self.unit_gpus.get(unit, self.gpus_per_instance)
 
     @property
     def gpu_us(self) -> int:
-        """GPU-µs: the spans' lengths × GPUs per instance."""
-        return sum(end - start for _, start, _, end in self.spans) * self.gpus_per_instance
+        """GPU-µs: Σ over the spans of their length × their instance's GPUs."""
+        if not self.unit_gpus:
+            return sum(end - start for _, start, _, end in self.spans) * self.gpus_per_instance
+        return sum((end - start) * self.gpus_of(u) for u, start, _, end in self.spans)
+
+    def pool_gpu_us(self, name: str) -> int:
+        """GPU-µs of the instances of pool ``name``."""
+        members = next(set(p["units"]) for p in self.pools if p["name"] == name)
+        return sum((end - start) * self.gpus_of(u) for u, start, _, end in self.spans
+                   if u in members)
 
 
 class _DrainWatch(InstanceListener):
@@ -111,26 +159,38 @@ class Autoscaler:
     from the decision to serving; ``max_num_running_reqs``: one rank's batch cap (the
     policies' batch occupancy). Starts its process at once."""
 
-    def __init__(self, env, cluster, instances: list, policy: AutoscalePolicy, *,
-                 interval_us: int, min_instances: int, max_instances: int, initial: int,
-                 loading_delay_us: int, gpus_per_instance: int, dp: int = 1,
+    def __init__(self, env, cluster, pools: list[ScaledPool], policy: AutoscalePolicy, *,
+                 interval_us: int, initial: dict[str, int], dp: int = 1,
                  max_num_running_reqs: int = 1, horizon_us: int):
         self.env = env
         self.cluster = cluster
         self.policy = policy
         self.dp = dp
         self.interval_us = interval_us
-        self.min = min_instances
-        self.max = max_instances
-        self.loading_delay_us = loading_delay_us
         self.max_num_running_reqs = max_num_running_reqs
         self.limit_us = horizon_us
-        self.units = [Unit(e, instances[e * dp:(e + 1) * dp]) for e in range(len(instances) // dp)]
-        for u in self.units[:initial]:
-            u.state = SERVING
-            u.serving_us = 0
-        self.record = AutoscaleRecord(policy.name, interval_us, loading_delay_us, min_instances,
-                                      max_instances, gpus_per_instance)
+        self.pools = pools
+        self.units = sorted((u for p in pools for u in p.units), key=lambda u: u.index)
+        if [u.index for u in self.units] != list(range(len(self.units))):
+            raise ValueError("the scaled pools must hold every instance once")
+        for p in pools:
+            for u in p.units[:initial[p.name]]:
+                u.state = SERVING
+                u.serving_us = 0
+        first = pools[0]
+        gpus = {p.gpus_per_instance for p in pools}
+        self.record = rec = AutoscaleRecord(
+            policy.name, interval_us, first.loading_delay_us,
+            sum(p.min_instances for p in pools), sum(p.max_instances for p in pools),
+            gpus.pop() if len(gpus) == 1 else 0)
+        if len(pools) > 1:
+            rec.pools = [{"name": p.name, "min_instances": p.min_instances,
+                          "max_instances": p.max_instances, "initial_instances": initial[p.name],
+                          "gpus_per_instance": p.gpus_per_instance,
+                          "loading_delay_us": p.loading_delay_us,
+                          "units": [u.index for u in p.units]} for p in pools]
+            rec.unit_gpus = {u.index: p.gpus_per_instance for p in pools for u in p.units}
+            rec.unit_delay_us = {u.index: p.loading_delay_us for p in pools for u in p.units}
         self._changed(0)
         self.process = env.process(self._run())
 
@@ -140,22 +200,23 @@ class Autoscaler:
         return self.units[index // self.dp].state
 
     def counts(self) -> tuple[int, int, int]:
-        """Instances ``(serving, loading, draining)``."""
+        """Instances ``(serving, loading, draining)``, over every pool."""
         states = [u.state for u in self.units]
         return states.count(SERVING), states.count(LOADING), states.count(DRAINING)
 
     def state(self, now_us: int) -> AutoscaleState:
-        """What the policy sees now (one pool, named ``""``): every snapshot read now, as a
-        metrics server would report it, without touching the routers' snapshot cache (with a
-        periodic refresh a read would move the cache's next refresh)."""
-        serving, loading, draining = self.counts()
+        """What the policy sees now (one :class:`PoolState` per pool): every snapshot read now,
+        as a metrics server would report it, without touching the routers' snapshot cache (with
+        a periodic refresh a read would move the cache's next refresh)."""
         inflight = self.cluster.inflight
-        snaps = tuple(make_snapshot(inst.id, inst.index, *SnapshotProvider.read(inst),
-                                    inflight[inst.index], inst.model)
-                      for u in self.units if u.state == SERVING for inst in u.ranks)
-        pool = PoolState("", snaps, serving, loading, draining, self.min, self.max,
-                         self.max_num_running_reqs, self.dp)
-        return AutoscaleState((pool,), now_us)
+        out = []
+        for p in self.pools:
+            snaps = tuple(make_snapshot(inst.id, inst.index, *SnapshotProvider.read(inst),
+                                        inflight[inst.index], inst.model)
+                          for u in p.units if u.state == SERVING for inst in u.ranks)
+            out.append(PoolState(p.name, snaps, *p.counts(), p.min_instances, p.max_instances,
+                                 self.max_num_running_reqs, self.dp))
+        return AutoscaleState(tuple(out), now_us)
 
     # ------------------------------------------------------------------ the process
     def _run(self):
@@ -178,17 +239,27 @@ class Autoscaler:
         return getattr(event, "fn", None) == self._ready
 
     def decide(self, now_us: int) -> int:
-        """One decision at ``now_us``: ask the policy, clamp, scale. Returns the count."""
+        """One decision at ``now_us``: ask the policy, clamp each pool's count, scale.
+        Returns the count summed over the pools."""
         state = self.state(now_us)
-        n = self._desired(state)
-        n = min(max(n, self.min), self.max)
+        wanted = self._desired(state)
+        chosen = {}
+        for p, ps in zip(self.pools, state.pools, strict=True):
+            n = wanted.get(p.name, ps.current)
+            chosen[p.name] = min(max(n, p.min_instances), p.max_instances)
+        total = sum(chosen.values())
         rec = self.record
         if len(rec.decisions) < MAX_DECISIONS:
-            rec.decisions.append((now_us, n, self.cluster.counters.arrived))
-        self.scale_to(n, now_us)
-        return n
+            rec.decisions.append((now_us, total, self.cluster.counters.arrived))
+            if rec.pools:
+                rec.pool_decisions.append((now_us, chosen))
+        for p in self.pools:
+            self._scale_pool(p, chosen[p.name], now_us)
+        self._changed(now_us)
+        return total
 
-    def _desired(self, state: AutoscaleState) -> int:
+    def _desired(self, state: AutoscaleState) -> dict[str, int]:
+        """The policy's counts by pool name (a pool it leaves out keeps its count)."""
         pol = self.policy
         try:
             res = pol.desired(state)
@@ -196,30 +267,36 @@ class Autoscaler:
             if pol._blis_builtin:
                 raise
             raise call_failure(pol, "desired", exc, field=FIELD) from None
-        if isinstance(res, dict) and set(res) == {""}:
-            res = res[""]
-        n = as_index(res)
-        if n is None:
-            raise plugin_error(pol, f"returned {shown(res)} from desired(); expected an int or "
-                               "{pool name: int} for the pools ['']", field=FIELD)
-        return n
+        names = [p.name for p in self.pools]
+        given = {names[0]: res} if not isinstance(res, dict) and len(names) == 1 else res
+        counts = {k: as_index(v) for k, v in given.items()} if isinstance(given, dict) else None
+        if counts is None or any(v is None for v in counts.values()) or not set(counts) <= set(names):
+            one = "an int or " if len(names) == 1 else ""
+            raise plugin_error(pol, f"returned {shown(res)} from desired(); expected {one}"
+                               f"{{pool name: int}} for the pools {names}", field=FIELD)
+        return counts
 
     # ------------------------------------------------------------------ scaling
-    def scale_to(self, n: int, now_us: int) -> None:
-        """Move instances so that ``n`` serve or load (as far as ``off`` ones allow)."""
-        active = [u for u in self.units if u.state in (SERVING, LOADING)]
+    def scale_to(self, n: int, now_us: int, pool: str = "") -> None:
+        """Move instances of ``pool`` so that ``n`` serve or load (as far as ``off`` ones allow)."""
+        self._scale_pool(next(p for p in self.pools if p.name == pool), n, now_us)
+        self._changed(now_us)
+
+    def _scale_pool(self, pool: ScaledPool, n: int, now_us: int) -> None:
+        units = pool.units
+        active = [u for u in units if u.state in (SERVING, LOADING)]
         rec = self.record
+        delay = pool.loading_delay_us
         if n > len(active):
-            for u in [u for u in self.units if u.state == OFF][:n - len(active)]:
+            for u in [u for u in units if u.state == OFF][:n - len(active)]:
                 u.state = LOADING
                 u.since_us = now_us
                 u.serving_us = -1
                 rec.scale_ups += 1
-                if self.loading_delay_us == 0:
+                if delay == 0:
                     self._ready((u, u.token))
                 else:
-                    self.env.call_at(now_us + self.loading_delay_us, AUTOSCALE, self._ready,
-                                     (u, u.token))
+                    self.env.call_at(now_us + delay, AUTOSCALE, self._ready, (u, u.token))
         elif n < len(active):
             loading = sorted((u for u in active if u.state == LOADING),
                              key=lambda u: (-u.since_us, -u.index))
@@ -236,7 +313,6 @@ class Autoscaler:
                         self.check_drained(u)
                     else:
                         self._watch(u)
-        self._changed(now_us)
 
     def _ready(self, arg) -> None:
         unit, token = arg
@@ -279,18 +355,18 @@ class Autoscaler:
         u.state = OFF
 
     def _set_routable(self) -> None:
-        self.cluster.routable = [inst for u in self.units if u.state == SERVING for inst in u.ranks]
+        self.cluster.set_serving([inst for u in self.units if u.state == SERVING
+                                  for inst in u.ranks])
 
     def _changed(self, now_us: int) -> None:
         """Record the counts after a change (one row per time: a later change at the same µs
-        replaces it) and show the router the serving instances."""
+        replaces it; per pool too with several) and show the router the serving instances."""
         self._set_routable()
-        row = (now_us, *self.counts())
-        ch = self.record.changes
-        if ch and ch[-1][0] == now_us:
-            ch[-1] = row
-        elif (not ch or ch[-1][1:] != row[1:]) and len(ch) < MAX_CHANGES:
-            ch.append(row)
+        rec = self.record
+        _log_row(rec.changes, (now_us, *self.counts()), 1)
+        if rec.pools:
+            for p in self.pools:
+                _log_row(rec.pool_changes, (now_us, p.name, *p.counts()), 2)
 
     def finish(self, end_us: int) -> AutoscaleRecord:
         """Close the spans of the instances still active at ``end_us`` (the run's end)."""
@@ -301,3 +377,17 @@ class Autoscaler:
                 rec.spans.append((u.index, u.since_us, u.serving_us, max(end_us, u.since_us)))
         rec.spans.sort()
         return rec
+
+
+def _log_row(rows: list, row: tuple, key: int) -> None:
+    """Append ``row`` (its time first, its counts from ``key`` on, ``row[1:key]`` naming what
+    they count) unless the same counts were logged last for it: a row of the same time and name
+    is replaced."""
+    name = row[1:key]
+    k = len(rows) - 1
+    while k >= 0 and rows[k][1:key] != name:
+        k -= 1
+    if k >= 0 and rows[k][0] == row[0]:
+        rows[k] = row
+    elif (k < 0 or rows[k][key:] != row[key:]) and len(rows) < MAX_CHANGES:
+        rows.append(row)

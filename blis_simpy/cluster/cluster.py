@@ -153,6 +153,11 @@ class Cluster(InstanceListener, Pluggable, family="cluster", name="standard"):
             snaps = tuple(snap(inst, inflight[inst.index], now_us) for inst in insts)
         return RouterState(snaps, now_us, self.views)
 
+    def set_serving(self, instances: list[Instance]) -> None:
+        """Route only to ``instances`` (index order): the autoscaler's serving ones
+        (:mod:`blis_simpy.cluster.autoscaler`)."""
+        self.routable = instances
+
     def snapshot(self, inst: Instance):
         """The snapshot of one instance, as a policy would see it now."""
         return self.snapshots.snapshot(inst, self.inflight[inst.index], self.env.now)

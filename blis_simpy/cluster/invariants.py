@@ -141,10 +141,10 @@ def check_autoscale(record, instances, dp: int) -> None:
         if not 0 <= start <= end <= max(record.end_us, start):
             raise InvariantError(f"autoscaler span [{start}, {end}] us outside the run "
                                  f"(ends {record.end_us} us)", instance=where)
-        if serving >= 0 and start > 0 and serving - start < record.loading_delay_us:
+        delay = record.unit_delay_us.get(unit, record.loading_delay_us)
+        if serving >= 0 and start > 0 and serving - start < delay:
             raise InvariantError(f"served from {serving} us, before its loading delay "
-                                 f"({record.loading_delay_us} us from {start} us) ended",
-                                 instance=where)
+                                 f"({delay} us from {start} us) ended", instance=where)
         by_unit.setdefault(unit, []).append((start, serving, end))
     for unit, spans in by_unit.items():
         spans.sort()

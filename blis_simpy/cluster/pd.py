@@ -84,6 +84,14 @@ class PDCluster(Cluster, name="pd"):
         env.process(self._prefill_pool())
         env.process(self._decode_pool())
 
+    def set_serving(self, instances) -> None:
+        """Route only to ``instances`` (the autoscaler's serving ones): each pool is its
+        members among them."""
+        super().set_serving(instances)
+        roles = self.roles
+        self.prefill_pool = [inst for inst in instances if roles[inst.index] == "prefill"]
+        self.decode_pool = [inst for inst in instances if roles[inst.index] == "decode"]
+
     # ------------------------------------------------------------------ decision
     def _after_admission(self, req) -> None:
         if self.gateway is not None:     # the queue sends it on to the decision (to_routing)

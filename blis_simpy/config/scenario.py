@@ -271,6 +271,36 @@ MIN_AUTOSCALE_INTERVAL_S, MAX_AUTOSCALE_INTERVAL_S = 0.001, 86_400.0
 MAX_STARTUP_S = MAX_DELAY_US / 1e6
 
 
+def _check_bounds(model, kind: str):
+    """``min_instances <= initial_instances <= max_instances`` of an autoscaler or one of its
+    pools, as a located error."""
+    def bad(field: str, problem: str, value):
+        return ValidationError.from_exception_data(type(model).__name__, [InitErrorDetails(
+            type=PydanticCustomError(kind, problem), loc=(field,), input=value)])
+    if model.min_instances > model.max_instances:
+        raise bad("min_instances", f"min_instances {model.min_instances} is above "
+                  f"max_instances {model.max_instances}", model.min_instances)
+    n = model.initial_instances
+    if n is not None and not model.min_instances <= n <= model.max_instances:
+        raise bad("initial_instances", f"initial_instances {n} is outside [min_instances "
+                  f"{model.min_instances}, max_instances {model.max_instances}]", n)
+    return model
+
+
+class PoolAutoscaleConfig(Strict):
+    """The bounds of one prefill/decode pool under the autoscaler (``cluster.autoscaler.pools``;
+    docs/control-plane.md, "Autoscaling prefill/decode pools"). ``initial_instances`` (None =
+    the pool's ``disaggregation.<pool>_instances`` clamped to [min, max]) serve from time 0."""
+
+    min_instances: Annotated[int, Field(gt=0, le=MAX_INSTANCES)] = 1
+    max_instances: Annotated[int, Field(gt=0, le=MAX_INSTANCES)] = 1
+    initial_instances: Annotated[int, Field(gt=0, le=MAX_INSTANCES)] | None = None
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PoolAutoscaleConfig:
+        return _check_bounds(self, "autoscaler_pool_bounds")
+
+
 class AutoscalerConfig(Strict):
     """The autoscaler (docs/control-plane.md, "Autoscaling"): every ``interval_s`` a policy
     sets the number of instances between ``min_instances`` and ``max_instances``. A new
@@ -295,20 +325,29 @@ class AutoscalerConfig(Strict):
                          "no weight loading")
     startup_s: Annotated[float, Field(ge=0, le=MAX_STARTUP_S, allow_inf_nan=False)] = Field(
         0.0, description="fixed start-up of a new instance before its weights load, s (at most 1 h)")
+    pools: dict[Literal["prefill", "decode"], PoolAutoscaleConfig] | None = Field(
+        None, description="with prefill/decode pools: the bounds of each pool scaled (a pool "
+                          "not named keeps its size); None without pools")
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalerConfig:
-        def bad(field: str, problem: str, value):
-            return ValidationError.from_exception_data(type(self).__name__, [InitErrorDetails(
-                type=PydanticCustomError("autoscaler_bounds", problem), loc=(field,), input=value)])
-        if self.min_instances > self.max_instances:
-            raise bad("min_instances", f"min_instances {self.min_instances} is above "
-                      f"max_instances {self.max_instances}", self.min_instances)
-        n = self.initial_instances
-        if n is not None and not self.min_instances <= n <= self.max_instances:
-            raise bad("initial_instances", f"initial_instances {n} is outside [min_instances "
-                      f"{self.min_instances}, max_instances {self.max_instances}]", n)
-        return self
+        return _check_bounds(self, "autoscaler_bounds")
+
+    def pool_bounds(self, sizes: dict[str, int]) -> dict[str, PoolAutoscaleConfig]:
+        """Each pool's bounds, resolved: ``sizes`` are the pools' configured instance counts
+        (``disaggregation.prefill_instances``, ``decode_instances``); a pool not in
+        :attr:`pools` is fixed at its size; an unset ``initial_instances`` is the size clamped
+        to [min, max]."""
+        out = {}
+        for name, n in sizes.items():
+            b = (self.pools or {}).get(name)
+            if b is None:
+                b = PoolAutoscaleConfig(min_instances=n, max_instances=n, initial_instances=n)
+            elif b.initial_instances is None:
+                b = b.model_copy(update={"initial_instances": min(max(n, b.min_instances),
+                                                                  b.max_instances)})
+            out[name] = b
+        return out
 
 
 class ClusterConfig(Strict):
@@ -660,6 +699,48 @@ class Scenario(Strict):
                                                "cap": MAX_INSTANCES}),
                 loc=("cluster", "num_instances") if self.cluster.autoscaler is None else
                 ("cluster", "autoscaler", "max_instances"), input={"num_instances": n, "dp": self.dp})])
+        return self
+
+    @model_validator(mode="after")
+    def _autoscaled_pools(self) -> Scenario:
+        """With prefill/decode pools the autoscaler scales the pools (``pools``, not the
+        one-pool bounds), every instance belongs to a pool, and the pools' largest sizes fit
+        the simulator; without pools, ``pools`` is refused."""
+        a, d = self.cluster.autoscaler, self.disaggregation
+        if a is None:
+            return self
+
+        def bad(loc: tuple, problem: str, value):
+            return ValidationError.from_exception_data(type(self).__name__, [InitErrorDetails(
+                type=PydanticCustomError("autoscaled_pools", problem),
+                loc=("cluster", "autoscaler", *loc), input=value)])
+        if not d.enabled:
+            if a.pools is not None:
+                raise bad(("pools",), "needs prefill/decode pools (disaggregation."
+                          "prefill_instances and decode_instances > 0)", a.pools)
+            return self
+        one_pool = {"min_instances": 1, "max_instances": 1, "initial_instances": None}
+        given = [k for k, v in one_pool.items() if getattr(a, k) != v]
+        if given:
+            raise bad((given[0],), f"bounds one pool; with prefill/decode pools give "
+                      f"cluster.autoscaler.pools.prefill.{given[0]} and/or .decode.{given[0]}",
+                      getattr(a, given[0]))
+        if not a.pools:
+            raise bad((), "with prefill/decode pools, give the bounds of the pool(s) to scale "
+                      "in cluster.autoscaler.pools (prefill, decode)", None)
+        n = self.cluster.num_instances
+        if n > d.prefill_instances + d.decode_instances:
+            raise ValidationError.from_exception_data(type(self).__name__, [InitErrorDetails(
+                type=PydanticCustomError(
+                    "autoscaled_pools", "{n} instances, {p} prefill + {q} decode: the autoscaler "
+                    "scales the pools, and an instance outside them is not supported",
+                    {"n": n, "p": d.prefill_instances, "q": d.decode_instances}),
+                loc=("cluster", "num_instances"), input=n)])
+        sizes = {"prefill": d.prefill_instances, "decode": d.decode_instances}
+        total = sum(b.max_instances for b in a.pool_bounds(sizes).values())
+        if total > MAX_INSTANCES:
+            raise bad(("pools",), f"the pools' max_instances add up to {total}; at most "
+                      f"{MAX_INSTANCES} instances can be simulated", total)
         return self
 
     @model_validator(mode="after")

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import blis_simpy.admission  # noqa: F401  (registers the built-in admission policies)
 import blis_simpy.routing  # noqa: F401  (registers the built-in routers and scorers)
-from blis_simpy.cluster.autoscaler import Autoscaler, AutoscaleRecord
+from blis_simpy.cluster.autoscaler import AutoscaleRecord, Autoscaler, ScaledPool, Unit
 from blis_simpy.cluster.clients import ClosedLoopClients
 from blis_simpy.cluster.cluster import Cluster, ControlPlaneCounters
 from blis_simpy.cluster.invariants import (
@@ -139,10 +139,25 @@ def component_classes(scenario: Scenario, pools: bool, *, instance_class: type[I
 def with_built_instances(scenario: Scenario) -> Scenario:
     """``scenario`` as the simulation builds it: with an autoscaler, ``max_instances``
     instances (``cluster.num_instances``) of which ``initial_instances`` (resolved) serve at
-    time 0; without one, unchanged."""
+    time 0 — with prefill/decode pools, each pool's ``max_instances``
+    (``disaggregation.<pool>_instances``) and every pool's bounds resolved in
+    ``cluster.autoscaler.pools``; without one, unchanged."""
     cl = scenario.cluster
     a = cl.autoscaler
-    if a is None or (cl.num_instances == a.max_instances and a.initial_instances is not None):
+    if a is None:
+        return scenario
+    d = scenario.disaggregation
+    if d.enabled:
+        bounds = a.pool_bounds({"prefill": d.prefill_instances, "decode": d.decode_instances})
+        p, q = bounds["prefill"].max_instances, bounds["decode"].max_instances
+        if (a.pools == bounds and (d.prefill_instances, d.decode_instances) == (p, q)
+                and cl.num_instances == p + q):
+            return scenario
+        auto = a.model_copy(update={"pools": bounds})
+        return scenario.model_copy(update={
+            "cluster": cl.model_copy(update={"num_instances": p + q, "autoscaler": auto}),
+            "disaggregation": d.model_copy(update={"prefill_instances": p, "decode_instances": q})})
+    if cl.num_instances == a.max_instances and a.initial_instances is not None:
         return scenario
     auto = a.model_copy(update={"initial_instances": cl.initial_instances})
     return scenario.model_copy(update={"cluster": cl.model_copy(update={
@@ -150,19 +165,31 @@ def with_built_instances(scenario: Scenario) -> Scenario:
 
 
 def build_autoscaler(sim: Simulation, scenario: Scenario, layout) -> Autoscaler:
-    """The autoscaler of ``sim`` (built, not yet run); a ConfigError on its scenario keys
-    (prefill/decode pools are not scaled yet)."""
+    """The autoscaler of ``sim`` (built, not yet run; ``scenario`` as
+    :func:`with_built_instances` gives it): one pool, or with prefill/decode pools one per
+    pool, each with its bounds, GPUs per instance and loading delay."""
     a = scenario.cluster.autoscaler
-    if layout.enabled:
-        raise ConfigError("is not supported with prefill/decode pools yet: scale a deployment "
-                          "without disaggregation", field="cluster.autoscaler")
     policy = build_autoscale_policy(scenario)
-    d = layout.global_deployment
-    return Autoscaler(sim.env, sim.cluster, sim.instances, policy,
-                      interval_us=round(a.interval_s * 1e6), min_instances=a.min_instances,
-                      max_instances=a.max_instances, initial=a.initial_instances,
-                      loading_delay_us=loading_delay_us(scenario, d),
-                      gpus_per_instance=max(d.tp, 1) * scenario.dp, dp=scenario.dp,
+    dp = scenario.dp
+    units = [Unit(e, sim.instances[e * dp:(e + 1) * dp])
+             for e in range(len(sim.instances) // dp)]
+    if layout.enabled:
+        pools = []
+        initial = {}
+        for name, b in a.pools.items():
+            d = layout.deployments[name]
+            members = [units[k] for k in layout.members(name)]
+            pools.append(ScaledPool(name, members, b.min_instances, b.max_instances,
+                                    max(d.tp, 1) * dp, loading_delay_us(scenario, d)))
+            initial[name] = b.initial_instances
+        pools.sort(key=lambda p: p.units[0].index)
+    else:
+        d = layout.global_deployment
+        pools = [ScaledPool("", units, a.min_instances, a.max_instances, max(d.tp, 1) * dp,
+                            loading_delay_us(scenario, d))]
+        initial = {"": a.initial_instances}
+    return Autoscaler(sim.env, sim.cluster, pools, policy, interval_us=round(a.interval_s * 1e6),
+                      initial=initial, dp=dp,
                       max_num_running_reqs=scenario.engine.max_num_running_reqs,
                       horizon_us=sim.horizon_us)
 

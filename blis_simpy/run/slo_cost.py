@@ -51,14 +51,21 @@ def autoscale_section(scenario, sim, result, spec: SLOSpec):
     autoscaler, the per-interval SLO attainment from the completed requests (not kept under
     ``--streaming-metrics``), GPU-hours priced as the deployment is."""
     done = None
-    if not scenario.metrics.streaming:
-        done = [(req.arrival_us, ok) for m in result.instances for req, ok in _judged(m, spec)]
+    if not scenario.metrics.streaming:       # with PD pools: the parents' record
+        records = [result.cluster] if result.cluster is not None else result.instances
+        done = [(req.arrival_us, ok) for m in records for req, ok in _judged(m, spec)]
     price = scenario.cost.gpu_hour_usd
-    if price is None:
+    pool_prices = None
+    if price is None and result.autoscale.pools:     # each pool at its GPU's catalog price
+        pool_prices = {}
+        for p in result.autoscale.pools:
+            gpu = sim.pools.deployments[p["name"]].gpu
+            pool_prices[p["name"]] = gpu.price_per_hour_usd if gpu is not None else None
+    elif price is None:
         gpu = sim.pools.global_deployment.gpu
         price = gpu.price_per_hour_usd if gpu is not None else None
     return autoscale_report(result.autoscale, result.counters.arrived, done, judged=spec.active,
-                            gpu_hour_usd=price)
+                            gpu_hour_usd=price, pool_prices=pool_prices)
 
 
 def attach_gateway(scenario, sim, report: Report) -> None:

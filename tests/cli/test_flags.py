@@ -76,14 +76,22 @@ COMPANIONS = {"--prefill-instances": _POOLS, "--decode-instances": _POOLS, "--pd
               "--pd-contention-mode": _POOLS,
               **dict.fromkeys(("--think-time-dist", "--think-time-ms", "--think-time-sigma"),
                               {"--concurrency": "2"}),
-              "--min-instances": {"--max-instances": "4"}, "--initial-instances": {"--max-instances": "4"}}
+              "--min-instances": {"--max-instances": "4"}, "--initial-instances": {"--max-instances": "4"},
+              # a pool's autoscaler bounds: PD pools with no instance outside them, max 4
+              **{f"--{pool}-{what}-instances": {"--prefill-instances": "1", "--decode-instances": "1",
+                                                "--num-instances": "2",
+                                                **({f"--{pool}-max-instances": "4"} if what != "max" else {})}
+                 for pool in ("prefill", "decode") for what in ("min", "max", "initial")}}
 # Only one member of these families is registered so far: the sample equals quickstart's value.
 SAME_AS_QUICKSTART = {"--latency-model"}
 
 
 def _get(obj, path: str):
     for part in path.split("."):
-        obj = getattr(obj, part) if obj is not None else None   # an absent section: None
+        if isinstance(obj, dict):                               # a mapping of sections (pools)
+            obj = obj.get(part)
+        else:
+            obj = getattr(obj, part) if obj is not None else None   # an absent section: None
     return obj
 
 
