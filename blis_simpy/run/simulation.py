@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import blis_simpy.admission  # noqa: F401  (registers the built-in admission policies)
 import blis_simpy.routing  # noqa: F401  (registers the built-in routers and scorers)
-from blis_simpy.cluster.autoscaler import AutoscaleRecord, Autoscaler, ScaledPool, Unit
+from blis_simpy.cluster.autoscaler import Autoscaler, AutoscaleRecord, ScaledPool, Unit
 from blis_simpy.cluster.clients import ClosedLoopClients
 from blis_simpy.cluster.cluster import Cluster, ControlPlaneCounters
 from blis_simpy.cluster.invariants import (

@@ -112,7 +112,7 @@ def test_the_prefill_pool_scales_on_its_own_queue():
     grew = [(t, n) for t, name, s, lo, _ in rec.pool_changes if name == "prefill"
             for n in [s + lo] if n > 1]
     assert grew and grew[0][0] == S           # the first decision sees the queue
-    for t, name, s, lo, dr in rec.pool_changes:
+    for _t, name, s, lo, dr in rec.pool_changes:
         hi = pools[name]["max_instances"]
         assert 0 <= s + lo <= hi and s + lo + dr <= hi
     prefill_on = {p.prefill_instance for p in sim.cluster.parents.values()}
