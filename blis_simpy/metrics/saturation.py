@@ -32,9 +32,13 @@ falls behind at a peak and catches up later has a backlog that grows over the pe
 although over the whole window it does not. A piece with fewer than :data:`MIN_SAMPLES` bin
 edges is merged with the pieces after it (the last short one with the window before), and
 every window spans at least 1/:data:`MAX_WINDOWS` of the arrival window, so at most
-:data:`MAX_WINDOWS` windows are tested whatever the number of pieces. The run is saturated
-when the whole-window test or any window's fires; the verdict keeps the whole window's
-measurements and lists the windows that fired (at most :data:`MAX_LISTED_WINDOWS`).
+:data:`MAX_WINDOWS` windows are tested whatever the number of pieces. A window fires on the
+two conditions and a third, its **rise**: the backlog's last sample minus its first is at
+least :data:`MIN_T_STAT` × √(arrivals + departures from the backlog in the window), beyond
+the counting noise of those two counts (a short window's random burst meets the first two).
+The run is saturated when the whole-window test or any window's fires; the verdict keeps the
+whole window's measurements and lists the windows that fired (at most
+:data:`MAX_LISTED_WINDOWS`).
 """
 
 from __future__ import annotations

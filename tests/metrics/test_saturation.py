@@ -294,3 +294,13 @@ def test_windows_merge_short_pieces_and_stay_bounded():
     assert w[0][0] == 0 and w[-1][1] == 1_000_000
     assert all(a[1] == b[0] for a, b in zip(w, w[1:], strict=False))
     assert all(e - s >= 1_000 for s, e in w)
+
+
+def test_the_rate_changes_reach_the_test_from_a_stream_or_a_list():
+    from blis_simpy.run.load_shape import arrival_rate_changes
+    from blis_simpy.run.workload import build_workload
+    d = run.prepare(staged((7, 20), (15, 20), (5, 40)))
+    reqs = build_workload(d, lazy=True)[0]
+    assert list(arrival_rate_changes(d, reqs)) == [0, 20_000_000, 40_000_000, 80_000_000]
+    assert list(arrival_rate_changes(d, list(reqs))) == [0, 20_000_000, 40_000_000, 80_000_000]
+    assert arrival_rate_changes(run.prepare(scenario(15)), []) is None
