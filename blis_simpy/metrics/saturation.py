@@ -315,7 +315,7 @@ def saturation_windows(rate_changes, a0: int, a1: int, bin_us: int) -> list[tupl
     it until the window holds :data:`MIN_SAMPLES` edges of ``bin_us`` bins and spans at least
     1/:data:`MAX_WINDOWS` of the arrival window; a short remainder joins the window before."""
     inner = np.asarray(rate_changes, dtype=np.int64)
-    cuts = np.unique(np.concatenate(([a0, a1], inner[(inner > a0) & (inner < a1)])))
+    cuts = np.concatenate(([a0], np.sort(inner[(inner > a0) & (inner < a1)], kind="stable"), [a1]))
     min_len = -(-(a1 - a0) // MAX_WINDOWS)
     out: list[tuple[int, int]] = []
     start = a0

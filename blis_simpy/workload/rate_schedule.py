@@ -143,8 +143,13 @@ def expected_arrivals(pieces: list[RatePiece], horizon_us: int) -> float:
 def rate_changes(pieces: list[RatePiece]) -> np.ndarray:
     """The times (µs, increasing int64) where the rate changes: every piece's start and its end
     (an open end, MAX_INT64, included), once each."""
-    return np.unique(np.fromiter((t for p in pieces for t in (p.start_us, p.end_us)),
-                                 dtype=np.int64, count=2 * len(pieces)))
+    n = len(pieces)
+    starts = np.fromiter((p.start_us for p in pieces), dtype=np.int64, count=n)
+    ends = np.fromiter((p.end_us for p in pieces), dtype=np.int64, count=n)
+    # two increasing runs: a stable (merge) sort takes them in linear time, np.unique's
+    # quicksort in about 1 s for a million pieces
+    t = np.sort(np.concatenate((starts, ends)), kind="stable")
+    return t[np.concatenate(([True], t[1:] != t[:-1]))] if n else t
 
 
 def arrival_times(pieces: list[RatePiece], process: str, cv: float | None,
