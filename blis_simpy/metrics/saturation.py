@@ -24,19 +24,35 @@ seen (they arrived in the last admission plus routing latency).
 in bins of ``2**k`` µs (at most :data:`MAX_BINS`, doubled as time grows): memory is bounded
 whatever the run's length (it serves ``--streaming-metrics``, which feeds it as requests
 leave). Samples are taken at bin edges.
+
+**Per window of a time-varying load.** Given the times where the arrival rate changes (the
+boundaries of its constant-rate pieces), :meth:`BacklogProbe.verdict` also takes the same
+test over each piece's window (the piece clipped to the arrival window): a deployment that
+falls behind at a peak and catches up later has a backlog that grows over the peak's pieces
+although over the whole window it does not. A piece with fewer than :data:`MIN_SAMPLES` bin
+edges is merged with the pieces after it (the last short one with the window before), and
+every window spans at least 1/:data:`MAX_WINDOWS` of the arrival window, so at most
+:data:`MAX_WINDOWS` windows are tested whatever the number of pieces. A window fires on the
+two conditions and a third, its **rise**: the backlog's last sample minus its first is at
+least :data:`MIN_T_STAT` × √(arrivals + departures from the backlog in the window), beyond
+the counting noise of those two counts (a short window's random burst meets the first two).
+The run is saturated when the whole-window test or any window's fires; the verdict keeps the
+whole window's measurements and lists the windows that fired (at most
+:data:`MAX_LISTED_WINDOWS`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from blis_simpy.request import TIMED_OUT
 
-__all__ = ["BacklogProbe", "MAX_ACHIEVED_RATIO", "MAX_BINS", "MAX_SAMPLES", "MIN_SAMPLES",
-           "MIN_T_STAT", "SaturationVerdict", "probe_metrics"]
+__all__ = ["BacklogProbe", "MAX_ACHIEVED_RATIO", "MAX_BINS", "MAX_LISTED_WINDOWS", "MAX_SAMPLES",
+           "MAX_WINDOWS", "MIN_SAMPLES", "MIN_T_STAT", "SaturationVerdict", "probe_metrics",
+           "saturation_windows"]
 
 #: bins of the probe (each an int64 count of three kinds)
 MAX_BINS = 1 << 14
@@ -48,6 +64,10 @@ MIN_SAMPLES = 8
 MIN_T_STAT = 3.0
 #: completions / arrivals over the window's second half must be below this
 MAX_ACHIEVED_RATIO = 0.9
+#: windows of a time-varying load tested at most (pieces are merged beyond)
+MAX_WINDOWS = 1000
+#: windows that fired listed in the verdict at most (the ones completing the least)
+MAX_LISTED_WINDOWS = 10
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,13 @@ class SaturationVerdict:
     backlog_slope_stderr_rps: float = 0.0
     offered_rps: float = 0.0
     achieved_rps: float = 0.0
+    #: per-window tests of a time-varying load (0: none, the measurements above are the only
+    #: test): windows tested, how many fired, the whole window's own result, and the fired
+    #: windows' verdicts (time order; at most MAX_LISTED_WINDOWS, the lowest completed/offered)
+    windows_tested: int = 0
+    windows_fired: int = 0
+    whole_window_saturated: bool = False
+    fired_windows: tuple[SaturationVerdict, ...] = ()
 
     @property
     def t_stat(self) -> float:
@@ -78,8 +105,26 @@ class SaturationVerdict:
     def achieved_over_offered(self) -> float:
         return self.achieved_rps / self.offered_rps if self.offered_rps > 0 else 0.0
 
+    @property
+    def fired(self) -> SaturationVerdict:
+        """The test the verdict rests on: the whole window's when it fired or no window did,
+        else the fired window completing the least of its offered load (the earliest on a tie)."""
+        if self.whole_window_saturated or not self.fired_windows:
+            return self
+        return min(self.fired_windows, key=lambda v: (v.achieved_over_offered, v.window_start_us))
+
     def to_dict(self) -> dict:
-        """The JSON form (times in s, rates in requests/s)."""
+        """The JSON form (times in s, rates in requests/s): the whole window's measurements
+        and, when windows were tested, ``whole_window_saturated``, ``windows_tested``,
+        ``windows_fired`` and ``windows`` (the listed fired windows in this form)."""
+        out = self._dict()
+        if self.windows_tested:
+            out.update(whole_window_saturated=self.whole_window_saturated,
+                       windows_tested=self.windows_tested, windows_fired=self.windows_fired,
+                       windows=[w._dict() for w in self.fired_windows])
+        return out
+
+    def _dict(self) -> dict:
         t = self.t_stat
         return {
             "saturated": self.saturated,
@@ -97,16 +142,24 @@ class SaturationVerdict:
         }
 
     def summary(self) -> str:
-        """One line: what was measured."""
-        return (f"backlog +{self.backlog_slope_rps:.3g} ± {self.backlog_slope_stderr_rps:.2g} "
-                f"req/s over the arrivals {self.window_start_us / 1e6:.3f}-"
-                f"{self.window_end_us / 1e6:.3f} s ({self.backlog_first} -> {self.backlog_last} "
-                f"waiting); {self.achieved_rps:.3g} of {self.offered_rps:.3g} req/s completed "
-                f"({100 * self.achieved_over_offered:.0f} %)")
+        """One line: what was measured by the test that fired (:attr:`fired`)."""
+        v = self.fired
+        return (f"backlog +{v.backlog_slope_rps:.3g} ± {v.backlog_slope_stderr_rps:.2g} "
+                f"req/s over the arrivals {v.window_start_us / 1e6:.3f}-"
+                f"{v.window_end_us / 1e6:.3f} s ({v.backlog_first} -> {v.backlog_last} "
+                f"waiting); {v.achieved_rps:.3g} of {v.offered_rps:.3g} req/s completed "
+                f"({100 * v.achieved_over_offered:.0f} %)")
 
     def warning(self) -> str:
-        """The one-line warning printed when saturated."""
-        return "saturated: the offered load exceeds what the deployment sustains: " + self.summary()
+        """The one-line warning printed when saturated; names the window when only windows
+        of a time-varying load fired."""
+        v = self.fired
+        if v is self:
+            return "saturated: the offered load exceeds what the deployment sustains: " + self.summary()
+        return (f"saturated between {v.window_start_us / 1e6:.1f} s and {v.window_end_us / 1e6:.1f} s "
+                f"of the arrivals: the offered load exceeds what the deployment sustains: "
+                f"{self.summary()} ({self.windows_fired} of {self.windows_tested} windows of the "
+                f"arrival rate fired; not the whole arrival window)")
 
 
 class BacklogProbe:
@@ -181,22 +234,45 @@ class BacklogProbe:
         self.last_arrival_us = max(self.last_arrival_us, last)
         self.n += n
 
-    def verdict(self) -> SaturationVerdict:
-        """The saturation test over the arrival window (module docstring)."""
+    def verdict(self, rate_changes=None) -> SaturationVerdict:
+        """The saturation test over the arrival window and, given ``rate_changes`` (the
+        times, µs, where a time-varying load's arrival rate changes: its pieces' starts and
+        ends, any order), over each piece's window (module docstring)."""
         if self.n < 2:
             return SaturationVerdict(False, "fewer than two requests")
-        w = 1 << self.shift
         a0, a1 = self.first_arrival_us, self.last_arrival_us
-        lo = -(-a0 // w)                  # first bin edge at or after the first arrival
-        hi = a1 // w                      # last edge at or before the last arrival
+        cums = self._cumulative()
+        whole = self._test(cums, a0, a1)
+        windows = ([] if rate_changes is None
+                   else saturation_windows(rate_changes, a0, a1, 1 << self.shift))
+        if len(windows) < 2:           # one window is the whole one
+            return whole
+        fired = [v for v in (self._test(cums, s, e, True) for s, e in windows) if v.saturated]
+        listed = sorted(fired, key=lambda v: (v.achieved_over_offered, v.window_start_us))
+        listed = sorted(listed[:MAX_LISTED_WINDOWS], key=lambda v: v.window_start_us)
+        return replace(whole, saturated=whole.saturated or bool(fired),
+                       windows_tested=len(windows), windows_fired=len(fired),
+                       whole_window_saturated=whole.saturated, fired_windows=tuple(listed))
+
+    def _cumulative(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Arrivals, departures from the backlog and completions before each bin edge."""
+        cum_a = np.concatenate(([0], np.cumsum(self.arrivals)))   # cum[j]: events before edge j
+        cum_l = np.concatenate(([0], np.cumsum(self.leaves) - np.cumsum(self.reentries)))
+        cum_c = np.concatenate(([0], np.cumsum(self.completions)))
+        return cum_a, cum_l, cum_c
+
+    def _test(self, cums, a0: int, a1: int, counted: bool = False) -> SaturationVerdict:
+        """The test over the window ``[a0, a1]`` (µs); ``counted`` (a window of the pieces):
+        also the rise condition (module docstring)."""
+        w = 1 << self.shift
+        lo = -(-a0 // w)                  # first bin edge at or after the window's start
+        hi = a1 // w                      # last edge at or before its end
         if hi - lo + 1 < MIN_SAMPLES:
             return SaturationVerdict(False, f"fewer than {MIN_SAMPLES} samples in the arrival "
                                             "window", window_start_us=a0, window_end_us=a1)
         k = min(MAX_SAMPLES, hi - lo + 1)
         edges = np.unique(np.round(np.linspace(lo, hi, k)).astype(np.int64))
-        cum_a = np.concatenate(([0], np.cumsum(self.arrivals)))   # cum[j]: events before edge j
-        cum_l = np.concatenate(([0], np.cumsum(self.leaves) - np.cumsum(self.reentries)))
-        cum_c = np.concatenate(([0], np.cumsum(self.completions)))
+        cum_a, cum_l, cum_c = cums
         backlog = cum_a[edges] - cum_l[edges]
         # ordinary least squares and the slope's standard error, as scipy.stats.linregress
         # gives them; written out because importing scipy.stats costs ~2 s and every run
@@ -223,8 +299,39 @@ class BacklogProbe:
         grows = (b >= (1 - MAX_ACHIEVED_RATIO) * offered
                  and (se == 0 or b / se >= MIN_T_STAT))
         saturated = grows and achieved < MAX_ACHIEVED_RATIO * offered
+        if counted and saturated:
+            # a window's rise beyond the counting noise of what entered and left the
+            # backlog in it (sd sqrt(in + out) for independent Poisson counts)
+            first = int(edges[0])
+            moved = int(cum_a[end] - cum_a[first] + cum_l[end] - cum_l[first])
+            saturated = int(backlog[-1] - backlog[0]) >= MIN_T_STAT * math.sqrt(max(moved, 0))
         return SaturationVerdict(saturated, "", len(edges), a0, a1, int(backlog[0]),
                                  int(backlog[-1]), b, se, offered, achieved)
+
+
+def saturation_windows(rate_changes, a0: int, a1: int, bin_us: int) -> list[tuple[int, int]]:
+    """The windows ``[start, end]`` (µs) the per-window test covers: the arrival window
+    ``[a0, a1]`` cut at the ``rate_changes`` inside it, each piece merged with the ones after
+    it until the window holds :data:`MIN_SAMPLES` edges of ``bin_us`` bins and spans at least
+    1/:data:`MAX_WINDOWS` of the arrival window; a short remainder joins the window before."""
+    inner = np.asarray(rate_changes, dtype=np.int64)
+    cuts = np.concatenate(([a0], np.sort(inner[(inner > a0) & (inner < a1)], kind="stable"), [a1]))
+    min_len = -(-(a1 - a0) // MAX_WINDOWS)
+    out: list[tuple[int, int]] = []
+    start = a0
+    while start < a1:
+        need = max(start + min_len, (-(-start // bin_us) + MIN_SAMPLES - 1) * bin_us)
+        j = int(np.searchsorted(cuts, need))
+        if j >= len(cuts):                # too short: the rest joins the window before
+            if out:
+                out[-1] = (out[-1][0], a1)
+            else:
+                out.append((start, a1))
+            break
+        end = int(cuts[j])
+        out.append((start, end))
+        start = end
+    return out
 
 
 def request_times(req, sched_us, done_us) -> tuple[int, int | None, int | None]:

@@ -48,8 +48,11 @@ def render_tables(report: Report, console) -> None:
                             f"${_f(per_m, 4)}" if per_m is not None else "n/a (no output)")
     sat = report.saturation
     if sat is not None and sat.saturated:     # only when it fires (docs/metrics.md, "Saturation")
-        summary.add_row("Saturated", f"yes: {_f(sat.achieved_rps)} of {_f(sat.offered_rps)} req/s "
-                                     f"completed; backlog +{_f(sat.backlog_slope_rps)} req/s")
+        v = sat.fired                         # the whole window's test, or a window's
+        where = (f" between {v.window_start_us / 1e6:.1f} and {v.window_end_us / 1e6:.1f} s"
+                 if v is not sat else "")
+        summary.add_row("Saturated", f"yes{where}: {_f(v.achieved_rps)} of {_f(v.offered_rps)} "
+                                     f"req/s completed; backlog +{_f(v.backlog_slope_rps)} req/s")
     console.print(summary)
 
     lat = Table(title="Latency (ms)", title_justify="left")

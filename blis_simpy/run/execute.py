@@ -24,6 +24,7 @@ from blis_simpy.plugins import load_plugins, running_plugin
 from blis_simpy.run import outputs as O
 from blis_simpy.run import slo_cost
 from blis_simpy.run.describe import PluginsRefused, RunDescription
+from blis_simpy.run.load_shape import arrival_rate_changes
 from blis_simpy.run.simulation import Simulation, SimulationResult
 from blis_simpy.run.workload import build_workload, last_arrival_us
 
@@ -115,10 +116,11 @@ class _Saturated(Exception):
 SATURATION_CHECKS = (0.25, 0.5, 0.75, 1.0)
 
 
-def _stop_if_saturated(sim: Simulation, last_us: int) -> None:
+def _stop_if_saturated(sim: Simulation, last_us: int, rate_changes=None) -> None:
     """At a quarter, half, three quarters of ``last_us`` (the last pre-generated arrival) and
     at it, after every model event then, test the run so far (its arrivals up to then) for
-    saturation (docs/metrics.md) and end it if saturated. With PD pools a parent's arrival
+    saturation (docs/metrics.md; per piece too, given where a time-varying load's rate
+    changes, ``rate_changes`` in µs) and end it if saturated. With PD pools a parent's arrival
     and scheduling are its prefill sub-request's, its completion its decode sub-request's.
     Not with streamed metrics (they leave the records as requests complete)."""
     from blis_simpy.des import OBSERVER_AFTER
@@ -126,7 +128,8 @@ def _stop_if_saturated(sim: Simulation, last_us: int) -> None:
         return
 
     def check(_arg) -> None:
-        if O.sim_probe(sim, [inst.metrics for inst in sim.instances]).verdict().saturated:
+        probe = O.sim_probe(sim, [inst.metrics for inst in sim.instances])
+        if probe.verdict(rate_changes).saturated:
             raise _Saturated
     for f in SATURATION_CHECKS:
         sim.env.call_at(int(last_us * f), OBSERVER_AFTER, check)
@@ -187,8 +190,9 @@ def _run(d, sim, tap, requests, horizon, sessions, workload_seed, progress, batc
          interruptible) -> Outcome:
     s = d.scenario
     stopped_us = None
+    rate_changes = arrival_rate_changes(d, requests)   # None: not a time-varying open load
     if d.outputs.stop_when_saturated:
-        _stop_if_saturated(sim, last_arrival_us(requests))
+        _stop_if_saturated(sim, last_arrival_us(requests), rate_changes)
     with _ctrl_c_stops(sim, interruptible) as hit:
         try:
             result = sim.run(progress=progress)
@@ -220,7 +224,7 @@ def _run(d, sim, tap, requests, horizon, sessions, workload_seed, progress, batc
     cap = sim.pools.global_deployment.kv_capacity
     report.kv_capacity = cap.to_dict() if cap is not None else None
     report.sessions = result.sessions    # how the closed-loop sessions ended (tables, JSON)
-    report.saturation = tap.saturation(sim, result)   # docs/metrics.md, "Saturation"
+    report.saturation = tap.saturation(sim, result, rate_changes)   # docs/metrics.md, "Saturation"
     if report.saturation.saturated and not interrupted:
         log.warning("%s", report.saturation.warning())
     if not interrupted:

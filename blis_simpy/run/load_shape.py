@@ -19,8 +19,8 @@ from blis_simpy.rng import derive_seed, numpy_rng
 from blis_simpy.run.describe import RunDescription
 from blis_simpy.units import MAX_INT64
 
-__all__ = ["RetimedRequests", "closed_loop_workload", "distribution_workload_spec", "generated",
-           "time_varying_workload"]
+__all__ = ["RetimedRequests", "arrival_rate_changes", "closed_loop_workload",
+           "distribution_workload_spec", "generated", "rate_pieces", "time_varying_workload"]
 
 #: the random streams of this module (docs/determinism.md, "Random streams")
 THINK_STREAM, RATE_STREAM = "think-time", "rate-schedule"
@@ -64,10 +64,12 @@ class RetimedRequests:
     """The requests of ``pool`` with the k-th one arriving at ``times[k]`` (µs, increasing),
     built lazily as the run reaches them."""
 
-    def __init__(self, pool, times):
+    def __init__(self, pool, times, rate_changes=None):
         self._pool = pool
         self.times = times
         self.last_arrival_us = times[-1] if len(times) else 0
+        #: where the arrival rate changes (µs; the saturation test per piece, docs/metrics.md)
+        self.rate_changes = rate_changes
 
     def __len__(self) -> int:
         return len(self.times)
@@ -93,16 +95,7 @@ def time_varying_workload(d: RunDescription, stream: bool) -> tuple[object, int,
     from blis_simpy.workload import rate_schedule as R
     s = d.scenario
     w = s.workload
-    if w.stages is not None:
-        key, pieces = "stages", R.stage_pieces(w.stages)
-    elif w.rate_schedule is not None:
-        key, pieces = "rate_schedule", R.schedule_pieces([(p.at_s, p.rate) for p in w.rate_schedule])
-    else:
-        key = "rate_csv"
-        try:
-            pieces = R.schedule_pieces(R.read_rate_csv(w.rate_csv))
-        except ConfigError as exc:
-            raise (exc if exc.file else d.attribute(exc)) from None
+    key, pieces = rate_pieces(d)
     cap = w.num_requests if "num_requests" in w.model_fields_set else 0
     horizon = s.horizon
     if cap <= 0:
@@ -120,8 +113,38 @@ def time_varying_workload(d: RunDescription, stream: bool) -> tuple[object, int,
                             max_requests=cap)
     spec = distribution_workload_spec(d)
     pool = generated(d, spec, None, len(times), True) if len(times) else []
-    reqs = RetimedRequests(pool, times)
+    reqs = RetimedRequests(pool, times, R.rate_changes(pieces))
     return (reqs if stream else list(reqs)), horizon, None, s.seed
+
+
+def rate_pieces(d: RunDescription) -> tuple[str, list]:
+    """The scenario key and the :class:`~blis_simpy.workload.rate_schedule.RatePiece` list of
+    a time-varying distribution workload (``workload.stages``, ``rate_schedule`` or
+    ``rate_csv``; errors located on the key or in the CSV)."""
+    from blis_simpy.workload import rate_schedule as R
+    w = d.scenario.workload
+    if w.stages is not None:
+        return "stages", R.stage_pieces(w.stages)
+    if w.rate_schedule is not None:
+        return "rate_schedule", R.schedule_pieces([(p.at_s, p.rate) for p in w.rate_schedule])
+    try:
+        return "rate_csv", R.schedule_pieces(R.read_rate_csv(w.rate_csv))
+    except ConfigError as exc:
+        raise (exc if exc.file else d.attribute(exc)) from None
+
+
+def arrival_rate_changes(d: RunDescription, requests):
+    """Where the arrival rate of an open-loop time-varying load changes (µs, increasing; the
+    saturation test per piece, docs/metrics.md), or None for any other workload (closed-loop
+    concurrency stages included: their clients are not a rate). ``requests``: the workload's
+    requests (a lazy :class:`RetimedRequests` carries them; a list does not, and the pieces
+    are read again)."""
+    from blis_simpy.workload import rate_schedule as R
+    w = d.scenario.workload
+    if w.closed_loop or not getattr(w, "time_varying", False):
+        return None
+    changes = getattr(requests, "rate_changes", None)
+    return changes if changes is not None else R.rate_changes(rate_pieces(d)[1])
 
 
 # ---------------------------------------------------------------------------- a distribution source

@@ -49,12 +49,12 @@ class RunTap:
         if self.collector is not None:
             self.collector.finish(metrics)
 
-    def saturation(self, sim, result):
+    def saturation(self, sim, result, rate_changes=None):
         """The saturation test of the run (docs/metrics.md, "Saturation"): from the probe the
-        streamed requests fed, or from the exact records."""
+        streamed requests fed, or from the exact records; also per piece of a time-varying
+        load given where its rate changes (``rate_changes``, µs; None: none)."""
         probe = self.collector.probe if self.collector is not None else None
-        return (probe if probe is not None else sim_probe(sim, result.instances)).verdict()
-
+        return (probe if probe is not None else sim_probe(sim, result.instances)).verdict(rate_changes)
 
     def commit(self, report, batch=None) -> None:
         """Complete the rows file: exact metrics write the cluster's rows now (the results

@@ -38,8 +38,8 @@ from blis_simpy.infile import open_input
 from blis_simpy.units import MAX_INT64
 from blis_simpy.workload.arrivals import make_arrival_sampler
 
-__all__ = ["RatePiece", "arrival_times", "expected_arrivals", "read_rate_csv", "schedule_pieces",
-           "stage_pieces"]
+__all__ = ["RatePiece", "arrival_times", "expected_arrivals", "rate_changes", "read_rate_csv",
+           "schedule_pieces", "stage_pieces"]
 
 #: µs per second
 _US = 1_000_000
@@ -138,6 +138,18 @@ def expected_arrivals(pieces: list[RatePiece], horizon_us: int) -> float:
             return math.inf
         total += p.rate * (p.end_us - p.start_us) / _US
     return total
+
+
+def rate_changes(pieces: list[RatePiece]) -> np.ndarray:
+    """The times (µs, increasing int64) where the rate changes: every piece's start and its end
+    (an open end, MAX_INT64, included), once each."""
+    n = len(pieces)
+    starts = np.fromiter((p.start_us for p in pieces), dtype=np.int64, count=n)
+    ends = np.fromiter((p.end_us for p in pieces), dtype=np.int64, count=n)
+    # two increasing runs: a stable (merge) sort takes them in linear time, np.unique's
+    # quicksort in about 1 s for a million pieces
+    t = np.sort(np.concatenate((starts, ends)), kind="stable")
+    return t[np.concatenate(([True], t[1:] != t[:-1]))] if n else t
 
 
 def arrival_times(pieces: list[RatePiece], process: str, cv: float | None,

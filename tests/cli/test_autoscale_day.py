@@ -26,6 +26,11 @@ def test_autoscaling_beats_the_smallest_fixed_deployment_at_the_same_attainment(
     reaching = [k for k in ("fixed-1", "fixed-2") if att[k] >= att["autoscaled"]]
     assert reaching == ["fixed-2"] and att["fixed-1"] < 50 < 99 < att["autoscaled"]
     assert hours["autoscaled"] < hours["fixed-2"]
+    # none is saturated, over the day or over any hour of its rate schedule: fixed-1 misses its
+    # ITL target with a batch of up to 256 running requests, but completes what arrives (its
+    # wait queue stays under a few requests; docs/metrics.md, "Saturation")
+    assert not any("saturation" in v for v in runs.values())
+    assert runs["fixed-1"]["slo"]["attainment_pct"]["ttft"] > 95
     a = runs["autoscaled"]["autoscaling"]
     assert a["peak_instances"] >= 2 and a["scale_ups"] >= 1 and a["scale_downs"] >= 1
     assert abs(a["gpu_hours"] - hours["autoscaled"]) < 1e-12

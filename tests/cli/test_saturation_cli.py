@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from tests.metrics.test_saturation import scenario
+from tests.metrics.test_saturation import scenario, staged
 
 
 def _write(tmp_path, rate):
@@ -36,3 +36,24 @@ def test_cli_shows_it_only_when_it_fires(cli, tmp_path):
     assert "Saturated" not in cli("run", "--scenario", _write(tmp_path, 7)).stdout
 
 
+
+
+def test_cli_names_the_window_of_a_stage_that_fired(cli, tmp_path):
+    """The hand-computed deployment (10 req/s) under 7, 15 and 5 req/s stages: only the
+    15 req/s stage's window fires (tests/metrics/test_saturation.py)."""
+    path = tmp_path / "staged.yaml"
+    path.write_text(yaml.safe_dump(staged((7, 20), (15, 20), (5, 40))))
+    res = cli("run", "--scenario", path, "--format", "json")
+    assert res.exit_code == 0, res.output
+    sat = json.loads(res.stdout)["saturation"]
+    assert sat["saturated"] is True and sat["whole_window_saturated"] is False
+    assert [(w["window_start_s"], w["window_end_s"]) for w in sat["windows"]] == [(20.0, 40.0)]
+    warn = [ln for ln in res.stderr.splitlines() if "saturated" in ln]
+    assert len(warn) == 1 and warn[0].startswith(
+        "WARNING blis_simpy.run: saturated between 20.0 s and 40.0 s of the arrivals: ")
+    table = cli("run", "--scenario", path)
+    assert "yes between 20.0 and 40.0 s: 9.96 of 14.94 req/s" in table.stdout
+    # the same stages below the capacity: nothing shows
+    path.write_text(yaml.safe_dump(staged((7, 20), (9, 20), (5, 40))))
+    under = cli("run", "--scenario", path, "--format", "json")
+    assert "saturation" not in json.loads(under.stdout) and "saturated" not in under.stderr

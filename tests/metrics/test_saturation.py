@@ -9,7 +9,14 @@ import pytest
 
 from blis_simpy import run
 from blis_simpy.config.scenario import Scenario
-from blis_simpy.metrics.saturation import MAX_BINS, BacklogProbe, probe_metrics
+from blis_simpy.metrics.report import report_dict
+from blis_simpy.metrics.saturation import (
+    MAX_BINS,
+    MAX_WINDOWS,
+    BacklogProbe,
+    probe_metrics,
+    saturation_windows,
+)
 from blis_simpy.metrics.summary import aggregate
 from blis_simpy.run import simulate
 from tests.cluster.helpers import request
@@ -165,3 +172,135 @@ def test_a_run_stopped_when_saturated_ends_at_a_check():
     under = run.execute(run.prepare(scenario(0.7 * CAPACITY_RPS),
                                     outputs=Outputs(stop_when_saturated=True)))
     assert under.stopped_saturated_us is None and under.report.cluster.completed_requests == 300
+
+
+# ------------------------------------------------------------ per window of a time-varying load
+def staged(*stages: tuple[float, float]) -> dict:
+    """The hand-computed deployment under ``(rate, duration_s)`` stages (evenly spaced
+    arrivals within each: a stage of rate r from s has them at s + k * int(1e6 / r) µs)."""
+    d = scenario(1.0)
+    del d["workload"]["num_requests"]
+    d["workload"]["stages"] = [{"rate": r, "duration_s": t} for r, t in stages]
+    return d
+
+
+def test_a_peak_stage_fires_its_window_where_the_whole_window_does_not():
+    """7 req/s for 20 s, 15 req/s for 20 s, 5 req/s for 40 s: the queue grows 15 - 10 = 5/s
+    over the peak (to 100 waiting at 40 s) and drains at 10 - 5 = 5/s by 60 s. Over the whole
+    window the backlog is a triangle centred on it (no trend) and the second half completes
+    more than arrives: only the peak's window fires."""
+    out = run.execute(run.prepare(staged((7, 20), (15, 20), (5, 40))))
+    assert len(out.requests) == 140 + 300 + 200
+    v = out.report.saturation
+    assert v.saturated and not v.whole_window_saturated
+    assert abs(v.backlog_slope_rps) < 0.1 and v.achieved_over_offered > 1       # the whole window
+    assert (v.windows_tested, v.windows_fired, len(v.fired_windows)) == (3, 1, 1)
+    w = v.fired
+    assert w is v.fired_windows[0]
+    assert (w.window_start_us, w.window_end_us) == (20_000_000, 40_000_000)
+    # bins of 2**13 µs; the first edge in the window 20,004,864 µs (all 140 earlier arrivals
+    # scheduled), the last 39,993,344 µs: 299 arrived in the stage, 199 scheduled (the first
+    # at 20,099,980 µs when the 7 req/s stage's last request ends, then one per 100 ms)
+    assert (w.backlog_first, w.backlog_last) == (0, 100 - 0)
+    assert w.backlog_slope_rps == pytest.approx(15.0 - CAPACITY_RPS, abs=0.02)
+    assert w.offered_rps == pytest.approx(15.0, abs=0.1)
+    assert w.achieved_rps == pytest.approx(CAPACITY_RPS, abs=0.05)
+    doc = report_dict(out.report)["saturation"]
+    assert doc["saturated"] is True and doc["whole_window_saturated"] is False
+    assert (doc["windows_tested"], doc["windows_fired"]) == (3, 1)
+    assert [(x["window_start_s"], x["window_end_s"]) for x in doc["windows"]] == [(20.0, 40.0)]
+    assert v.warning().startswith("saturated between 20.0 s and 40.0 s of the arrivals: ")
+    assert "(1 of 3 windows of the arrival rate fired; not the whole arrival window)" in v.warning()
+    assert v.summary().startswith("backlog +5.01 ")
+
+
+def test_a_schedule_below_capacity_everywhere_does_not_fire(caplog):
+    out = run.execute(run.prepare(staged((7, 20), (9, 20), (5, 40))))
+    v = out.report.saturation
+    assert not v.saturated and (v.windows_tested, v.windows_fired) == (3, 0)
+    assert "saturation" not in report_dict(out.report)
+    assert "saturated" not in caplog.text
+
+
+def test_concurrency_stages_keep_the_whole_window_test():
+    d = scenario(1.0, n=200)
+    d["workload"]["concurrency_stages"] = [{"concurrency": 1, "duration_s": 10},
+                                           {"concurrency": 3, "duration_s": 10}]
+    v = run.execute(run.prepare(d)).report.saturation
+    assert v.windows_tested == 0
+
+
+def test_a_run_stopped_when_saturated_stops_at_the_peak_window():
+    """5 req/s for 40 s, 15 req/s for 20 s, 5 req/s for 100 s: the last arrival at 60 s + 500
+    gaps of 199,999 µs (the sampler truncates 1 / 5e-6 µs = 199,999.99…) = 159,999,500 µs,
+    checks at a quarter, half, ... of it. At the second (79,999,750 µs) the whole window so far
+    has completed as many as arrived in its second half (the peak's queue drained by 80 s),
+    but the peak's window fired; without the per-window test the run goes to its end."""
+    from blis_simpy.run.describe import Outputs
+    out = run.execute(run.prepare(staged((5, 40), (15, 20), (5, 100)),
+                                  outputs=Outputs(stop_when_saturated=True)))
+    assert out.stopped_saturated_us == 159_999_500 // 2
+    v = out.report.saturation
+    assert v.saturated and not v.whole_window_saturated
+    assert (v.fired.window_start_us, v.fired.window_end_us) == (40_000_000, 60_000_000)
+
+
+def test_streaming_metrics_give_the_same_window_verdict():
+    exact = run.execute(run.prepare(staged((7, 20), (15, 20), (5, 40)))).report.saturation
+    d = staged((7, 20), (15, 20), (5, 40))
+    d["metrics"] = {"streaming": True}
+    assert run.execute(run.prepare(d)).report.saturation == exact
+
+
+def _peak_probe(n: int, with_first: bool = True) -> BacklogProbe:
+    """1 arrival/s over [0, 9 s] (each leaves at once), then ``n`` evenly over (10, 20] s
+    leaving the backlog at half that rate: in that window the queue grows n/20 per s and
+    half the arrivals complete."""
+    p = BacklogProbe()
+    if with_first:
+        for k in range(10):
+            p.add(k * 1_000_000, k * 1_000_000, k * 1_000_000 + 1)
+    gap = 10_000_000 // n
+    for i in range(n):
+        left = 10_000_000 + (2 * i + 1) * gap
+        p.add(10_000_000 + (i + 1) * gap, left, left + 1)
+    return p
+
+
+def test_a_window_fires_only_when_its_rise_passes_the_counting_noise():
+    """The same shape with 100 arrivals (rise 49 against 3 sqrt(99 + 50) = 36.6) fires; with
+    10 (rise 4 against 3 sqrt(9 + 5) = 11.2) it does not, although its slope and throughput
+    would fire the whole-window test."""
+    big = _peak_probe(100).verdict([10_000_000])
+    assert big.windows_fired == 1
+    w = big.fired_windows[0]
+    assert (w.window_start_us, w.window_end_us) == (10_000_000, 20_000_000)
+    assert w.backlog_last - w.backlog_first == 49
+    assert big.fired is big                # the whole window fired too: the verdict rests on it
+    small = _peak_probe(10).verdict([10_000_000])
+    assert small.windows_tested == 2 and small.windows_fired == 0
+    assert _peak_probe(10, with_first=False).verdict().saturated    # alone, the two conditions
+
+
+def test_windows_merge_short_pieces_and_stay_bounded():
+    # bins of 10 µs: a window needs 8 edges (70 µs from an edge); the piece 0-30 joins 30-100,
+    # and the last one (995-1000) joins the window before
+    assert saturation_windows([0, 30, 100, 500, 995, 2**63 - 1], 0, 1000, 10) == [
+        (0, 100), (100, 500), (500, 1000)]
+    assert saturation_windows([], 0, 1000, 10) == [(0, 1000)]
+    # a million pieces of 1 µs: at most MAX_WINDOWS windows, each >= 1/MAX_WINDOWS of the span
+    w = saturation_windows(np.arange(1_000_001), 0, 1_000_000, 1)
+    assert len(w) == MAX_WINDOWS
+    assert w[0][0] == 0 and w[-1][1] == 1_000_000
+    assert all(a[1] == b[0] for a, b in zip(w, w[1:], strict=False))
+    assert all(e - s >= 1_000 for s, e in w)
+
+
+def test_the_rate_changes_reach_the_test_from_a_stream_or_a_list():
+    from blis_simpy.run.load_shape import arrival_rate_changes
+    from blis_simpy.run.workload import build_workload
+    d = run.prepare(staged((7, 20), (15, 20), (5, 40)))
+    reqs = build_workload(d, lazy=True)[0]
+    assert list(arrival_rate_changes(d, reqs)) == [0, 20_000_000, 40_000_000, 80_000_000]
+    assert list(arrival_rate_changes(d, list(reqs))) == [0, 20_000_000, 40_000_000, 80_000_000]
+    assert arrival_rate_changes(run.prepare(scenario(15)), []) is None

@@ -29,6 +29,16 @@ def test_stage_and_schedule_pieces():
         RatePiece(500_000, 2_000_000, 3.0), RatePiece(2_000_000, MAX_INT64, 0.0)]
 
 
+def test_rate_changes_are_every_boundary_once():
+    """Where the rate changes (the saturation test's windows, docs/metrics.md): each start and
+    end once, the open end included; nothing for no pieces."""
+    assert R.rate_changes(R.schedule_pieces([(0.5, 3), (2, 0), (5, 1)])).tolist() == [
+        500_000, 2_000_000, 5_000_000, MAX_INT64]
+    assert R.rate_changes(R.stage_pieces([_Stage(2, 1), _Stage(4, 0.5)])).tolist() == [
+        0, 1_000_000, 1_500_000]
+    assert R.rate_changes([]).tolist() == []
+
+
 def test_constant_arrivals_restart_at_each_boundary():
     """Rate 2 for 1 s, then 4 for 1 s: gaps of 500,000 µs up to the boundary (an arrival exactly
     at the end belongs to the piece), then 250,000 µs from the boundary."""
