@@ -715,8 +715,12 @@ class Scenario(Strict):
                 type=PydanticCustomError("autoscaled_pools", problem),
                 loc=("cluster", "autoscaler", *loc), input=value)])
         if not d.enabled:
-            if a.pools is not None:
-                raise bad(("pools",), "needs prefill/decode pools (disaggregation."
+            if a.pools is not None:       # located at the first key given (a flag's)
+                where: tuple = ("pools",)
+                if a.pools:
+                    name, b = next(iter(a.pools.items()))
+                    where = ("pools", name, *sorted(b.model_fields_set)[:1])
+                raise bad(where, "needs prefill/decode pools (disaggregation."
                           "prefill_instances and decode_instances > 0)", a.pools)
             return self
         one_pool = {"min_instances": 1, "max_instances": 1, "initial_instances": None}

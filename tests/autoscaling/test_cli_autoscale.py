@@ -109,11 +109,57 @@ def test_bad_scenario_key_names_file_line_and_key(cli, tmp_path):
     assert "outside [min_instances 1, max_instances 3]" in line
 
 
-def test_pd_pools_are_refused(cli, scaled):
-    res = cli("run", "--scenario", scaled, "--num-instances", "2", "--prefill-instances", "1",
-              "--decode-instances", "1")
+PD_SCALED = SMALL_SCENARIO + """\
+cluster:
+  num_instances: 2
+  routing: {policy: least-loaded}
+  autoscaler:
+    policy: queue-depth
+    interval_s: 0.2
+    load_bandwidth_gbps: null
+    startup_s: 0.1
+    params: {target_per_instance: 1, scale_down_stabilization_s: 0.4}
+disaggregation:
+  prefill_instances: 1
+  decode_instances: 1
+  decider: {policy: always}
+  transfer: {kv_bytes_per_token: 131072}
+"""
+
+
+def test_pd_pools_scale_from_flags(cli, tmp_path):
+    """The pool flags set each pool's bounds; the JSON section has one row per pool and the
+    per-pool set-up and GPU-hours, which add up to the total."""
+    p = tmp_path / "pd.yaml"
+    p.write_text(PD_SCALED)
+    doc = run_json(cli, "--scenario", p, "--prefill-max-instances", "3",
+                   "--decode-max-instances", "2", "--decode-initial-instances", "2")
+    a = doc["autoscaling"]
+    pools = {q["name"]: q for q in a["pools"]}
+    assert (pools["prefill"]["max_instances"], pools["decode"]["initial_instances"]) == (3, 2)
+    assert (a["min_instances"], a["max_instances"]) == (2, 5)
+    assert [(c["pool"], c["serving"]) for c in a["instance_count"][:2]] == [("prefill", 1), ("decode", 2)]
+    assert math.isclose(sum(q["gpu_hours"] for q in pools.values()), a["gpu_hours"])
+    assert a["intervals"][0]["instances_by_pool"] == {"prefill": 1, "decode": 2}
+
+
+@pytest.mark.parametrize("args,flag,problem", [
+    (("--max-instances", "3"), "--max-instances", "pools.prefill.max_instances"),
+    (("--num-instances", "3"), "--num-instances", "outside them is not supported"),
+])
+def test_pd_pools_refuse_the_one_pool_keys(cli, tmp_path, args, flag, problem):
+    p = tmp_path / "pd.yaml"
+    p.write_text(PD_SCALED)
+    res = cli("run", "--scenario", p, "--prefill-max-instances", "2", *args)
     assert res.exit_code == 2
-    assert "cluster.autoscaler" in res.stderr and "prefill/decode" in res.stderr
+    line = res.stderr.strip()
+    assert len(line.splitlines()) == 1 and flag in line and problem in line
+
+
+def test_pool_flags_need_pools(cli, scaled):
+    res = cli("run", "--scenario", scaled, "--decode-max-instances", "2")
+    assert res.exit_code == 2
+    assert "--decode-max-instances: needs prefill/decode pools" in res.stderr
 
 
 PLUGIN = '''
