@@ -216,6 +216,33 @@ def test_timeline_state_column_and_the_report_figure(cli, scaled, tmp_path):
     assert (out / "figures" / "autoscaling_tl.png").stat().st_size > 0
 
 
+def test_the_figure_draws_each_pool(cli, tmp_path):
+    """With prefill/decode pools the figure adds each pool's serving instances and queue depth,
+    counted from the timeline's rows of that role."""
+    import csv
+
+    from blis_simpy.report.autoscale_figure import autoscale_series, pool_series
+    p = tmp_path / "pd.yaml"
+    p.write_text(PD_SCALED)
+    tl = tmp_path / "tl.csv"
+    res = cli("run", "--scenario", p, "--decode-max-instances", "2", "--decode-initial-instances",
+              "2", "--timeline", tl, "--timeline-interval-ms", "10")
+    assert res.exit_code == 0, res.stderr
+    inp = load_input(str(tl))
+    ts = autoscale_series(inp)[0]
+    pools = pool_series(inp, ts)
+    rows = list(csv.DictReader(tl.read_text().splitlines()))
+    for role in ("prefill", "decode"):
+        serving, waiting = pools[role]
+        k = len(ts) // 2
+        mine = [r for r in rows if int(r["t_us"]) == ts[k] and r["role"] == role]
+        assert serving[k] == sum(r["state"] == "serving" for r in mine)
+        assert waiting[k] == sum(int(r["waiting"]) for r in mine)
+    assert pools["decode"][0][0] == 2 and pools["prefill"][0][0] == 1
+    labels = figures.autoscale_figure(inp).axes[0].get_legend_handles_labels()[1]
+    assert "prefill serving" in labels and "decode serving" in labels
+
+
 def test_fixed_runs_have_no_state_column(cli, small_scenario, tmp_path):
     tl = tmp_path / "tl.csv"
     assert cli("run", "--scenario", small_scenario, "--timeline", tl).exit_code == 0
