@@ -114,7 +114,18 @@ def time_varying_workload(d: RunDescription, stream: bool) -> tuple[object, int,
     spec = distribution_workload_spec(d)
     pool = generated(d, spec, None, len(times), True) if len(times) else []
     reqs = RetimedRequests(pool, times, R.rate_changes(pieces))
-    return (reqs if stream else list(reqs)), horizon, None, s.seed
+    return (reqs if stream else RequestList(reqs, reqs.rate_changes)), horizon, None, s.seed
+
+
+class RequestList(list):
+    """The requests of a time-varying load as a list, still carrying ``rate_changes`` (µs)
+    for the saturation test: the workload's input (a rate CSV: maybe a pipe) is read once."""
+
+    __slots__ = ("rate_changes",)
+
+    def __init__(self, requests, rate_changes):
+        super().__init__(requests)
+        self.rate_changes = rate_changes
 
 
 def rate_pieces(d: RunDescription) -> tuple[str, list]:
@@ -137,8 +148,8 @@ def arrival_rate_changes(d: RunDescription, requests):
     """Where the arrival rate of an open-loop time-varying load changes (µs, increasing; the
     saturation test per piece, docs/metrics.md), or None for any other workload (closed-loop
     concurrency stages included: their clients are not a rate). ``requests``: the workload's
-    requests (a lazy :class:`RetimedRequests` carries them; a list does not, and the pieces
-    are read again)."""
+    requests (a lazy :class:`RetimedRequests` or a :class:`RequestList` carries them; any
+    other list does not, and the pieces are read again)."""
     from blis_simpy.workload import rate_schedule as R
     w = d.scenario.workload
     if w.closed_loop or not getattr(w, "time_varying", False):

@@ -304,3 +304,24 @@ def test_the_rate_changes_reach_the_test_from_a_stream_or_a_list():
     assert list(arrival_rate_changes(d, reqs)) == [0, 20_000_000, 40_000_000, 80_000_000]
     assert list(arrival_rate_changes(d, list(reqs))) == [0, 20_000_000, 40_000_000, 80_000_000]
     assert arrival_rate_changes(run.prepare(scenario(15)), []) is None
+
+
+def test_a_rate_csv_is_read_once_when_the_requests_are_a_list(tmp_path, monkeypatch):
+    """Built as a list (not lazy: ``--trace-output``, a replayed export), the requests still
+    carry the rate changes: the CSV — maybe a pipe, which cannot be read twice — is read once."""
+    from blis_simpy.run.load_shape import arrival_rate_changes
+    from blis_simpy.run.workload import build_workload
+    from blis_simpy.workload import rate_schedule as R
+    csv_path = tmp_path / "rate.csv"
+    csv_path.write_text("time_s,rate\n0,5\n10,40\n20,5\n")
+    data = scenario(15)
+    data["workload"] = {**data["workload"], "rate_csv": str(csv_path)}
+    data["workload"].pop("rate")
+    d = run.prepare(data)
+    reads = []
+    real = R.read_rate_csv
+    monkeypatch.setattr(R, "read_rate_csv", lambda *a, **k: reads.append(a) or real(*a, **k))
+    reqs = build_workload(d, lazy=False)[0]
+    assert isinstance(reqs, list) and len(reqs) == 300
+    assert list(arrival_rate_changes(d, reqs))[:3] == [0, 10_000_000, 20_000_000]
+    assert len(reads) == 1
