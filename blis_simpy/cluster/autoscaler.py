@@ -13,8 +13,9 @@ instances, clamps it to ``[min, max]`` and moves instances:
 * **down**: ``loading`` instances are cancelled first (newest first; they never serve), then
   ``serving`` ones (highest index first) start ``draining``: the router no longer sees them
   (:attr:`Cluster.routable <blis_simpy.cluster.cluster.Cluster.routable>`), they finish what
-  they hold, and turn ``off`` when the cluster counts none of their requests in flight, at the
-  end of the step their last request left in.
+  they hold, and turn ``off`` when the cluster counts none of their requests in flight (with
+  prefill/decode pools: and they send no prompt KV), at the end of the step their last request
+  left in (:attr:`Instance.busy_until_us <blis_simpy.engine.instance.Instance.busy_until_us>`).
 
 GPU time: an instance counts its TP × DP GPUs from when it starts loading (time 0 for the
 initial ones) until it turns off or the run ends (:attr:`AutoscaleRecord.spans`).
@@ -169,6 +170,10 @@ class Autoscaler:
         self.interval_us = interval_us
         self.max_num_running_reqs = max_num_running_reqs
         self.limit_us = horizon_us
+        #: prompt KVs each instance still sends (prefill/decode pools), or None
+        self._sending = getattr(cluster, "kv_sending", None)
+        if self._sending is not None:
+            cluster.on_kv_sent = self._kv_sent
         self.pools = pools
         self.units = sorted((u for p in pools for u in p.units), key=lambda u: u.index)
         if [u.index for u in self.units] != list(range(len(self.units))):
@@ -309,10 +314,12 @@ class Autoscaler:
                 else:
                     u.state = DRAINING
                     self._set_routable()
-                    if self._idle(u):
-                        self.check_drained(u)
-                    else:
+                    if not self._idle(u):
                         self._watch(u)
+                    elif self._free_at(u) <= now_us:
+                        self.check_drained(u)
+                    else:            # mid-step: its last request left when the step began
+                        self.env.call_at(self._free_at(u), AUTOSCALE, self.check_drained, u)
 
     def _ready(self, arg) -> None:
         unit, token = arg
@@ -326,8 +333,23 @@ class Autoscaler:
             gateway.ring()
 
     def _idle(self, u: Unit) -> bool:
+        """Does ``u`` hold nothing: no request in flight and (prefill/decode pools) no prompt
+        KV waiting to be sent?"""
         inflight = self.cluster.inflight
-        return all(inflight[inst.index] == 0 for inst in u.ranks)
+        sending = self._sending
+        return all(inflight[inst.index] == 0 and (sending is None or sending[inst.index] == 0)
+                   for inst in u.ranks)
+
+    @staticmethod
+    def _free_at(u: Unit) -> int:
+        """When ``u``'s engines end their current step (µs)."""
+        return max(inst.busy_until_us for inst in u.ranks)
+
+    def _kv_sent(self, index: int) -> None:
+        """A prompt KV left instance ``index`` (PD): a draining one may now hold nothing."""
+        u = self.units[index // self.dp]
+        if u.state == DRAINING and self._idle(u):
+            self.env.call_at(max(self.env.now, self._free_at(u)), AUTOSCALE, self.check_drained, u)
 
     def _watch(self, u: Unit) -> None:
         for inst in u.ranks:
@@ -338,11 +360,17 @@ class Autoscaler:
         lie ahead of the clock: the engine does a step's bookkeeping when it begins): when
         none is left in flight, ``u`` turns off at that time."""
         if self._idle(u):
-            self.env.call_at(max(tick_us, self.env.now), AUTOSCALE, self.check_drained, u)
+            self.env.call_at(max(tick_us, self.env.now, self._free_at(u)), AUTOSCALE,
+                             self.check_drained, u)
 
     def check_drained(self, u: Unit) -> None:
-        """Turn a draining instance off once the cluster counts none of its requests in flight."""
+        """Turn a draining instance off once the cluster counts none of its requests in flight,
+        it sends no prompt KV, and its engines' steps have ended."""
         if u.state != DRAINING or not self._idle(u):
+            return
+        free = self._free_at(u)
+        if free > self.env.now:      # a step began since this check was set
+            self.env.call_at(free, AUTOSCALE, self.check_drained, u)
             return
         for inst in u.ranks:
             if isinstance(inst.listener, _DrainWatch):

@@ -71,6 +71,12 @@ class PDCluster(Cluster, name="pd"):
         self.prefill_completed = 0
         self.decode_completed = 0
         self.dropped_at_decode_kv = 0
+        #: prompt KVs each instance holds for a transfer: its prefill done, not yet on a decode
+        #: instance (by instance index); ``on_kv_sent(index)`` is told when one arrives (the
+        #: autoscaler keeps a draining prefill instance on until it has sent them all)
+        self.kv_sending = [0] * len(instances)
+        self.on_kv_sent = None
+        self._index_of = {inst.id: inst.index for inst in instances}
         self._prefill_done: list = []
         self._decode_done: list = []
         #: admitted requests, delivered at the DisaggregationDecision event
@@ -197,6 +203,10 @@ class PDCluster(Cluster, name="pd"):
             parent: ParentRequest = transfer.parent
             now_us = env.now
             parent.transfer_complete_us = transfer.complete_us
+            sender = self._index_of[parent.prefill_instance]
+            self.kv_sending[sender] -= 1
+            if self.on_kv_sent is not None:
+                self.on_kv_sent(sender)
             req = parent.original
             sub = Request(parent.decode_sub_id, req.arrival_us, req.tokens[: req.input_len],
                           req.tokens[req.input_len:], max_output_len=req.max_output_len,
@@ -252,6 +262,7 @@ class PDCluster(Cluster, name="pd"):
         if rid in self.pending_prefill:
             if req.state == COMPLETED:
                 self._prefill_done.append((rid, tick_us))
+                self.kv_sending[inst.index] += 1
                 if self.gateway is not None:    # its parent is on no instance until decode
                     self.gateway.transferring()
             else:                              # timed out or dropped on the prefill pool

@@ -136,6 +136,8 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
         self.clock_us = 0          # time of the last instance event (BLIS's instance clock)
         self.step_start_us = -1    # start and end of the last step timed (µs; -1 = none yet)
         self.step_end_us = -1
+        #: end of a step that emptied the batch and still holds the engine (µs; see step())
+        self.held_until_us = -1
         #: async scheduling: requests queued after this time are not admitted in the step
         #: being formed (µs; docs/engine.md, "Async scheduling")
         self.admit_cutoff_us = 0
@@ -338,6 +340,7 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
             # not when this step started (the engine was waiting for input).
             self.step_pending = True
             self.step_end_us = -1
+            self.held_until_us = now_us + step_us
             return now_us + step_us
         self.step_pending = False
         return None
@@ -431,6 +434,13 @@ class Instance(Pluggable, family="engine implementation", name="reference"):
     def step_time_us(self, batch: BatchView) -> int:
         """Hook: the latency model's step duration (µs)."""
         return self.latency.step_time_us(batch)
+
+    @property
+    def busy_until_us(self) -> int:
+        """When the engine's current (or last) step ends, µs: after it, with nothing queued
+        or running, the instance does no more work (the autoscaler turns a drained one off
+        then)."""
+        return max(self.step_end_us, self.held_until_us)
 
     def on_step_end(self, now_us: int, step_us: int, completed: list) -> None:
         """Hook: called after completions are recorded."""

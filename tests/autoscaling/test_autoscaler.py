@@ -206,3 +206,16 @@ def test_a_gateway_queue_sends_on_when_a_new_instance_is_ready():
     placed = where(result)
     assert result.instances[0].completion_time["request_0"] > 1_500_000
     assert placed["request_1"] == ("instance_1", 250_000, 1_501_000)
+
+
+def test_a_drain_decided_inside_the_last_step_ends_with_that_step():
+    """instance_1 takes request_1 (990 001 us, 2000 prompt tokens, 1 output token): enqueued
+    after alpha0 = 1000 us, its one step runs 991 001 -> 1 016 001 (5000 + 10 x 2000 us). The
+    engine books the request done when that step begins, so at the scale-down decision (1 s)
+    nothing is in flight; the instance still computes until 1 016 001 and turns off then."""
+    sc = scaled([{"at_s": 0, "instances": 2}, {"at_s": 1, "instances": 1}], initial=2,
+                routing="round-robin")
+    reqs = [request(k, arrival=990_000 + k, n_in=2000, n_out=1, seed=k) for k in range(2)]
+    _, result = simulate(sc, reqs)
+    assert where(result)["request_1"][0] == "instance_1"
+    assert (1, 0, 0, 1_016_001) in result.autoscale.spans

@@ -192,3 +192,31 @@ def test_a_plugin_policy_naming_an_unknown_pool_is_its_error():
         sim.run()
     assert e.value.field == "cluster.autoscaler.policy"
     assert "['prefill', 'decode']" in str(e.value)
+
+
+def test_a_draining_prefill_instance_stays_on_until_its_kv_is_sent():
+    """Two prefill instances, one decode; the prefill pool goes to 1 at 1 s while instance_1's
+    prefill (990 001 us arrival, 2000 tokens: 991 001 -> 1 016 001) runs. Its prompt KV
+    (125 blocks x 16 x 512 B = 1.024 MB) then crosses a 0.001 GB/s fabric it shares with
+    instance_0's: instance_1 holds the KV until the transfer completes and turns off then."""
+    sc = Scenario.model_validate({
+        "model": "m",
+        "latency": {"model": "blackbox", "alpha_coeffs": ALPHA, "beta_coeffs": BETA},
+        "engine": {"total_kv_blocks": 2000, "max_num_running_reqs": 64},
+        "cluster": {"num_instances": 3, "routing": {"policy": "round-robin"},
+                    "autoscaler": {"policy": "scheduled", "interval_s": 1.0,
+                                   "load_bandwidth_gbps": None,
+                                   "pools": {"prefill": {"min_instances": 1, "max_instances": 2}},
+                                   "params": {"schedule": [
+                                       {"at_s": 0, "instances": {"prefill": 2}},
+                                       {"at_s": 1, "instances": {"prefill": 1}}]}}},
+        "disaggregation": {"prefill_instances": 2, "decode_instances": 1,
+                           "decider": {"policy": "always"},
+                           "transfer": {"kv_bytes_per_token": 512, "bandwidth_gbps": 0.001}}})
+    reqs = [request(k, arrival=990_000 + k, n_in=2000, n_out=3, seed=k) for k in range(2)]
+    sim, res = simulate(sc, reqs)
+    p1 = sim.cluster.parents["request_1"]
+    assert (p1.prefill_instance, p1.prefill_complete_us) == ("instance_1", 1_016_001)
+    assert p1.transfer_complete_us > 3 * S          # two 1.024 MB transfers share 1 MB/s
+    assert (1, 0, 0, p1.transfer_complete_us) in res.autoscale.spans
+    assert sim.cluster.kv_sending == [0, 0, 0]
