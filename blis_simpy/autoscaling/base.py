@@ -57,10 +57,12 @@ class PoolState:
 
 @dataclass(frozen=True, slots=True)
 class AutoscaleState:
-    """What an autoscaling policy sees: the pools and the clock (µs)."""
+    """What an autoscaling policy sees: the pools, the clock (µs) and the requests waiting
+    in the gateway queue in front of the cluster (0 without one, docs/control-plane.md)."""
 
     pools: tuple[PoolState, ...]
     clock_us: int
+    gateway_queued: int = 0
 
     def pool(self, name: str = "") -> PoolState:
         """The pool called ``name`` (KeyError if there is none)."""
@@ -83,3 +85,8 @@ class AutoscalePolicy(Pluggable, family="autoscaling policy"):
     def desired(self, state: AutoscaleState):
         """``{pool name: instances}``, or an int with one pool."""
         raise NotImplementedError
+
+    def check_pools(self, names: list[str]) -> str | None:
+        """Before the run: what is wrong with the policy's parameters for a deployment of the
+        pools ``names`` (``[""]``, or ``["prefill", "decode"]``), or None."""
+        return None

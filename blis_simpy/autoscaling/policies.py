@@ -83,20 +83,23 @@ class _HPARule(AutoscalePolicy):
         self.stabilizer = Stabilizer(round(p.scale_down_stabilization_s * 1e6),
                                      round(p.scale_up_stabilization_s * 1e6))
 
-    def load(self, pool: PoolState) -> tuple[float, float]:
+    def load(self, pool: PoolState, state: AutoscaleState) -> tuple[float, float]:
         """``(total over the serving instances, target per instance)``."""
         raise NotImplementedError
 
-    def recommend(self, pool: PoolState) -> int:
+    def recommend(self, pool: PoolState, state: AutoscaleState | None = None) -> int:
         """The HPA's raw recommendation for ``pool`` (before stabilisation)."""
-        total, target = self.load(pool)
+        if state is None:
+            state = AutoscaleState((pool,), 0)
+        total, target = self.load(pool, state)
         current = pool.current
         if current > 0 and abs(total / current / target - 1.0) <= self.params.tolerance:
             return current
         return ceil_count(total / target)
 
     def desired(self, state: AutoscaleState) -> dict[str, int]:
-        return {p.name: self.stabilizer.apply(p.name, p.current, self.recommend(p), state.clock_us)
+        return {p.name: self.stabilizer.apply(p.name, p.current, self.recommend(p, state),
+                                              state.clock_us)
                 for p in state.pools}
 
 
@@ -108,7 +111,7 @@ class TargetUtilization(_HPARule, name="target-utilization"):
         metric: Literal["kv", "batch"] = "kv"
         target: float = Field(0.7, gt=0, le=1, allow_inf_nan=False)
 
-    def load(self, pool: PoolState) -> tuple[float, float]:
+    def load(self, pool: PoolState, state: AutoscaleState) -> tuple[float, float]:
         snaps = pool.serving
         if self.params.metric == "kv":
             vals = pool.per_instance(s.kv_utilization for s in snaps)
@@ -120,13 +123,17 @@ class TargetUtilization(_HPARule, name="target-utilization"):
 
 class QueueDepth(_HPARule, name="queue-depth"):
     """Waiting requests (queue depth, summed over an instance's ranks) per instance against
-    ``target_per_instance``."""
+    ``target_per_instance``. Requests waiting in a gateway queue in front of the cluster wait
+    too: they count for the pool they enter first (the one pool, or ``prefill``)."""
 
     class Params(StabilizedParams):
         target_per_instance: float = Field(4.0, gt=0, le=1e9, allow_inf_nan=False)
 
-    def load(self, pool: PoolState) -> tuple[float, float]:
-        return float(sum(s.queue_depth for s in pool.serving)), self.params.target_per_instance
+    def load(self, pool: PoolState, state: AutoscaleState) -> tuple[float, float]:
+        waiting = sum(s.queue_depth for s in pool.serving)
+        if pool.name in ("", "prefill"):
+            waiting += state.gateway_queued
+        return float(waiting), self.params.target_per_instance
 
 
 class ScheduleEntry(BaseModel):
@@ -174,6 +181,16 @@ class Scheduled(AutoscalePolicy, name="scheduled"):
             else:
                 break
         return self.counts[k]
+
+    def check_pools(self, names: list[str]) -> str | None:
+        """An entry naming a pool the deployment does not have is an error."""
+        for k, e in enumerate(self.params.schedule):
+            if isinstance(e.instances, dict):
+                unknown = sorted(set(e.instances) - set(names))
+                if unknown:
+                    return (f"schedule[{k}] names the pool(s) {unknown}; this deployment's pools "
+                            f"are {names} (one count for every pool: an int)")
+        return None
 
     def desired(self, state: AutoscaleState) -> dict[str, int]:
         n = self.count_at(state.clock_us)

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from blis_simpy.autoscaling.base import AutoscalePolicy, AutoscaleState, PoolState
 from blis_simpy.des import AUTOSCALE, wait_until_due
 from blis_simpy.engine.listener import InstanceListener
+from blis_simpy.errors import ConfigError
 from blis_simpy.metrics.autoscale import AutoscaleSetup
 from blis_simpy.plugins import call_failure, plugin_error, shown
 from blis_simpy.routing.base import as_index
@@ -175,6 +176,7 @@ class Autoscaler:
         if self._sending is not None:
             cluster.on_kv_sent = self._kv_sent
         self.pools = pools
+        self._check_policy()
         self.units = sorted((u for p in pools for u in p.units), key=lambda u: u.index)
         if [u.index for u in self.units] != list(range(len(self.units))):
             raise ValueError("the scaled pools must hold every instance once")
@@ -182,10 +184,10 @@ class Autoscaler:
             for u in p.units[:initial[p.name]]:
                 u.state = SERVING
                 u.serving_us = 0
-        first = pools[0]
         gpus = {p.gpus_per_instance for p in pools}
+        delays = {p.loading_delay_us for p in pools}
         self.record = rec = AutoscaleRecord(
-            policy.name, interval_us, first.loading_delay_us,
+            policy.name, interval_us, delays.pop() if len(delays) == 1 else 0,
             sum(p.min_instances for p in pools), sum(p.max_instances for p in pools),
             gpus.pop() if len(gpus) == 1 else 0)
         if len(pools) > 1:
@@ -198,6 +200,19 @@ class Autoscaler:
             rec.unit_delay_us = {u.index: p.loading_delay_us for p in pools for u in p.units}
         self._changed(0)
         self.process = env.process(self._run())
+
+    def _check_policy(self) -> None:
+        """The policy's parameters against the pools (:meth:`AutoscalePolicy.check_pools`):
+        a problem is a located error on its parameters; a plugin's failure there is its own."""
+        pol = self.policy
+        try:
+            problem = pol.check_pools([p.name for p in self.pools])
+        except Exception as exc:
+            if pol._blis_builtin:
+                raise
+            raise call_failure(pol, "check_pools", exc, field=FIELD) from None
+        if problem is not None:
+            raise ConfigError(problem, field="cluster.autoscaler.params")
 
     # ------------------------------------------------------------------ views
     def state_of(self, index: int) -> str:
@@ -221,7 +236,9 @@ class Autoscaler:
                           for u in p.units if u.state == SERVING for inst in u.ranks)
             out.append(PoolState(p.name, snaps, *p.counts(), p.min_instances, p.max_instances,
                                  self.max_num_running_reqs, self.dp))
-        return AutoscaleState(tuple(out), now_us)
+        gateway = getattr(self.cluster, "gateway", None)
+        return AutoscaleState(tuple(out), now_us,
+                              gateway.counters.queued if gateway is not None else 0)
 
     # ------------------------------------------------------------------ the process
     def _run(self):

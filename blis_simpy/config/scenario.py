@@ -723,8 +723,8 @@ class Scenario(Strict):
                 raise bad(where, "needs prefill/decode pools (disaggregation."
                           "prefill_instances and decode_instances > 0)", a.pools)
             return self
-        one_pool = {"min_instances": 1, "max_instances": 1, "initial_instances": None}
-        given = [k for k, v in one_pool.items() if getattr(a, k) != v]
+        given = [k for k in ("min_instances", "max_instances", "initial_instances")
+                 if k in a.model_fields_set]
         if given:
             raise bad((given[0],), f"bounds one pool; with prefill/decode pools give "
                       f"cluster.autoscaler.pools.prefill.{given[0]} and/or .decode.{given[0]}",

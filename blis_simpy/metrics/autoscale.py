@@ -16,7 +16,8 @@ With prefill/decode pools (more than one pool) the counts are summed over the po
 ``instance_count`` has one row per pool (``pool``: ``prefill``, ``decode``) after every change
 of that pool; ``pools`` lists each pool's set-up, ``gpu_hours`` and ``peak_instances``; each
 interval adds ``instances_by_pool``; ``gpus_per_instance`` is 0 when the pools' differ (then
-``mean_instances`` is the instance-time over the run's length). Without pools neither
+``mean_instances`` is the instance-time over the run's length), and ``loading_delay_us`` is 0
+when the pools' loading delays differ. Without pools neither
 ``pools`` nor ``instances_by_pool`` is present.
 
 Times in µs. Built from the autoscaler's record
@@ -164,8 +165,9 @@ def autoscale_tables(a: AutoscaleReport) -> list:
     t.add_column("Value", justify="right")
     cost = "-" if a.cost_usd is None else f"${a.cost_usd:,.4f}" + (
         f" (${a.gpu_hour_usd:,.3f} per GPU-hour)" if a.gpu_hour_usd is not None else " (by pool)")
+    by_pool = bool(a.pools) and len({p["loading_delay_us"] for p in a.pools}) > 1
     for label, v in (("Policy", a.policy), ("Interval", f"{a.interval_us / 1e6:g} s"),
-                     ("Loading delay", f"{a.loading_delay_us / 1e6:,.3f} s"),
+                     ("Loading delay", "by pool" if by_pool else f"{a.loading_delay_us / 1e6:,.3f} s"),
                      ("Instances (min / max)", f"{a.min_instances} / {a.max_instances}"),
                      ("Instances (peak / mean)", f"{a.peak_instances} / {a.mean_instances:,.2f}"),
                      ("Scale-ups / scale-downs", f"{a.scale_ups:,} / {a.scale_downs:,}"),
@@ -179,6 +181,8 @@ def autoscale_tables(a: AutoscaleReport) -> list:
                   f"{p['min_instances']} / {p['max_instances']} / {p['peak_instances']}")
         t.add_row(f"{p['name']}: GPUs per instance, GPU-hours",
                   f"{p['gpus_per_instance']}, {p['gpu_hours']:,.4f}")
+        if by_pool:
+            t.add_row(f"{p['name']}: loading delay", f"{p['loading_delay_us'] / 1e6:,.3f} s")
     iv = Table(title="Autoscaling intervals", title_justify="left")
     for h in ("start (s)", "instances", *names, "arrived", "completed", "SLO attainment"):
         iv.add_column(h, justify="right")

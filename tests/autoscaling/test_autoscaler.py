@@ -219,3 +219,21 @@ def test_a_drain_decided_inside_the_last_step_ends_with_that_step():
     _, result = simulate(sc, reqs)
     assert where(result)["request_1"][0] == "instance_1"
     assert (1, 0, 0, 1_016_001) in result.autoscale.spans
+
+
+def test_requests_held_in_a_gateway_queue_count_for_queue_depth():
+    """The gateway lets one request in flight per serving instance, so the instances' wait
+    queues stay empty and the backlog waits in the gateway. 12 requests at 0.1 s intervals,
+    each running ~1.5 s: at the first decision (1 s) 9 wait in the gateway, queue-depth
+    (target 4 per instance) asks ceil(9 / 4) = 3 instances, clamped to the maximum, 2."""
+    sc = scaled([], initial=1)
+    data = sc.model_dump()
+    data["cluster"]["autoscaler"] |= {"policy": "queue-depth",
+                                      "params": {"target_per_instance": 4.0}}
+    data["cluster"]["gateway"] = {"detector": "concurrency", "max_concurrency": 1}
+    sc = Scenario.model_validate(data)
+    reqs = [request(k, arrival=100_000 * k, n_in=64, n_out=300, seed=k) for k in range(12)]
+    sim, result = simulate(sc, reqs, horizon_us=3 * S)
+    rec = result.autoscale
+    assert rec.decisions[0][:2] == (S, 2)
+    assert rec.changes[:3] == [(0, 1, 0, 0), (S, 1, 1, 0), (1_500_000, 2, 0, 0)]

@@ -146,6 +146,7 @@ def test_pd_pools_scale_from_flags(cli, tmp_path):
 @pytest.mark.parametrize("args,flag,problem", [
     (("--max-instances", "3"), "--max-instances", "pools.prefill.max_instances"),
     (("--num-instances", "3"), "--num-instances", "outside them is not supported"),
+    (("--min-instances", "1"), "--min-instances", "pools.prefill.min_instances"),   # even the default
 ])
 def test_pd_pools_refuse_the_one_pool_keys(cli, tmp_path, args, flag, problem):
     p = tmp_path / "pd.yaml"

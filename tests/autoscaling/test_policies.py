@@ -82,3 +82,23 @@ def test_bad_schedule_is_a_located_error():
             field="cluster.autoscaler.params")
     assert exc.value.field == "cluster.autoscaler.params.schedule"
     assert "increasing" in str(exc.value)
+
+
+def test_queue_depth_counts_the_gateway_queue_for_the_pool_requests_enter_first():
+    """One instance with an empty wait queue, 8 requests held in a gateway queue, target 4 per
+    instance: ceil(8 / 4) = 2 for the one pool and for ``prefill``; the decode pool does not
+    see them (they reach it only after their prefill)."""
+    pol = policy("queue-depth", target_per_instance=4.0, scale_down_stabilization_s=0)
+    assert pol.desired(AutoscaleState((pool(snap(0)),), 1, gateway_queued=8)) == {"": 2}
+    pre = PoolState("prefill", (snap(0),), 1, 0, 0, 1, 10, 10)
+    dec = PoolState("decode", (snap(1),), 1, 0, 0, 1, 10, 10)
+    assert policy("queue-depth", target_per_instance=4.0, scale_down_stabilization_s=0).desired(
+        AutoscaleState((pre, dec), 1, gateway_queued=8)) == {"prefill": 2, "decode": 0}
+
+
+def test_a_schedule_naming_a_pool_the_deployment_lacks_is_refused():
+    pol = policy("scheduled", schedule=[{"at_s": 0, "instances": 2},
+                                        {"at_s": 60, "instances": {"decode": 3}}])
+    assert pol.check_pools(["prefill", "decode"]) is None
+    problem = pol.check_pools([""])
+    assert "schedule[1]" in problem and "['decode']" in problem
