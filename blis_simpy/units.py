@@ -32,6 +32,12 @@ def round_half_away(x: float) -> int:
     return int(r) if x >= 0 else -int(r)
 
 
+def seconds_to_us(seconds: float) -> int:
+    """A time or duration given in seconds (a scenario key) as integer µs, halves away from
+    zero (:func:`round_half_away`)."""
+    return round_half_away(seconds * 1e6)
+
+
 def ceil_div(a: int, b: int) -> int:
     """``ceil(a / b)`` for non-negative integers, exactly."""
     return (a + b - 1) // b

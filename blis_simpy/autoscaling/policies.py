@@ -23,6 +23,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from blis_simpy.autoscaling.base import AutoscalePolicy, AutoscaleState, PoolState
+from blis_simpy.units import seconds_to_us
 
 #: one simulated day, µs (the period of a schedule)
 DAY_US = 86_400_000_000
@@ -80,8 +81,8 @@ class _HPARule(AutoscalePolicy):
     def __init__(self, params=None, **kw):
         super().__init__(params, **kw)
         p = self.params
-        self.stabilizer = Stabilizer(round(p.scale_down_stabilization_s * 1e6),
-                                     round(p.scale_up_stabilization_s * 1e6))
+        self.stabilizer = Stabilizer(seconds_to_us(p.scale_down_stabilization_s),
+                                     seconds_to_us(p.scale_up_stabilization_s))
 
     def load(self, pool: PoolState, state: AutoscaleState) -> tuple[float, float]:
         """``(total over the serving instances, target per instance)``."""
@@ -167,9 +168,9 @@ class Scheduled(AutoscalePolicy, name="scheduled"):
 
     def __init__(self, params=None, **kw):
         super().__init__(params, **kw)
-        self.times_us = [round(e.at_s * 1e6) for e in self.params.schedule]
+        self.times_us = [seconds_to_us(e.at_s) for e in self.params.schedule]
         self.counts = [e.instances for e in self.params.schedule]
-        self.start_us = round(self.params.start_s * 1e6)
+        self.start_us = seconds_to_us(self.params.start_s)
 
     def count_at(self, t_us: int) -> int | dict[str, int]:
         """The scheduled count (or counts by pool) at simulated time ``t_us`` (µs)."""

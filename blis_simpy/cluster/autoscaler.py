@@ -102,8 +102,7 @@ class AutoscaleRecord(AutoscaleSetup):
     summed over the pools; with more than one pool, ``pools`` holds each pool's set-up
     (``name``, bounds, ``initial_instances``, ``gpus_per_instance``, ``loading_delay_us``),
     ``pool_changes`` rows ``(t_us, pool, serving, loading, draining)`` and ``pool_decisions``
-    ``(t_us, {pool: instances chosen})``; ``unit_gpus`` and ``unit_delay_us`` give each
-    instance's GPUs and loading delay where they differ from the set-up's."""
+    ``(t_us, {pool: instances chosen})``; each pool's ``units`` are its configured instances."""
 
     changes: list[tuple[int, int, int, int]] = field(default_factory=list)
     spans: list[tuple[int, int, int, int]] = field(default_factory=list)
@@ -114,23 +113,33 @@ class AutoscaleRecord(AutoscaleSetup):
     pools: list[dict] = field(default_factory=list)
     pool_changes: list[tuple[int, str, int, int, int]] = field(default_factory=list)
     pool_decisions: list[tuple[int, dict[str, int]]] = field(default_factory=list)
-    unit_gpus: dict[int, int] = field(default_factory=dict)
-    unit_delay_us: dict[int, int] = field(default_factory=dict)
+
+    def _setup_of(self, unit: int, key: str) -> int:
+        """``key`` (``gpus_per_instance`` or ``loading_delay_us``) of configured instance
+        ``unit``: its pool's, or the set-up's with one pool."""
+        for p in self.pools:
+            if unit in p["units"]:
+                return p[key]
+        return getattr(self, key)
 
     def gpus_of(self, unit: int) -> int:
         """GPUs of configured instance ``unit``."""
-        return self.unit_gpus.get(unit, self.gpus_per_instance)
+        return self._setup_of(unit, "gpus_per_instance")
+
+    def loading_delay_of(self, unit: int) -> int:
+        """The loading delay (µs) of configured instance ``unit``."""
+        return self._setup_of(unit, "loading_delay_us")
 
     @property
     def gpu_us(self) -> int:
         """GPU-µs: Σ over the spans of their length × their instance's GPUs."""
-        if not self.unit_gpus:
+        if not self.pools:
             return sum(end - start for _, start, _, end in self.spans) * self.gpus_per_instance
         return sum((end - start) * self.gpus_of(u) for u, start, _, end in self.spans)
 
     def pool_gpu_us(self, name: str) -> int:
         """GPU-µs of the instances of pool ``name``."""
-        members = next(set(p["units"]) for p in self.pools if p["name"] == name)
+        members = next(p["units"] for p in self.pools if p["name"] == name)
         return sum((end - start) * self.gpus_of(u) for u, start, _, end in self.spans
                    if u in members)
 
@@ -157,9 +166,9 @@ class _DrainWatch(InstanceListener):
 class Autoscaler:
     """Scale ``cluster``'s instances with ``policy`` (see the module docstring).
 
-    ``instances``: every built rank, ``dp`` per configured instance; ``loading_delay_us``:
-    from the decision to serving; ``max_num_running_reqs``: one rank's batch cap (the
-    policies' batch occupancy). Starts its process at once."""
+    ``pools``: every configured instance (an engine of ``dp`` ranks) once, in its pool;
+    ``initial``: instances serving at time 0, by pool; ``max_num_running_reqs``: one rank's
+    batch cap (the policies' batch occupancy). Starts its process at once."""
 
     def __init__(self, env, cluster, pools: list[ScaledPool], policy: AutoscalePolicy, *,
                  interval_us: int, initial: dict[str, int], dp: int = 1,
@@ -195,9 +204,7 @@ class Autoscaler:
                           "max_instances": p.max_instances, "initial_instances": initial[p.name],
                           "gpus_per_instance": p.gpus_per_instance,
                           "loading_delay_us": p.loading_delay_us,
-                          "units": [u.index for u in p.units]} for p in pools]
-            rec.unit_gpus = {u.index: p.gpus_per_instance for p in pools for u in p.units}
-            rec.unit_delay_us = {u.index: p.loading_delay_us for p in pools for u in p.units}
+                          "units": frozenset(u.index for u in p.units)} for p in pools]
         self._changed(0)
         self.process = env.process(self._run())
 
@@ -299,12 +306,8 @@ class Autoscaler:
         return counts
 
     # ------------------------------------------------------------------ scaling
-    def scale_to(self, n: int, now_us: int, pool: str = "") -> None:
-        """Move instances of ``pool`` so that ``n`` serve or load (as far as ``off`` ones allow)."""
-        self._scale_pool(next(p for p in self.pools if p.name == pool), n, now_us)
-        self._changed(now_us)
-
     def _scale_pool(self, pool: ScaledPool, n: int, now_us: int) -> None:
+        """Move instances of ``pool`` so that ``n`` serve or load (as far as ``off`` ones allow)."""
         units = pool.units
         active = [u for u in units if u.state in (SERVING, LOADING)]
         rec = self.record

@@ -141,7 +141,7 @@ def check_autoscale(record, instances, dp: int) -> None:
         if not 0 <= start <= end <= max(record.end_us, start):
             raise InvariantError(f"autoscaler span [{start}, {end}] us outside the run "
                                  f"(ends {record.end_us} us)", instance=where)
-        delay = record.unit_delay_us.get(unit, record.loading_delay_us)
+        delay = record.loading_delay_of(unit)
         if serving >= 0 and start > 0 and serving - start < delay:
             raise InvariantError(f"served from {serving} us, before its loading delay "
                                  f"({delay} us from {start} us) ended", instance=where)

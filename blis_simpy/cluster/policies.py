@@ -10,6 +10,7 @@ from blis_simpy.config.scenario import Scenario
 from blis_simpy.errors import ConfigError
 from blis_simpy.rng import RngStreams
 from blis_simpy.routing.base import Router
+from blis_simpy.units import round_half_away, seconds_to_us
 
 
 def build_admission(scenario: Scenario) -> AdmissionPolicy:
@@ -45,7 +46,7 @@ def build_gateway_policy(scenario: Scenario) -> GatewayPolicy:
     slo = scenario.slo
 
     def us(ms):
-        return None if ms is None else round(ms * 1000)
+        return None if ms is None else round_half_away(ms * 1000)
 
     budgets = {}
     if slo is not None:
@@ -70,4 +71,4 @@ def build_autoscale_policy(scenario: Scenario) -> AutoscalePolicy:
     a = scenario.cluster.autoscaler
     cls = AutoscalePolicy.lookup(a.policy, field="cluster.autoscaler.policy")
     params = cls.parse_params(a.params, field="cluster.autoscaler.params")
-    return cls(params, interval_us=round(a.interval_s * 1e6))
+    return cls(params, interval_us=seconds_to_us(a.interval_s))

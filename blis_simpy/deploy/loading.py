@@ -19,6 +19,7 @@ from blis_simpy.deploy.lookups import Lookups
 from blis_simpy.deploy.resolve import Deployment
 from blis_simpy.errors import ConfigError
 from blis_simpy.kv.capacity import weight_bytes
+from blis_simpy.units import seconds_to_us
 
 FIELD = "cluster.autoscaler.load_bandwidth_gbps"
 
@@ -39,7 +40,7 @@ def model_weight_bytes(scenario: Scenario, deployment: Deployment) -> int:
 def loading_delay_us(scenario: Scenario, deployment: Deployment) -> int:
     """µs from the decision to start an instance to its first request (module docstring)."""
     a = scenario.cluster.autoscaler
-    startup_us = round(a.startup_s * 1e6)
+    startup_us = seconds_to_us(a.startup_s)
     if a.load_bandwidth_gbps is None:
         return startup_us
     nbytes = model_weight_bytes(scenario, deployment)

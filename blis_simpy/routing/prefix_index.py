@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from blis_simpy.snapshot import leading_run
+
 DEFAULT_CAPACITY = 10_000
 
 
@@ -31,14 +33,7 @@ class PrefixIndex:
         Does not refresh recency.
         """
         s = self._sets.get(instance_id)
-        if not s:
-            return 0
-        n = 0
-        for h in hashes:
-            if h not in s:
-                break
-            n += 1
-        return n
+        return leading_run(hashes, s) if s else 0
 
     def record(self, hashes, instance_id: str) -> None:
         """Insert (or refresh to most-recently-used) every hash, evicting the LRU when full.

@@ -72,6 +72,7 @@ from blis_simpy.latency.frontend import FrontendParams
 from blis_simpy.latency.interference import InterferenceModel
 from blis_simpy.metrics.records import InstanceMetrics
 from blis_simpy.rng import RngStreams
+from blis_simpy.units import seconds_to_us
 
 if TYPE_CHECKING:
     from blis_simpy.trace import DecisionTrace
@@ -188,7 +189,7 @@ def build_autoscaler(sim: Simulation, scenario: Scenario, layout) -> Autoscaler:
         pools = [ScaledPool("", units, a.min_instances, a.max_instances, max(d.tp, 1) * dp,
                             loading_delay_us(scenario, d))]
         initial = {"": a.initial_instances}
-    return Autoscaler(sim.env, sim.cluster, pools, policy, interval_us=round(a.interval_s * 1e6),
+    return Autoscaler(sim.env, sim.cluster, pools, policy, interval_us=seconds_to_us(a.interval_s),
                       initial=initial, dp=dp,
                       max_num_running_reqs=scenario.engine.max_num_running_reqs,
                       horizon_us=sim.horizon_us)
