@@ -141,7 +141,7 @@ def test_ceil_div_is_the_least_q_with_qb_at_least_a(a, b):
 
 def test_seconds_to_us_rounds_halves_away_and_is_exact_on_float_noise():
     from blis_simpy.units import seconds_to_us
-    assert seconds_to_us(0.3) == 300_000            # 0.3 x 1e6 = 299999.99999999994
+    assert seconds_to_us(2.01) == 2_010_000         # 2.01 x 1e6 = 2009999.9999999998
     assert seconds_to_us(15.0) == 15_000_000
     assert seconds_to_us(2.5e-6) == 3                 # a half goes away from zero (round(): 2)
     assert seconds_to_us(0.0) == 0

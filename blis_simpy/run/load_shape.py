@@ -17,7 +17,7 @@ from blis_simpy.config.scenario import DistributionWorkload, TraceWorkload
 from blis_simpy.errors import ConfigError
 from blis_simpy.rng import derive_seed, numpy_rng
 from blis_simpy.run.describe import RunDescription
-from blis_simpy.units import MAX_INT64
+from blis_simpy.units import MAX_INT64, seconds_to_us
 
 __all__ = ["RetimedRequests", "arrival_rate_changes", "closed_loop_workload",
            "distribution_workload_spec", "generated", "rate_pieces", "time_varying_workload"]
@@ -50,7 +50,7 @@ def closed_loop_workload(d: RunDescription, source) -> tuple[list, int, ClosedLo
         cap = w.num_requests or 0 if not isinstance(w, TraceWorkload) else 0
     if w.concurrency_stages is not None:
         stages = [ClientStage(st.concurrency, num_requests=st.num_requests) if st.num_requests else
-                  ClientStage(st.concurrency, max(int(st.duration_s * 1_000_000), 1))
+                  ClientStage(st.concurrency, max(seconds_to_us(st.duration_s), 1))
                   for st in w.concurrency_stages]
     else:
         stages = [ClientStage(w.concurrency)]

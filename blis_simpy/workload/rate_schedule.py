@@ -35,7 +35,7 @@ import numpy as np
 from blis_simpy.bounds import MAX_LOAD_PIECES, MAX_LOAD_RATE, MAX_REQUESTS, MAX_STAGE_S
 from blis_simpy.errors import ConfigError
 from blis_simpy.infile import open_input
-from blis_simpy.units import MAX_INT64
+from blis_simpy.units import MAX_INT64, seconds_to_us
 from blis_simpy.workload.arrivals import make_arrival_sampler
 
 __all__ = ["RatePiece", "arrival_times", "expected_arrivals", "rate_changes", "read_rate_csv",
@@ -55,7 +55,7 @@ class RatePiece:
 
 
 def _us(seconds: float) -> int:
-    return int(seconds * _US)
+    return seconds_to_us(seconds)
 
 
 def stage_pieces(stages) -> list[RatePiece]:

@@ -172,3 +172,10 @@ def test_an_open_ended_schedule_needs_a_horizon_or_a_cap():
 def test_too_many_arrivals_are_refused():
     with pytest.raises(ConfigError, match="more than the 10000000 a workload may have"):
         _out({"stages": [{"rate": 1e9, "duration_s": 1e8}]})
+
+
+def test_piece_times_round_to_the_nearest_us():
+    """2.01 s x 1e6 is 2009999.9999999998 in floating point: the boundary is 2 010 000 us, not
+    the truncated 2 009 999."""
+    pieces = R.schedule_pieces([(0.0, 5.0), (2.01, 10.0)])
+    assert [(p.start_us, p.end_us) for p in pieces][:2] == [(0, 2_010_000), (2_010_000, MAX_INT64)]
