@@ -293,12 +293,6 @@ def _deployment_text(n: int, tp: int, dp: int, gpus: int, autoscaled: str = "") 
     return f"{text} {'<=' if autoscaled else '='} {gpus} GPU{'s' if gpus != 1 else ''}"
 
 
-def _autoscaled_text(scenario) -> str:
-    """The autoscaler's bounds for the run header ("" without one)."""
-    from blis_simpy.cli.variants import autoscaled_bounds
-    return autoscaled_bounds(scenario)
-
-
 def _render_summary(out: runner.Outcome, fmt: Format) -> str:
     """The run's summary as the text :func:`_print` writes: rendered before any output file
     is committed, so a report that cannot be rendered leaves no file behind. Rich tables are
@@ -313,12 +307,13 @@ def _render_summary(out: runner.Outcome, fmt: Format) -> str:
     from blis_simpy.cli import runner
     from blis_simpy.cli.capacity_cmd import run_header_line
     from blis_simpy.cli.tables import stdout_console
+    from blis_simpy.cli.variants import autoscaled_bounds
     s = out.description.scenario
     console = stdout_console()
     n = s.cluster.num_instances
     with console.capture() as captured:
         console.print(f"[bold]{out.description.mode}[/bold]: {runner.offered_text(out)}, "
-                      f"{_deployment_text(n, out.result.tp, s.dp, out.result.gpus, _autoscaled_text(out.result.scenario))}, {s.latency.model}, "
+                      f"{_deployment_text(n, out.result.tp, s.dp, out.result.gpus, autoscaled_bounds(out.result.scenario))}, {s.latency.model}, "
                       f"horizon {runner.horizon_text(out.horizon_us)}")
         console.print(run_header_line(out.pools), highlight=False, soft_wrap=True)
         render_tables(out.report, console)
