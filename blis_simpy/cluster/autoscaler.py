@@ -86,8 +86,13 @@ class ScaledPool:
 
     def counts(self) -> tuple[int, int, int]:
         """Instances ``(serving, loading, draining)``."""
-        states = [u.state for u in self.units]
-        return states.count(SERVING), states.count(LOADING), states.count(DRAINING)
+        return state_counts(self.units)
+
+
+def state_counts(units) -> tuple[int, int, int]:
+    """How many of ``units`` are ``(serving, loading, draining)``."""
+    states = [u.state for u in units]
+    return states.count(SERVING), states.count(LOADING), states.count(DRAINING)
 
 
 @dataclass
@@ -228,8 +233,7 @@ class Autoscaler:
 
     def counts(self) -> tuple[int, int, int]:
         """Instances ``(serving, loading, draining)``, over every pool."""
-        states = [u.state for u in self.units]
-        return states.count(SERVING), states.count(LOADING), states.count(DRAINING)
+        return state_counts(self.units)
 
     def state(self, now_us: int) -> AutoscaleState:
         """What the policy sees now (one :class:`PoolState` per pool): every snapshot read now,
